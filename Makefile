@@ -1,0 +1,54 @@
+# Two commands set everything up on a fresh Debian 12 + Python 3.11 machine:
+#   make demo   creates .venv, installs the main job's needs, runs the demo
+#   make test   creates .venv, installs everything (test and export extras too), runs pytest
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+OUT ?= runs/demo
+
+.PHONY: demo test test-all bench apt-data apt-broker clean-venv
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch is pinned and installed first, alone, so no other package can pull a different build.
+$(VENV)/.stamp-main: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[server]'
+	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+$(VENV)/.stamp-all: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[all,test,dev]'
+	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@ $(VENV)/.stamp-main
+
+# Debian packages: installed only when missing (root, or sudo when available).
+apt-data:
+	@[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || \
+	  ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist)
+
+apt-broker:
+	@command -v mosquitto >/dev/null 2>&1 && command -v mosquitto_passwd >/dev/null 2>&1 || \
+	  ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq mosquitto mosquitto-clients)
+
+demo: apt-data $(VENV)/.stamp-main
+	$(BIN)/flayer simulate --config configs/demo.toml --out $(OUT)
+
+test: apt-data apt-broker $(VENV)/.stamp-all
+	@$(BIN)/python -m pytest; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
+
+# slow and benchmark-like tests too
+test-all: apt-data apt-broker $(VENV)/.stamp-all
+	$(BIN)/python -m pytest -m ''
+
+bench: apt-data apt-broker $(VENV)/.stamp-all
+	$(BIN)/python benchmarks/local_round.py
+	$(BIN)/python benchmarks/codec.py
+
+clean-venv:
+	rm -rf $(VENV)

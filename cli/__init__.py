@@ -1,0 +1,1 @@
+"""The ``flayer`` command: wires the packages together (one module per subcommand)."""

@@ -1,0 +1,47 @@
+"""Entry point of the ``flayer`` command. Each subcommand lives in its own module with
+``add_parser(subparsers)`` and ``run(args) -> int``; heavy imports happen inside ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from importlib import import_module
+
+# subcommand -> module under cli/ (order = order in --help)
+SUBCOMMANDS = {
+    "partition": "cli.partition",
+    "simulate": "cli.simulate",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flayer", description="FLAYER Edge: personalized federated learning "
+                                     "on edge fleets over MQTT")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, module in SUBCOMMANDS.items():
+        import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from cli.common import CliError
+
+    try:
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"flayer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"flayer {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

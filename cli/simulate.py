@@ -1,0 +1,109 @@
+"""``flayer simulate``: an in-process federation with the same strategy code as over MQTT."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cli.common import CliError, Prepared, add_common_flags, load_data, out_dir, run_config, set_threads, write_json
+from cli.progress import Progress
+from cli.report import table
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="run a federation in one process and report accuracy per round")
+    add_common_flags(p)
+    p.add_argument("--save-models", action="store_true",
+                   help="write the final global model and every client's personal model (safetensors) "
+                        "under OUT/models/, for 'flayer export'")
+    p.set_defaults(func=run)
+
+
+def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = None,
+                   quiet: bool = False, save_models: bool = False) -> dict[str, Any]:
+    """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary."""
+    from flayer.simulation import simulate
+    from flayer.strategies import make_strategy
+    from flayer.train import client_data, pick_device
+
+    try:
+        device = pick_device(cfg.train.device)
+        spec = prepared.dataset.model_spec(cfg.data.model)
+        strategy = make_strategy(cfg.strategy, spec, cfg.train, cfg.options())
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
+    metrics_path = out / "metrics.jsonl"
+    progress = None if quiet else Progress(cfg.rounds * len(clients), label or f"{cfg.strategy}")
+    t0 = time.perf_counter()
+    with open(metrics_path, "w") as mf:
+        def on_round(rec: Any) -> None:
+            mf.write(json.dumps(rec.as_dict()) + "\n")
+            mf.flush()
+            if progress is not None:
+                progress.note = f"round {rec.round}: acc {rec.acc:.4f}"
+
+        def on_client(r: int, done: int) -> None:
+            if progress is not None:
+                progress.update((r - 1) * len(clients) + done)
+
+        result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device,
+                          on_round=on_round, on_client=on_client)
+        mf.write(json.dumps({"final_acc": result.final_acc, "final_client_acc": result.final_client_acc}) + "\n")
+    if progress is not None:
+        progress.close()
+    if save_models:
+        _save_models(strategy, result, clients, cfg, out / "models", device)
+    summary = {
+        "strategy": cfg.strategy, "dataset": cfg.data.dataset, "partition": prepared.partition.summary["partition"],
+        "clients": prepared.partition.num_clients, "rounds": cfg.rounds, "seed": cfg.seed,
+        "final_round_acc": result.rounds[-1].acc, "best_acc": result.best_acc, "final_personal_acc": result.final_acc,
+        "mean_upload_fraction": sum(r.upload_fraction for r in result.rounds) / len(result.rounds),
+        "wall_seconds": time.perf_counter() - t0,
+        "acc": [r.acc for r in result.rounds], "final_client_acc": result.final_client_acc,
+    }
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def _save_models(strategy: Any, result: Any, clients: list, cfg: Any, folder: Path, device: Any) -> None:
+    from flayer.state import save_model
+    from flayer.strategies.base import RoundContext
+    from flayer.update import float_state
+
+    meta = {"strategy": cfg.strategy, "dataset": cfg.data.dataset, "rounds": cfg.rounds, "seed": cfg.seed}
+    save_model(folder / "global.safetensors", result.global_state, strategy.spec, {**meta, "role": "global"})
+    for i, data in enumerate(clients):
+        ctx = RoundContext(round=cfg.rounds + 1, client=i, seed=cfg.seed, device=device)
+        model = strategy.personal_model(result.global_state, result.states[i], data, ctx)
+        save_model(folder / f"client_{i:03d}.safetensors", float_state(model), strategy.spec,
+                   {**meta, "role": "personal", "client": i})
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli.plots import bar_plot, line_plot
+
+    cfg = run_config(args)
+    set_threads(cfg)
+    prepared = load_data(cfg)
+    out = out_dir(cfg, "simulate")
+    write_json(out / "config.json", dataclasses.asdict(cfg))
+    write_json(out / "partition.json", prepared.partition.summary)
+    s = run_simulation(cfg, prepared, out, save_models=args.save_models)
+    rows = [(i + 1, a) for i, a in enumerate(s["acc"])]
+    print(table(["round", "test acc"], rows))
+    print(f"\n{cfg.strategy} on {cfg.data.dataset} {s['partition']}, {s['clients']} clients, {cfg.rounds} rounds: "
+          f"final-round acc {s['final_round_acc']:.4f}, best {s['best_acc']:.4f}, personal models after the "
+          f"last round {s['final_personal_acc']:.4f}, upload fraction {s['mean_upload_fraction']:.3f}, "
+          f"{s['wall_seconds']:.0f}s")
+    line_plot(out / "accuracy.png", {cfg.strategy: s["acc"]}, "round", "test accuracy",
+              f"{cfg.strategy} on {cfg.data.dataset} {s['partition']}")
+    bar_plot(out / "client_accuracy.png", [str(i) for i in range(len(s["final_client_acc"]))], s["final_client_acc"],
+             "test accuracy", "personal model accuracy per client after the last round")
+    print(f"outputs in {out}/ (metrics.jsonl, summary.json, accuracy.png, client_accuracy.png)", file=sys.stderr)
+    return 0

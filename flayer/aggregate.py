@@ -1,0 +1,142 @@
+"""Server-side folding of sparse updates into the next global model, streaming.
+
+FLAYER's server step (Eq. 10 / Algorithm 1, line 12) is a sample-weighted average of the clients'
+masked models. Two readings of what happens at a coordinate that only some clients sent:
+
+- ``carry`` (default): per coordinate, the weighted mean over the clients that sent it; the previous
+  global value where nobody did.
+- ``zero`` (Algorithm 1 read literally): masked-out entries count as zeros in the average over all
+  clients, so a coordinate nobody sent becomes 0.
+
+Both follow from three running sums per tensor -- sum_k n_k * delta_k, the per-coordinate sum of the
+senders' weights, and the total weight -- so memory is O(model) whatever the number of clients.
+Updates carry deltas against the previous global model; the aggregate of a client's model value is
+``prev + delta``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from .update import TensorDelta, Update
+
+__all__ = ["Aggregator", "UpdateError", "SERVER_RULES", "check_update"]
+
+SERVER_RULES = ("carry", "zero")
+
+
+class UpdateError(ValueError):
+    """An update does not fit the global model (unknown tensor, wrong shape, bad positions, ...)."""
+
+
+def check_update(update: Update, shapes: Mapping[str, tuple[int, ...]], max_norm: float | None = None) -> float:
+    """Validate ``update`` against the global model's tensor shapes; return its L2 norm.
+
+    Raises UpdateError naming the tensor and what is wrong.
+    """
+    if update.num_samples <= 0:
+        raise UpdateError(f"num_samples must be positive, got {update.num_samples}")
+    sq = 0.0
+    for name, d in update.deltas.items():
+        if name not in shapes:
+            raise UpdateError(f"tensor {name!r} is not part of the global model")
+        if tuple(d.shape) != tuple(shapes[name]):
+            raise UpdateError(f"tensor {name!r}: shape {tuple(d.shape)} != global {tuple(shapes[name])}")
+        numel = int(np.prod(shapes[name], dtype=np.int64))
+        if d.values.ndim != 1:
+            raise UpdateError(f"tensor {name!r}: values must be one-dimensional")
+        if d.indices is None:
+            if d.values.size != numel:
+                raise UpdateError(f"tensor {name!r}: dense delta has {d.values.size} values, expected {numel}")
+        else:
+            idx = d.indices
+            if idx.ndim != 1 or idx.size != d.values.size:
+                raise UpdateError(f"tensor {name!r}: {idx.size} positions for {d.values.size} values")
+            if idx.size:
+                if idx[0] < 0 or idx[-1] >= numel:
+                    raise UpdateError(f"tensor {name!r}: positions outside [0, {numel})")
+                if idx.size > 1 and not bool(np.all(np.diff(idx) > 0)):
+                    raise UpdateError(f"tensor {name!r}: positions are not strictly increasing")
+        if not bool(np.isfinite(d.values).all()):
+            raise UpdateError(f"tensor {name!r}: non-finite values (NaN or Inf)")
+        sq += float(np.dot(d.values.astype(np.float64), d.values.astype(np.float64)))
+    norm = math.sqrt(sq)
+    if max_norm is not None and norm > max_norm:
+        raise UpdateError(f"update norm {norm:.4g} exceeds the bound {max_norm:.4g}")
+    return norm
+
+
+class Aggregator:
+    """Streaming weighted mean of sparse deltas (see module docstring for the rules).
+
+    ``fold`` validates and adds one update; ``result`` gives the next global state. Per-coordinate
+    weight arrays are only allocated for tensors that receive sparse deltas; dense deltas add to a
+    per-tensor scalar.
+    """
+
+    def __init__(self, global_state: Mapping[str, torch.Tensor], rule: str = "carry",
+                 max_norm: float | None = None) -> None:
+        if rule not in SERVER_RULES:
+            raise ValueError(f"server rule must be one of {SERVER_RULES}, got {rule!r}")
+        self.rule = rule
+        self.max_norm = max_norm
+        self._prev = {k: v.detach().cpu() for k, v in global_state.items()}
+        self.shapes = {k: tuple(v.shape) for k, v in self._prev.items()}
+        self._sum: dict[str, np.ndarray] = {}  # float64 flat, allocated on first delta
+        self._w_dense: dict[str, float] = {k: 0.0 for k in self._prev}
+        self._w_sparse: dict[str, np.ndarray] = {}
+        self.total_weight = 0.0
+        self.contributors = 0
+
+    def fold(self, update: Update, weight: float | None = None) -> float:
+        """Validate and add ``update`` with ``weight`` (default: its num_samples). Returns its norm."""
+        norm = check_update(update, self.shapes, self.max_norm)
+        w = float(update.num_samples if weight is None else weight)
+        if not (w > 0 and math.isfinite(w)):
+            raise UpdateError(f"aggregation weight must be positive and finite, got {w}")
+        for name, d in update.deltas.items():
+            self._add(name, d, w)
+        self.total_weight += w
+        self.contributors += 1
+        return norm
+
+    def _add(self, name: str, d: TensorDelta, w: float) -> None:
+        acc = self._sum.get(name)
+        if acc is None:
+            acc = self._sum[name] = np.zeros(d.numel, dtype=np.float64)
+        if d.indices is None:
+            acc += w * d.values.astype(np.float64)
+            self._w_dense[name] += w
+            return
+        acc[d.indices] += w * d.values.astype(np.float64)
+        ws = self._w_sparse.get(name)
+        if ws is None:
+            ws = self._w_sparse[name] = np.zeros(d.numel, dtype=np.float64)
+        ws[d.indices] += w
+
+    def coordinate_weight(self, name: str) -> np.ndarray:
+        """Per-coordinate sum of the weights of the clients that sent it (flat)."""
+        ws = self._w_sparse.get(name)
+        base = np.full(int(np.prod(self.shapes[name], dtype=np.int64)), self._w_dense[name])
+        return base if ws is None else base + ws
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The next global state (fp32). Nothing folded: the previous state, unchanged."""
+        out: dict[str, torch.Tensor] = {}
+        for name, prev in self._prev.items():
+            acc = self._sum.get(name)
+            if acc is None or self.total_weight == 0:
+                out[name] = prev.clone() if self.rule == "carry" or self.total_weight == 0 else torch.zeros_like(prev)
+                continue
+            p = prev.numpy().reshape(-1).astype(np.float64)
+            wc = self.coordinate_weight(name)
+            if self.rule == "carry":
+                new = np.where(wc > 0, p + acc / np.where(wc > 0, wc, 1.0), p)
+            else:
+                new = (p * wc + acc) / self.total_weight
+            out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
+        return out

@@ -1,0 +1,224 @@
+"""Frozen dataclass configs, loaded once from TOML and passed down.
+
+A run file has tables ``[run]``, ``[data]``, ``[train]`` and one ``[strategy.<name>]`` table per
+strategy's own options. Command-line flags override the file. Every key and type is checked;
+errors name the file, the table and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "TrainConfig",
+    "RunConfig",
+    "from_mapping",
+    "load_run_config",
+    "read_toml",
+    "STRATEGY_NAMES",
+]
+
+STRATEGY_NAMES = ("local", "fedavg", "fedper", "fedrep", "lgfedavg", "ditto", "fedala", "fedbabu",
+                  "playerfl", "flayer", "flayer-ref")
+DATASET_NAMES = ("fmnist", "mnist", "digits", "cifar10", "cifar100", "tiny-imagenet", "agnews")
+
+
+class ConfigError(ValueError):
+    """A config file or flag is wrong; the message says where and what was expected."""
+
+
+T = TypeVar("T")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{where}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: expected one of {', '.join(map(repr, typing.get_args(tp)))}, got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (inner, *_rest) = typing.get_args(tp) or (Any,)
+        return tuple(_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+            return float(value)
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return from_mapping(tp, value, where)
+    return value
+
+
+def from_mapping(cls: type[T], mapping: Mapping[str, Any], where: str) -> T:
+    """Build frozen dataclass ``cls`` from ``mapping``, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(mapping) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(names)}")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in mapping.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "fmnist"
+    data_dir: str | None = None
+    samples: int | None = None
+    partition: str = "dir0.1"
+    clients: int = 20
+    test_fraction: float = 0.25
+    val_fraction: float = 0.1
+    model: str | None = None
+    partition_file: str | None = None
+    partition_seed: int | None = None  # default: the run seed
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASET_NAMES:
+            raise ConfigError(f"dataset {self.dataset!r} is not one of {', '.join(DATASET_NAMES)}")
+        if self.clients < 1:
+            raise ConfigError(f"clients must be >= 1, got {self.clients}")
+        if self.samples is not None and self.samples < 1:
+            raise ConfigError(f"samples must be >= 1, got {self.samples}")
+        if not 0 < self.test_fraction < 1 or not 0 <= self.val_fraction < 1:
+            raise ConfigError("test_fraction must be in (0, 1) and val_fraction in [0, 1)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 0.005
+    batch_size: int = 10
+    local_epochs: int = 1
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    amp: bool = True  # mixed precision on CUDA
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.batch_size < 1 or self.local_epochs < 1:
+            raise ConfigError("batch_size and local_epochs must be >= 1")
+        if self.threads < 0:
+            raise ConfigError(f"threads must be >= 0, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    strategy: str = "flayer"
+    rounds: int = 20
+    seed: int = 0
+    join_ratio: float = 1.0
+    eval_every: int = 1
+    out: str | None = None
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    # per-strategy option tables, validated by the strategy that reads them
+    strategy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGY_NAMES:
+            raise ConfigError(f"strategy {self.strategy!r} is not one of {', '.join(STRATEGY_NAMES)}")
+        if self.rounds < 1:
+            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
+        if not 0 < self.join_ratio <= 1:
+            raise ConfigError(f"join_ratio must be in (0, 1], got {self.join_ratio}")
+        if self.eval_every < 1:
+            raise ConfigError(f"eval_every must be >= 1, got {self.eval_every}")
+
+    @property
+    def partition_seed(self) -> int:
+        return self.seed if self.data.partition_seed is None else self.data.partition_seed
+
+    def options(self, strategy: str | None = None) -> Mapping[str, Any]:
+        return self.strategy_options.get(strategy or self.strategy, {})
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+
+
+def load_run_config(path: str | Path | None = None,
+                    overrides: Mapping[str, Mapping[str, Any]] | None = None) -> RunConfig:
+    """Read ``path`` (optional), then apply ``overrides`` ({"run"|"data"|"train": {...},
+    "strategy": {name: {...}}}), validating everything. Flags win over the file."""
+    raw: dict[str, Any] = read_toml(path) if path is not None else {}
+    src = str(path) if path is not None else "flags"
+    unknown = sorted(set(raw) - {"run", "data", "train", "strategy"})
+    if unknown:
+        raise ConfigError(f"{src}: unknown table(s) {', '.join(unknown)}; known: run, data, train, strategy")
+    merged: dict[str, dict[str, Any]] = {k: dict(raw.get(k, {})) for k in ("run", "data", "train")}
+    strategy_tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in raw.get("strategy", {}).items()}
+    for table, values in (overrides or {}).items():
+        if table == "strategy":
+            for name, opts in values.items():
+                strategy_tables.setdefault(name, {}).update(opts)
+        else:
+            merged.setdefault(table, {}).update({k: v for k, v in values.items() if v is not None})
+    for name, opts in strategy_tables.items():
+        if name not in STRATEGY_NAMES:
+            raise ConfigError(f"{src}: [strategy.{name}] names no strategy; known: {', '.join(STRATEGY_NAMES)}")
+        if not isinstance(opts, Mapping):
+            raise ConfigError(f"{src}: [strategy.{name}] must be a table")
+    nested = {"data", "train", "strategy_options"} & set(merged["run"])
+    if nested:
+        raise ConfigError(f"{src} [run]: {', '.join(sorted(nested))} belong in their own table, not in [run]")
+    data = from_mapping(DataConfig, merged["data"], f"{src} [data]")
+    train = from_mapping(TrainConfig, merged["train"], f"{src} [train]")
+    run = {**merged["run"], "data": data, "train": train, "strategy_options": strategy_tables}
+    return from_mapping(RunConfig, run, f"{src} [run]")

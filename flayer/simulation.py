@@ -1,0 +1,160 @@
+"""In-process federation: every client in one process, the same strategy code as over MQTT.
+
+The round loop is written once here. Per round: select clients (join ratio, seeded); every client
+runs :func:`client_round` -- download (``receive``), evaluate on its test split (PFLlib's protocol),
+and, if selected, local training and upload; the server folds the uploads into the next global
+model with the strategy's aggregator. After the last round each client's personal model is
+evaluated too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .strategies.base import ClientState, LocalResult, RoundContext, Strategy, derive_seed
+from .train import ClientData, evaluate
+from .update import Update, float_state
+
+__all__ = ["ClientEval", "client_round", "RoundRecord", "SimulationResult", "simulate", "select_clients",
+           "initial_global_state"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClientEval:
+    correct: int
+    total: int
+    loss_sum: float
+
+    @property
+    def acc(self) -> float:
+        return self.correct / self.total if self.total else 0.0
+
+
+def client_round(strategy: Strategy, global_state: Mapping[str, torch.Tensor], state: ClientState,
+                 data: ClientData, ctx: RoundContext, train: bool = True) -> tuple[ClientEval, LocalResult | None]:
+    """One client's round: receive, evaluate on test (before training), then train if ``train``.
+
+    The simulator and the edge client both call this, so both run exactly the same code.
+    """
+    model = strategy.receive(global_state, state, data, ctx)
+    correct, total, loss = evaluate(model, data.test, ctx.device)
+    result = strategy.local_round(model, global_state, state, data, ctx) if train else None
+    return ClientEval(correct, total, loss), result
+
+
+def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int) -> list[int]:
+    """PFLlib's selection: round(join_ratio * N) clients (at least 1), uniformly, seeded per round."""
+    k = max(1, int(round(join_ratio * num_clients)))
+    if k >= num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng(derive_seed(seed, round_, "select"))
+    return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def initial_global_state(strategy: Strategy, seed: int) -> dict[str, torch.Tensor]:
+    """The round-1 global model: the strategy's model initialised from ``seed``."""
+    torch.manual_seed(derive_seed(seed, "init"))
+    return float_state(strategy.new_model())
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    round: int
+    acc: float  # sample-weighted test accuracy over all clients, after download, before training
+    loss: float
+    train_loss: float  # mean over selected clients
+    selected: tuple[int, ...]
+    sent: int  # coordinates uploaded, all selected clients together
+    numel: int  # coordinates a dense upload of the same tensors would hold
+    upload_bytes: int  # wire bytes (0 when no sizer was given)
+    seconds: float
+    client_acc: tuple[float, ...]
+
+    @property
+    def upload_fraction(self) -> float:
+        return self.sent / self.numel if self.numel else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"round": self.round, "acc": self.acc, "loss": self.loss, "train_loss": self.train_loss,
+                "selected": list(self.selected), "sent": self.sent, "numel": self.numel,
+                "upload_fraction": self.upload_fraction, "upload_bytes": self.upload_bytes,
+                "seconds": self.seconds, "client_acc": list(self.client_acc)}
+
+
+@dataclass
+class SimulationResult:
+    rounds: list[RoundRecord]
+    final_acc: float  # personal models after the last round
+    final_client_acc: list[float]
+    global_state: dict[str, torch.Tensor]
+    states: list[ClientState] = field(default_factory=list)
+
+    @property
+    def best_acc(self) -> float:
+        return max([r.acc for r in self.rounds] + [self.final_acc])
+
+
+def _weighted(evals: Sequence[ClientEval]) -> tuple[float, float]:
+    total = sum(e.total for e in evals)
+    return (sum(e.correct for e in evals) / total if total else 0.0,
+            sum(e.loss_sum for e in evals) / total if total else 0.0)
+
+
+def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, seed: int,
+             join_ratio: float = 1.0, device: torch.device = torch.device("cpu"),
+             global_state: Mapping[str, torch.Tensor] | None = None,
+             on_round: Callable[[RoundRecord], None] | None = None,
+             on_client: Callable[[int, int], None] | None = None,
+             sizer: Callable[[Update], int] | None = None) -> SimulationResult:
+    """Run ``rounds`` federated rounds of ``strategy`` over ``clients``.
+
+    ``on_round(record)`` after each round, ``on_client(round, done)`` after each client (progress);
+    ``sizer(update)`` returns an update's size on the wire.
+    """
+    g = dict(global_state) if global_state is not None else initial_global_state(strategy, seed)
+    states = [strategy.initial_state() for _ in clients]
+    records: list[RoundRecord] = []
+    for r in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        selected = set(select_clients(len(clients), join_ratio, seed, r))
+        agg = strategy.aggregator(g)
+        evals: list[ClientEval] = []
+        losses: list[float] = []
+        sent = numel = nbytes = 0
+        for i, data in enumerate(clients):
+            ctx = RoundContext(round=r, client=i, seed=seed, device=device)
+            ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected)
+            evals.append(ev)
+            if result is not None:
+                agg.fold(result.update)
+                states[i] = result.state
+                losses.append(result.metrics.get("train_loss", float("nan")))
+                sent += result.update.sent
+                numel += result.update.numel
+                nbytes += sizer(result.update) if sizer is not None else 0
+            if on_client is not None:
+                on_client(r, i + 1)
+        g = agg.result()
+        acc, loss = _weighted(evals)
+        rec = RoundRecord(r, acc, loss, float(np.mean(losses)) if losses else float("nan"), tuple(sorted(selected)),
+                          sent, numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals))
+        records.append(rec)
+        log.info("round %d: acc %.4f loss %.4f train_loss %.4f upload %.3f", r, acc, loss, rec.train_loss,
+                 rec.upload_fraction)
+        if on_round is not None:
+            on_round(rec)
+    finals = []
+    for i, data in enumerate(clients):
+        ctx = RoundContext(round=rounds + 1, client=i, seed=seed, device=device)
+        model = strategy.personal_model(g, states[i], data, ctx)
+        finals.append(ClientEval(*evaluate(model, data.test, device)))
+    final_acc, _ = _weighted(finals)
+    return SimulationResult(records, final_acc, [e.acc for e in finals], g, states)

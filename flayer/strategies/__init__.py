@@ -1,0 +1,26 @@
+"""One file per method; ``STRATEGIES`` maps the command-line names to their classes."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..config import TrainConfig
+from ..models import ModelSpec
+from .base import ClientState, LocalResult, RoundContext, Strategy
+from .fedavg import FedAvg
+
+__all__ = ["STRATEGIES", "make_strategy", "Strategy", "ClientState", "LocalResult", "RoundContext"]
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls
+    for cls in (FedAvg,)
+}
+
+
+def make_strategy(name: str, spec: ModelSpec, train: TrainConfig,
+                  options: Mapping[str, Any] | None = None) -> Strategy:
+    try:
+        cls = STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"strategy {name!r} is not available; available: {', '.join(sorted(STRATEGIES))}") from None
+    return cls(spec, train, options)

@@ -1,0 +1,138 @@
+"""One protocol, two sides: what a client does in its local round, and how the server folds uploads.
+
+A strategy is constructed from the model spec, the training config and its own option table. The
+client side is two steps, with evaluation in between (PFLlib's protocol: accuracy after the
+download, before local training):
+
+    model  = strategy.receive(global_state, state, data, ctx)     # download: e.g. FLAYER's PLA
+    ...evaluate model on the client's test split...
+    result = strategy.local_round(model, global_state, state, data, ctx)   # train, mask, upload
+
+``result.update`` is what travels (sparse deltas against ``global_state``) and ``result.state`` is
+what the client keeps (explicit and serialisable, so a device can keep it on disk). The server side
+is ``strategy.aggregator(global_state)``: a streaming accumulator whose ``result()`` is the next
+global state. A transport (in-process, or MQTT) sits between the two sides; nothing here knows which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+import torch
+from torch import nn
+
+from ..aggregate import Aggregator
+from ..config import TrainConfig, from_mapping
+from ..models import ModelSpec, build_model
+from ..train import ClientData
+from ..update import Update
+
+__all__ = ["ClientState", "RoundContext", "LocalResult", "Strategy", "NoOptions", "derive_seed"]
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed from any parts (run seed, round, client...), stable across machines."""
+    h = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class ClientState:
+    """What a client keeps between rounds: named tensors (personal parts) and scalars.
+
+    Strategies namespace their keys (e.g. ``personal.fc.weight``, ``acc_val``). Saved with
+    :func:`flayer.state.save_client_state`.
+    """
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    scalars: dict[str, float | int | str] = field(default_factory=dict)
+
+    def copy(self) -> "ClientState":
+        return ClientState({k: v.clone() for k, v in self.tensors.items()}, dict(self.scalars))
+
+    def prefixed(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Tensors stored under ``prefix`` (e.g. ``personal.``), with the prefix stripped."""
+        return {k[len(prefix):]: v for k, v in self.tensors.items() if k.startswith(prefix)}
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    round: int  # 1-based federation round
+    client: int  # the client's index in the partition
+    seed: int  # the run seed
+    device: torch.device = torch.device("cpu")
+
+    def generator(self, purpose: str = "train") -> torch.Generator:
+        """A CPU generator seeded from (seed, round, client, purpose): same draws on any machine."""
+        return torch.Generator().manual_seed(derive_seed(self.seed, self.round, self.client, purpose))
+
+
+@dataclass
+class LocalResult:
+    update: Update  # what is uploaded
+    state: ClientState  # what the client keeps
+    metrics: dict[str, float] = field(default_factory=dict)  # e.g. train_loss, acc_val
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """For strategies without options of their own."""
+
+
+class Strategy(ABC):
+    """Base class: subclasses set ``name`` and ``options_type`` and implement the client side."""
+
+    name: ClassVar[str]
+    options_type: ClassVar[type] = NoOptions
+
+    def __init__(self, spec: ModelSpec, train: TrainConfig, options: Mapping[str, Any] | None = None) -> None:
+        self.spec = spec
+        self.train = train
+        self.options = from_mapping(self.options_type, options or {}, f"[strategy.{self.name}]")
+
+    # ---- shared helpers -------------------------------------------------------------------
+    def new_model(self, device: torch.device | None = None) -> nn.Module:
+        model = build_model(self.spec)
+        return model.to(device) if device is not None else model
+
+    def model_from(self, state: Mapping[str, torch.Tensor], device: torch.device) -> nn.Module:
+        """A model on ``device`` holding ``state`` (float tensors; integer buffers keep defaults)."""
+        model = self.new_model()
+        missing = set(k for k, v in model.state_dict().items() if v.is_floating_point()) - set(state)
+        if missing:
+            raise KeyError(f"state lacks tensors {sorted(missing)[:5]}")
+        model.load_state_dict(dict(state), strict=False)
+        return model.to(device)
+
+    # ---- client side ------------------------------------------------------------------------
+    def initial_state(self) -> ClientState:
+        """The state of a client that has never participated."""
+        return ClientState()
+
+    def receive(self, global_state: Mapping[str, torch.Tensor], state: ClientState, data: ClientData,
+                ctx: RoundContext) -> nn.Module:
+        """The download step: the model this client evaluates and starts training from.
+        Default: the global model as is."""
+        return self.model_from(global_state, ctx.device)
+
+    @abstractmethod
+    def local_round(self, model: nn.Module, global_state: Mapping[str, torch.Tensor], state: ClientState,
+                    data: ClientData, ctx: RoundContext) -> LocalResult:
+        """Train ``model`` (from :meth:`receive`) locally and build the upload and the kept state."""
+
+    def personal_model(self, global_state: Mapping[str, torch.Tensor], state: ClientState, data: ClientData,
+                       ctx: RoundContext) -> nn.Module:
+        """The model this client would deploy after the federation ends. Default: :meth:`receive`
+        of the final global model (FedBABU, e.g., fine-tunes here)."""
+        return self.receive(global_state, state, data, ctx)
+
+    # ---- server side ------------------------------------------------------------------------
+    def server_rule(self) -> str:
+        """``carry`` or ``zero`` (see :mod:`flayer.aggregate`)."""
+        return "carry"
+
+    def aggregator(self, global_state: Mapping[str, torch.Tensor], max_norm: float | None = None) -> Aggregator:
+        return Aggregator(global_state, self.server_rule(), max_norm)

@@ -1,0 +1,80 @@
+"""What a client uploads: per tensor, the changed positions and their deltas against the global model.
+
+Arrays keyed by state-dict name. Positions are explicit (flat, strictly increasing int64) or absent
+(``indices is None``: every position, dense) -- a mask is never inferred from values equal to 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+import torch
+
+__all__ = ["TensorDelta", "Update", "float_state", "delta_update", "state_numpy"]
+
+
+@dataclass(frozen=True)
+class TensorDelta:
+    shape: tuple[int, ...]
+    values: np.ndarray  # float32, one per sent position
+    indices: np.ndarray | None = None  # flat positions, strictly increasing; None = dense
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def count(self) -> int:
+        return int(self.values.size)
+
+    def to_dense(self) -> np.ndarray:
+        """The delta as a dense array of ``shape`` (zeros where nothing was sent)."""
+        if self.indices is None:
+            return self.values.reshape(self.shape)
+        out = np.zeros(self.numel, dtype=self.values.dtype)
+        out[self.indices] = self.values
+        return out.reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class Update:
+    deltas: Mapping[str, TensorDelta]
+    num_samples: int  # the aggregation weight: the client's training-sample count
+    info: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def sent(self) -> int:
+        return sum(d.count for d in self.deltas.values())
+
+    @property
+    def numel(self) -> int:
+        return sum(d.numel for d in self.deltas.values())
+
+
+def float_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The federated part of a model: its floating-point state (parameters and BN statistics),
+    detached fp32 CPU copies. Integer buffers (num_batches_tracked) stay on the device."""
+    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.state_dict().items()
+            if v.is_floating_point()}
+
+
+def state_numpy(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in state.items()}
+
+
+def delta_update(local: Mapping[str, torch.Tensor], global_state: Mapping[str, torch.Tensor],
+                 masks: Mapping[str, torch.Tensor | None], num_samples: int,
+                 info: Mapping[str, float] | None = None) -> Update:
+    """Build the upload: for each tensor in ``masks``, local - global at the mask's flat positions
+    (a sorted int64 tensor) or everywhere (``None``)."""
+    deltas: dict[str, TensorDelta] = {}
+    for name, idx in masks.items():
+        diff = (local[name].detach().to("cpu", torch.float32) - global_state[name].to(torch.float32)).reshape(-1)
+        if idx is None:
+            deltas[name] = TensorDelta(tuple(local[name].shape), diff.numpy().copy())
+        else:
+            idx = idx.to(torch.int64).reshape(-1)
+            deltas[name] = TensorDelta(tuple(local[name].shape), diff[idx].numpy().copy(), idx.numpy().copy())
+    return Update(deltas, int(num_samples), dict(info or {}))
