@@ -1,0 +1,157 @@
+"""Every MQTT topic string of the federation, built and parsed in one place.
+
+Layout (prefix ``fl/<federation>/``):
+
+==========================================  ========================  ================================
+topic                                       written by                 read by
+==========================================  ========================  ================================
+``round``                 (retained)        coordinator                devices
+``model/<digest>/<i>``    (retained)        coordinator                devices
+``update/<client>/<round>/<i>``             that client                coordinator
+``ack/<client>``                            coordinator                that client
+``status/<client>``       (retained, will)  that client                coordinator
+``metrics/<client>``                        that client                coordinator
+==========================================  ========================  ================================
+
+Federation and client ids are 1-64 characters of ``[A-Za-z0-9_-]`` (no MQTT wildcards or
+separators), digests are lowercase hex. Broker ACLs (``mqtt_broker``) are generated from
+:func:`acl_rules`, so the topics and the access rules cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "TopicError",
+    "Topics",
+    "ParsedTopic",
+    "validate_id",
+    "acl_rules",
+    "ROOT",
+]
+
+ROOT = "fl"
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_DIGEST = re.compile(r"[0-9a-f]{8,128}")
+
+
+class TopicError(ValueError):
+    """A topic or an id in it is malformed."""
+
+
+def validate_id(value: str, what: str = "id") -> str:
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise TopicError(f"{what} {value!r} must be 1-64 characters of letters, digits, '_' or '-'")
+    return value
+
+
+@dataclass(frozen=True)
+class ParsedTopic:
+    kind: str  # round | model | update | ack | status | metrics
+    client: str | None = None
+    digest: str | None = None
+    round: int | None = None
+    chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic builders for one federation."""
+
+    federation: str
+
+    def __post_init__(self) -> None:
+        validate_id(self.federation, "federation id")
+
+    @property
+    def prefix(self) -> str:
+        return f"{ROOT}/{self.federation}"
+
+    # ---- coordinator -> devices
+    def round(self) -> str:
+        return f"{self.prefix}/round"
+
+    def model_chunk(self, digest: str, index: int) -> str:
+        if not _DIGEST.fullmatch(digest) or index < 0:
+            raise TopicError(f"bad model digest {digest!r} or chunk index {index}")
+        return f"{self.prefix}/model/{digest}/{index}"
+
+    def model_filter(self, digest: str) -> str:
+        if not _DIGEST.fullmatch(digest):
+            raise TopicError(f"bad model digest {digest!r}")
+        return f"{self.prefix}/model/{digest}/+"
+
+    def ack(self, client: str) -> str:
+        return f"{self.prefix}/ack/{validate_id(client, 'client id')}"
+
+    # ---- devices -> coordinator
+    def update_chunk(self, client: str, round_: int, index: int) -> str:
+        if round_ < 0 or index < 0:
+            raise TopicError(f"bad round {round_} or chunk index {index}")
+        return f"{self.prefix}/update/{validate_id(client, 'client id')}/{round_}/{index}"
+
+    def status(self, client: str) -> str:
+        return f"{self.prefix}/status/{validate_id(client, 'client id')}"
+
+    def metrics(self, client: str) -> str:
+        return f"{self.prefix}/metrics/{validate_id(client, 'client id')}"
+
+    # ---- subscriptions of the coordinator
+    def all_updates(self) -> str:
+        return f"{self.prefix}/update/+/+/+"
+
+    def all_status(self) -> str:
+        return f"{self.prefix}/status/+"
+
+    def all_metrics(self) -> str:
+        return f"{self.prefix}/metrics/+"
+
+    def parse(self, topic: str) -> ParsedTopic:
+        """Inverse of the builders; raises TopicError for anything else."""
+        head = self.prefix + "/"
+        if not topic.startswith(head):
+            raise TopicError(f"topic {topic!r} is not under {head}")
+        parts = topic[len(head):].split("/")
+        try:
+            if parts == ["round"]:
+                return ParsedTopic("round")
+            if parts[0] == "model" and len(parts) == 3 and _DIGEST.fullmatch(parts[1]):
+                return ParsedTopic("model", digest=parts[1], chunk=_nonneg(parts[2]))
+            if parts[0] == "update" and len(parts) == 4:
+                return ParsedTopic("update", client=validate_id(parts[1], "client id"), round=_nonneg(parts[2]),
+                                   chunk=_nonneg(parts[3]))
+            if parts[0] in ("ack", "status", "metrics") and len(parts) == 2:
+                return ParsedTopic(parts[0], client=validate_id(parts[1], "client id"))
+        except ValueError as exc:
+            raise TopicError(f"malformed topic {topic!r}: {exc}") from exc
+        raise TopicError(f"unknown topic {topic!r}")
+
+
+def _nonneg(text: str) -> int:
+    if not text.isdigit() or len(text) > 12:
+        raise ValueError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
+def acl_rules(federation: str, coordinator_user: str) -> list[tuple[str, str, str]]:
+    """Access rules as (who, access, topic pattern): ``who`` is ``coordinator`` or ``device``
+    (device patterns use Mosquitto's ``%u`` = the connecting username); access is read|write."""
+    t = Topics(federation)
+    validate_id(coordinator_user, "coordinator user")
+    p = t.prefix
+    return [
+        ("coordinator", "write", f"{p}/round"),
+        ("coordinator", "write", f"{p}/model/#"),
+        ("coordinator", "write", f"{p}/ack/#"),
+        ("coordinator", "read", f"{p}/update/#"),
+        ("coordinator", "read", f"{p}/status/#"),
+        ("coordinator", "read", f"{p}/metrics/#"),
+        ("device", "read", f"{p}/round"),
+        ("device", "read", f"{p}/model/#"),
+        ("device", "read", f"{p}/ack/%u"),
+        ("device", "write", f"{p}/update/%u/#"),
+        ("device", "write", f"{p}/status/%u"),
+        ("device", "write", f"{p}/metrics/%u"),
+    ]
