@@ -123,26 +123,31 @@ def _start(args: argparse.Namespace) -> int:
 
     files = BrokerFiles.at(args.state_dir)
     cfg = _config(args, files.config)
+    done = threading.Event()
+    if args.foreground:  # before the start, so an early Ctrl-C still stops the broker below
+        previous = {sig: signal.signal(sig, lambda *_: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     broker = start_broker(cfg, files.state_dir, kind=args.kind, detach=not args.foreground)
     cfg = broker.config
     tls = f", TLS port {cfg.tls_port}" if cfg.tls else ""
-    print(f"{broker.kind} broker running: pid {broker.pid}, federation {cfg.federation}, {cfg.host}:{cfg.port}{tls}")
-    print(f"state folder:            {files.state_dir}")
-    print(f"coordinator credentials: {files.credentials(cfg.coordinator_user)}")
-    print(f"log:                     {files.log}")
+    lines = [f"{broker.kind} broker running: pid {broker.pid}, federation {cfg.federation}, {cfg.host}:{cfg.port}{tls}",
+             f"state folder:            {files.state_dir}",
+             f"coordinator credentials: {files.credentials(cfg.coordinator_user)}",
+             f"log:                     {files.log}"]
     if broker.kind == "embedded":
-        print("embedded broker: max_packet_size, queue limits, persistence and TLS are NOT enforced (see README)")
+        lines.append("embedded broker: max_packet_size, queue limits, persistence and TLS are NOT enforced (see README)")
     if not args.foreground:
-        print(f"stop it with: flayer broker stop --state-dir {files.state_dir}")
+        print("\n".join([*lines, f"stop it with: flayer broker stop --state-dir {files.state_dir}"]))
         return 0
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    while not done.wait(0.5):
-        if not broker.is_running():
-            print("flayer broker: the broker exited on its own; see its log", file=sys.stderr)
-            return 1
-    broker.stop()
+    try:
+        print("\n".join([*lines, "Ctrl-C stops it"]), flush=True)
+        while not done.wait(0.5):
+            if not broker.is_running():
+                print("flayer broker: the broker exited on its own; see its log", file=sys.stderr)
+                return 1
+    finally:
+        broker.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print("broker stopped")
     return 0
 
