@@ -68,8 +68,24 @@ class RunRecord:
             raise BrokerError(f"{path}: unreadable run record ({exc}); remove it if no broker runs") from exc
 
 
+_HAVE_PROC = Path("/proc/self/stat").exists()
+
+
+def _ps(pid: int, column: str) -> str | None:
+    """One ``ps`` column for ``pid`` (systems without /proc, e.g. macOS); None when it is gone."""
+    proc = subprocess.run(["ps", "-p", str(pid), "-o", f"{column}=", "-o", "stat="], capture_output=True, text=True,
+                          check=False, timeout=10)
+    out = proc.stdout.strip()
+    if proc.returncode != 0 or not out or out.split()[-1].startswith("Z"):
+        return None
+    return out.rsplit(None, 1)[0]
+
+
 def _proc_start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None when it is gone or a zombie."""
+    """Start time of ``pid`` in clock ticks since boot (0 without /proc), or None when it is gone
+    or a zombie."""
+    if not _HAVE_PROC:
+        return 0 if _ps(pid, "pid") is not None else None
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -81,6 +97,9 @@ def _proc_start_ticks(pid: int) -> int | None:
 
 
 def _proc_argv(pid: int) -> list[str] | None:
+    if not _HAVE_PROC:
+        command = _ps(pid, "command")
+        return command.split() if command is not None else None  # our arguments hold no white space
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -89,6 +108,7 @@ def _proc_argv(pid: int) -> list[str] | None:
 
 
 def _is_ours(rec: RunRecord) -> bool:
+    """Same PID, same start time (Linux) and same command line as when we started it."""
     return _proc_start_ticks(rec.pid) == rec.start_ticks and _proc_argv(rec.pid) == rec.argv
 
 
