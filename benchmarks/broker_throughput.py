@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mqtt_broker import (  # noqa: E402
+from mqtt_broker import (
     BrokerConfig,
     add_device,
     load_credentials,
@@ -28,7 +28,7 @@ from mqtt_broker import (  # noqa: E402
     mqtt_connect_settings,
     start_broker,
 )
-from protocol.topics import Topics  # noqa: E402
+from protocol.topics import Topics
 
 
 def _client(creds):  # type: ignore[no-untyped-def]
