@@ -1,0 +1,199 @@
+"""``flayer broker start|stop|status|add-device``: the federation's MQTT broker.
+
+``start`` writes the configuration into the state folder and runs mosquitto (or the embedded
+broker) in the background, recording its PID; ``stop`` ends exactly that process; ``add-device``
+creates a device's credentials file and makes a running broker reload its password file.
+Passwords are never printed: only the paths of the 0600 credentials files are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cli.common import CliError
+
+if TYPE_CHECKING:
+    from mqtt_broker.config import BrokerConfig
+
+SUBCOMMANDS = ("start", "stop", "status", "add-device")
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _state_dir_flag(p: argparse.ArgumentParser) -> None:
+    from mqtt_broker.config import DEFAULT_STATE_DIR
+
+    p.add_argument("--state-dir", metavar="DIR", default=str(DEFAULT_STATE_DIR),
+                   help=f"folder holding the broker's configuration, passwords and credentials (default {DEFAULT_STATE_DIR})")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("broker", help="run the federation's MQTT broker (mosquitto, or the embedded fallback)",
+                       description=__doc__.splitlines()[0])
+    actions = p.add_subparsers(dest="broker_command", metavar="ACTION")
+    actions.required = True
+
+    s = actions.add_parser("start", help="write the configuration and start the broker in the background")
+    _state_dir_flag(s)
+    s.add_argument("--federation", metavar="F", help="federation id (default: the stored one, else 'default')")
+    s.add_argument("--host", metavar="ADDR", help="listen address (default 127.0.0.1; 0.0.0.0 for every interface)")
+    s.add_argument("--port", type=_nonneg_int, metavar="P", help="MQTT port (default: stored, else 1883; 0 = a free one)")
+    s.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
+                   help="also open a TLS listener (own CA, client certificates)")
+    s.add_argument("--tls-port", type=_nonneg_int, metavar="P", help="TLS port (default: stored, else 8883; 0 = a free one)")
+    s.add_argument("--require-certificate", action=argparse.BooleanOptionalAction, default=None,
+                   help="TLS clients must present a certificate of the federation CA (default: yes)")
+    s.add_argument("--identity-as-username", dest="use_identity_as_username", action=argparse.BooleanOptionalAction,
+                   default=None, help="on the TLS listener, the certificate's CN is the username (no password asked)")
+    s.add_argument("--advertise-host", metavar="ADDR", help="address written into credentials files and the server certificate")
+    s.add_argument("--max-packet-size", type=_nonneg_int, metavar="BYTES", help="largest MQTT packet (default 1048576)")
+    s.add_argument("--persistence", action=argparse.BooleanOptionalAction, default=None,
+                   help="save retained messages and queues to disk (default: yes)")
+    kind = s.add_mutually_exclusive_group()
+    kind.add_argument("--mosquitto", dest="kind", action="store_const", const="mosquitto", help="require mosquitto")
+    kind.add_argument("--embedded", dest="kind", action="store_const", const="embedded",
+                      help="run the embedded pure-Python broker (amqtt; loopback, no TLS, limits not enforced)")
+    s.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the broker")
+    s.set_defaults(func=run, kind="auto")
+
+    t = actions.add_parser("stop", help="stop the broker recorded in the state folder (exactly that process)")
+    _state_dir_flag(t)
+    t.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds before SIGKILL (default 10)")
+    t.set_defaults(func=run)
+
+    st = actions.add_parser("status", help="show whether the recorded broker runs, its ports and users")
+    _state_dir_flag(st)
+    st.set_defaults(func=run)
+
+    a = actions.add_parser("add-device", help="create a device's credentials file; a running broker reloads")
+    _state_dir_flag(a)
+    a.add_argument("device_id", metavar="ID", help="device id = its MQTT username and client id")
+    a.add_argument("--rotate", action="store_true", help="issue a new password (and certificate) for an existing device")
+    a.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace, stored_path: Path) -> BrokerConfig:
+    from mqtt_broker.config import DEFAULT_PORT, DEFAULT_TLS_PORT, BrokerConfig
+
+    stored = BrokerConfig.load(stored_path) if stored_path.exists() else None
+    base = stored or BrokerConfig(port=DEFAULT_PORT, tls_port=DEFAULT_TLS_PORT)
+    changes = {k: v for k, v in (("federation", args.federation), ("host", args.host), ("port", args.port),
+                                 ("tls", args.tls), ("tls_port", args.tls_port),
+                                 ("require_certificate", args.require_certificate),
+                                 ("use_identity_as_username", args.use_identity_as_username),
+                                 ("advertise_host", args.advertise_host), ("max_packet_size", args.max_packet_size),
+                                 ("persistence", args.persistence)) if v is not None}
+    if stored and "federation" in changes and changes["federation"] != stored.federation:
+        raise CliError(f"{stored_path.parent} serves federation {stored.federation!r}; "
+                       f"use another --state-dir for {changes['federation']!r}")
+    if changes.get("tls") and not base.tls and "tls_port" not in changes and not base.tls_port:
+        changes["tls_port"] = DEFAULT_TLS_PORT
+    return replace(base, **changes)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mqtt_broker.config import BrokerConfigError
+    from mqtt_broker.passwords import PasswordError
+    from mqtt_broker.process import BrokerError
+    from mqtt_broker.tls import TlsError
+
+    try:
+        return {"start": _start, "stop": _stop, "status": _status, "add-device": _add_device}[args.broker_command](args)
+    except (BrokerConfigError, BrokerError, PasswordError, TlsError) as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _start(args: argparse.Namespace) -> int:
+    from mqtt_broker.process import start_broker
+    from mqtt_broker.state import BrokerFiles
+
+    files = BrokerFiles.at(args.state_dir)
+    cfg = _config(args, files.config)
+    done = threading.Event()
+    if args.foreground:  # before the start, so an early Ctrl-C still stops the broker below
+        previous = {sig: signal.signal(sig, lambda *_: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    broker = start_broker(cfg, files.state_dir, kind=args.kind, detach=not args.foreground)
+    cfg = broker.config
+    tls = f", TLS port {cfg.tls_port}" if cfg.tls else ""
+    lines = [f"{broker.kind} broker running: pid {broker.pid}, federation {cfg.federation}, {cfg.host}:{cfg.port}{tls}",
+             f"state folder:            {files.state_dir}",
+             f"coordinator credentials: {files.credentials(cfg.coordinator_user)}",
+             f"log:                     {files.log}"]
+    if broker.kind == "embedded":
+        lines.append("embedded broker: max_packet_size, queue limits, persistence and TLS are NOT enforced (see README)")
+    if not args.foreground:
+        print("\n".join([*lines, f"stop it with: flayer broker stop --state-dir {files.state_dir}"]))
+        return 0
+    try:
+        print("\n".join([*lines, "Ctrl-C stops it"]), flush=True)
+        while not done.wait(0.5):
+            if not broker.is_running():
+                print("flayer broker: the broker exited on its own; see its log", file=sys.stderr)
+                return 1
+    finally:
+        broker.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("broker stopped")
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from mqtt_broker.process import stop_recorded
+
+    if args.timeout <= 0:
+        raise CliError(f"--timeout must be > 0, got {args.timeout}")
+    rec = stop_recorded(args.state_dir, timeout=args.timeout)
+    if rec is None:
+        print(f"no running broker recorded in {Path(args.state_dir)}")
+        return 0
+    print(f"stopped {rec.kind} broker pid {rec.pid} (port {rec.port})")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from mqtt_broker.config import BrokerConfig
+    from mqtt_broker.process import recorded_process
+    from mqtt_broker.state import BrokerFiles, list_users
+
+    files = BrokerFiles.at(args.state_dir)
+    cfg = BrokerConfig.load(files.config)
+    rec = recorded_process(files.state_dir)
+    state = f"running ({rec.kind}, pid {rec.pid})" if rec else "not running"
+    print(f"broker:     {state}")
+    print(f"federation: {cfg.federation}")
+    print(f"listener:   {cfg.host}:{cfg.port}" + (f", TLS {cfg.tls_host or cfg.host}:{cfg.tls_port}" if cfg.tls else ""))
+    print(f"limits:     max_packet_size {cfg.max_packet_size} (payload <= {cfg.max_payload}), "
+          f"max_inflight {cfg.max_inflight_messages}, max_queued {cfg.max_queued_messages} / {cfg.max_queued_bytes} B")
+    users = list_users(files.state_dir)
+    print(f"users:      {len(users)} ({sum(r == 'device' for _, r in users)} devices)")
+    for user, role in users:
+        print(f"  {role:<11} {user:<24} {files.credentials(user)}")
+    return 0 if rec else 3
+
+
+def _add_device(args: argparse.Namespace) -> int:
+    from mqtt_broker.process import reload_recorded
+    from mqtt_broker.state import BrokerFiles, add_device
+
+    files = BrokerFiles.at(args.state_dir)
+    creds = add_device(files.state_dir, args.device_id, rotate=args.rotate)
+    print(f"credentials of device {creds.username}: {files.credentials(creds.username)} (mode 0600, holds the password)")
+    rec = reload_recorded(files.state_dir)
+    if rec is not None:
+        print(f"reloaded the running {rec.kind} broker (pid {rec.pid})")
+    return 0

@@ -1,0 +1,199 @@
+"""Broker configuration: one frozen dataclass, its limits, and its JSON form in the state folder.
+
+The limits are chosen for a federation's traffic, not for chat-sized messages:
+
+- ``max_packet_size`` (default 1 MiB) bounds every MQTT packet. The model blob and each update are
+  cut into chunks of at most :func:`payload_limit` bytes (packet size minus a fixed allowance for
+  the MQTT framing), so a 45 MB ResNet-18 travels as ~45 retained chunks and a FedAvgCNN (3.5 MB)
+  as 4. Clients check the size before publishing: paho does not honour the broker's advertised
+  maximum, and Mosquitto disconnects a client that sends a larger packet (paho then re-sends the
+  same packet on every reconnect).
+- ``max_queued_messages`` (default 10,000) per client: a device that subscribes to the model
+  filter is sent every retained chunk at once, and the coordinator may fall behind a burst of
+  update chunks from many devices; Mosquitto silently drops what exceeds the queue, so it must
+  exceed (model chunks) and (devices x chunks per update). ``max_queued_bytes`` (1 GiB) bounds
+  the memory that queue may hold. ``max_inflight_messages`` stays at Mosquitto's 20.
+- ``persistence``: retained plan and model chunks and queued QoS 1 messages survive a broker restart.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from mqtt_broker.fsutil import atomic_write
+from protocol.topics import TopicError, validate_id
+
+__all__ = [
+    "DEFAULT_MAX_PACKET_SIZE",
+    "DEFAULT_PORT",
+    "DEFAULT_STATE_DIR",
+    "DEFAULT_TLS_PORT",
+    "MQTT_HEADROOM",
+    "BrokerConfig",
+    "BrokerConfigError",
+    "is_loopback",
+    "payload_limit",
+]
+
+DEFAULT_STATE_DIR = Path(".flayer/broker")
+DEFAULT_PORT = 1883
+DEFAULT_TLS_PORT = 8883
+DEFAULT_MAX_PACKET_SIZE = 1 << 20  # 1 MiB
+# Bytes of each packet reserved for MQTT framing: fixed header (<= 5), topic length + topic
+# (the longest topic of protocol.topics is ~220 bytes), packet id (2), MQTT 5 properties.
+MQTT_HEADROOM = 1024
+MIN_PACKET_SIZE = 16 * 1024
+MAX_PACKET_SIZE = 256 * 1024 * 1024  # MQTT's remaining-length field tops out just above this
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+class BrokerConfigError(ValueError):
+    """A broker setting, flag or state file is invalid."""
+
+
+def payload_limit(max_packet_size: int) -> int:
+    """Largest PUBLISH payload (envelope + body) that fits in one packet of ``max_packet_size``."""
+    return max_packet_size - MQTT_HEADROOM
+
+
+def _check_host(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise BrokerConfigError(f"{what} must be an IP address or host name, got {value!r}")
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not _HOSTNAME.fullmatch(value):
+        raise BrokerConfigError(f"{what} {value!r} is neither an IP address nor a valid host name")
+    return value
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def _check_int(value: Any, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BrokerConfigError(f"{what} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Everything that shapes the generated Mosquitto files (no secrets here).
+
+    ``port``/``tls_port`` 0 means "pick a free port" when the files are written; the chosen port
+    is stored in the state folder, so later starts and every credentials file agree on it.
+    ``advertise_host`` is the address written into credentials files (default: ``host``, or
+    127.0.0.1 when ``host`` is a wildcard address); it is also put into the server certificate.
+    """
+
+    federation: str = "default"
+    host: str = "127.0.0.1"
+    port: int = 0
+    tls: bool = False
+    tls_host: str | None = None
+    tls_port: int = 0
+    require_certificate: bool = True
+    use_identity_as_username: bool = False
+    advertise_host: str | None = None
+    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
+    max_inflight_messages: int = 20
+    max_queued_messages: int = 10_000
+    max_queued_bytes: int = 1 << 30
+    persistence: bool = True
+    coordinator_user: str = "coordinator"
+
+    def __post_init__(self) -> None:
+        try:
+            validate_id(self.federation, "federation id")
+            validate_id(self.coordinator_user, "coordinator user")
+        except TopicError as exc:
+            raise BrokerConfigError(str(exc)) from exc
+        _check_host(self.host, "host")
+        if self.tls_host is not None:
+            _check_host(self.tls_host, "tls_host")
+        if self.advertise_host is not None:
+            _check_host(self.advertise_host, "advertise_host")
+            if _is_wildcard(self.advertise_host):
+                raise BrokerConfigError(f"advertise_host {self.advertise_host!r} is a wildcard; clients cannot connect to it")
+        _check_int(self.port, "port", 0, 65535)
+        _check_int(self.tls_port, "tls_port", 0, 65535)
+        if self.port and self.port == self.tls_port:
+            raise BrokerConfigError(f"port and tls_port are both {self.port}")
+        for name in ("tls", "require_certificate", "use_identity_as_username", "persistence"):
+            if not isinstance(getattr(self, name), bool):
+                raise BrokerConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.use_identity_as_username and not self.require_certificate:
+            raise BrokerConfigError("use_identity_as_username needs require_certificate")
+        _check_int(self.max_packet_size, "max_packet_size", MIN_PACKET_SIZE, MAX_PACKET_SIZE)
+        _check_int(self.max_inflight_messages, "max_inflight_messages", 1, 65535)
+        _check_int(self.max_queued_messages, "max_queued_messages", 1, 10_000_000)
+        _check_int(self.max_queued_bytes, "max_queued_bytes", 0, 1 << 40)
+
+    @property
+    def max_payload(self) -> int:
+        return payload_limit(self.max_packet_size)
+
+    @property
+    def connect_host(self) -> str:
+        """Address clients (and the readiness probe) connect to."""
+        if self.advertise_host:
+            return self.advertise_host
+        return "127.0.0.1" if _is_wildcard(self.host) else self.host
+
+    @property
+    def tls_connect_host(self) -> str:
+        if self.advertise_host:
+            return self.advertise_host
+        bind = self.tls_host or self.host
+        return "127.0.0.1" if _is_wildcard(bind) else bind
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "broker config") -> BrokerConfig:
+        if not isinstance(data, dict):
+            raise BrokerConfigError(f"{source}: expected a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise BrokerConfigError(f"{source}: unknown key(s) {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise BrokerConfigError(f"{source}: {exc}") from exc
+        except BrokerConfigError as exc:
+            raise BrokerConfigError(f"{source}: {exc}") from exc
+
+    def save(self, path: Path) -> None:
+        atomic_write(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", mode=0o600)
+
+    @classmethod
+    def load(cls, path: Path) -> BrokerConfig:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise BrokerConfigError(f"{path}: no broker set up here (run 'flayer broker start' first)") from exc
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BrokerConfigError(f"{path}: unreadable broker config: {exc}") from exc
+        return cls.from_dict(data, str(path))

@@ -1,0 +1,205 @@
+"""Connection settings of one broker user (a device or the coordinator): a 0600 TOML file the
+edge client or coordinator loads, and what paho needs to connect with them.
+
+File layout (``<state>/credentials/<username>.toml``)::
+
+    federation = "default"
+    role = "device"                  # or "coordinator"
+    username = "dev-1"               # also the MQTT client id
+    password = "..."
+    host = "127.0.0.1"
+    port = 1883
+    max_packet_size = 1048576        # the broker's limit on a whole MQTT packet
+    max_payload = 1047552            # largest payload a client may publish (packet minus headroom)
+
+    [tls]                            # present when the broker has a TLS listener
+    host = "127.0.0.1"
+    port = 8883
+    ca_file = "/.../tls/ca.crt"      # relative paths are read relative to this file
+    cert_file = "/.../tls/clients/dev-1.crt"
+    key_file = "/.../tls/clients/dev-1.key"
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mqtt_broker.config import BrokerConfigError, payload_limit
+from mqtt_broker.fsutil import atomic_write
+from protocol.topics import TopicError, validate_id
+
+__all__ = ["ConnectSettings", "Credentials", "TlsSettings", "make_client", "mqtt_connect_settings"]
+
+ROLES = ("device", "coordinator")
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    host: str
+    port: int
+    ca_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """One user's connection settings. The password is left out of ``repr`` (and so out of logs)."""
+
+    federation: str
+    role: str
+    username: str
+    password: str = field(repr=False)
+    host: str
+    port: int
+    max_packet_size: int
+    tls: TlsSettings | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            validate_id(self.federation, "federation id")
+            validate_id(self.username, "username")
+        except TopicError as exc:
+            raise BrokerConfigError(str(exc)) from exc
+        if self.role not in ROLES:
+            raise BrokerConfigError(f"role must be one of {ROLES}, got {self.role!r}")
+        if not isinstance(self.password, str) or not self.password:
+            raise BrokerConfigError("password must be a non-empty string")
+        for name, value in (("port", self.port), ("max_packet_size", self.max_packet_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise BrokerConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not 1 <= self.port <= 65535:
+            raise BrokerConfigError(f"port {self.port} out of range")
+
+    @property
+    def client_id(self) -> str:
+        """The broker binds the client id to the username (Mosquitto replaces it; the embedded broker
+        refuses a different one), so clients must connect with this id."""
+        return self.username
+
+    @property
+    def max_payload(self) -> int:
+        return payload_limit(self.max_packet_size)
+
+    def to_toml(self) -> str:
+        q = json.dumps  # a JSON string literal is a valid TOML basic string for these values
+        lines = [
+            f"# MQTT credentials of {self.role} {self.username!r}, federation {self.federation!r}.",
+            "# Secret: keep this file private (mode 0600). Written by 'flayer broker'.",
+            f"federation = {q(self.federation)}",
+            f"role = {q(self.role)}",
+            f"username = {q(self.username)}",
+            f"password = {q(self.password)}",
+            f"host = {q(self.host)}",
+            f"port = {self.port}",
+            f"max_packet_size = {self.max_packet_size}",
+            f"max_payload = {self.max_payload}",
+        ]
+        if self.tls is not None:
+            lines += ["", "[tls]", f"host = {q(self.tls.host)}", f"port = {self.tls.port}",
+                      f"ca_file = {q(str(self.tls.ca_file))}"]
+            if self.tls.cert_file is not None and self.tls.key_file is not None:
+                lines += [f"cert_file = {q(str(self.tls.cert_file))}", f"key_file = {q(str(self.tls.key_file))}"]
+        return "\n".join(lines) + "\n"
+
+    def save(self, path: Path) -> None:
+        atomic_write(path, self.to_toml(), mode=0o600)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Credentials:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise BrokerConfigError(f"{path}: credentials file not found") from exc
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise BrokerConfigError(f"{path}: unreadable credentials file: {exc}") from exc
+        try:
+            return cls._from_dict(data, path.parent)
+        except BrokerConfigError as exc:
+            raise BrokerConfigError(f"{path}: {exc}") from exc
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any], base: Path) -> Credentials:
+        top = {"federation", "role", "username", "password", "host", "port", "max_packet_size", "max_payload", "tls"}
+        unknown = sorted(set(data) - top)
+        if unknown:
+            raise BrokerConfigError(f"unknown key(s) {', '.join(unknown)}")
+        missing = sorted({"federation", "role", "username", "password", "host", "port", "max_packet_size"} - set(data))
+        if missing:
+            raise BrokerConfigError(f"missing key(s) {', '.join(missing)}")
+        for key in ("federation", "role", "username", "password", "host"):
+            if not isinstance(data[key], str):
+                raise BrokerConfigError(f"{key} must be a string")
+        tls = None
+        if "tls" in data:
+            t = data["tls"]
+            if not isinstance(t, dict) or set(t) - {"host", "port", "ca_file", "cert_file", "key_file"}:
+                raise BrokerConfigError("[tls] holds unknown keys (expected host, port, ca_file, cert_file, key_file)")
+            if not isinstance(t.get("host"), str) or not isinstance(t.get("port"), int) or not isinstance(t.get("ca_file"), str):
+                raise BrokerConfigError("[tls] needs host (string), port (integer) and ca_file (string)")
+            if ("cert_file" in t) != ("key_file" in t):
+                raise BrokerConfigError("[tls] needs both cert_file and key_file, or neither")
+            tls = TlsSettings(t["host"], t["port"], base / t["ca_file"],
+                              base / t["cert_file"] if "cert_file" in t else None,
+                              base / t["key_file"] if "key_file" in t else None)
+        creds = cls(data["federation"], data["role"], data["username"], data["password"], data["host"], data["port"],
+                    data["max_packet_size"], tls)
+        if "max_payload" in data and data["max_payload"] != creds.max_payload:
+            raise BrokerConfigError(f"max_payload {data['max_payload']!r} does not match max_packet_size "
+                                    f"{creds.max_packet_size} (expected {creds.max_payload})")
+        return creds
+
+
+@dataclass(frozen=True)
+class ConnectSettings:
+    """What an MQTT client needs: pass to paho as shown in :func:`make_client`."""
+
+    host: str
+    port: int
+    client_id: str
+    username: str
+    password: str = field(repr=False)
+    ssl_context: ssl.SSLContext | None = None
+    max_payload: int = 0
+
+
+def tls_context(tls: TlsSettings, with_client_cert: bool = True) -> ssl.SSLContext:
+    """Verify the broker against the federation CA (host name included); present the client cert."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(tls.ca_file))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if with_client_cert and tls.cert_file is not None and tls.key_file is not None:
+        ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    return ctx
+
+
+def mqtt_connect_settings(creds: Credentials, use_tls: bool | None = None, client_cert: bool = True) -> ConnectSettings:
+    """Settings for ``creds``; ``use_tls`` None = TLS when the credentials have it."""
+    if use_tls is None:
+        use_tls = creds.tls is not None
+    if use_tls:
+        if creds.tls is None:
+            raise BrokerConfigError(f"credentials of {creds.username} have no [tls] section")
+        return ConnectSettings(creds.tls.host, creds.tls.port, creds.client_id, creds.username, creds.password,
+                               tls_context(creds.tls, client_cert), creds.max_payload)
+    return ConnectSettings(creds.host, creds.port, creds.client_id, creds.username, creds.password, None,
+                           creds.max_payload)
+
+
+def make_client(settings: ConnectSettings, clean_session: bool = True) -> Any:
+    """A configured, not yet connected paho 2.x client (MQTT 3.1.1, callback API version 2).
+    Connect with ``client.connect(settings.host, settings.port)``."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id, clean_session=clean_session,
+                         protocol=mqtt.MQTTv311)
+    client.username_pw_set(settings.username, settings.password)
+    if settings.ssl_context is not None:
+        client.tls_set_context(settings.ssl_context)
+    return client

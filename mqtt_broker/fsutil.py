@@ -1,0 +1,68 @@
+"""Small file, executable and port helpers: private folders, atomic 0600 writes, free ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+__all__ = ["atomic_write", "find_executable", "free_port", "port_in_use", "private_dir"]
+
+# Debian installs mosquitto in /usr/sbin, which is not on a normal user's PATH.
+_EXTRA_BIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin", "/opt/homebrew/sbin", "/usr/local/opt/mosquitto/sbin")
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it 0700."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, created with ``mode``
+    from the start (a secret is never readable by others, not even briefly), then renamed."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def find_executable(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in _EXTRA_BIN_DIRS:
+        candidate = Path(folder) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS reports free on ``host`` now (it may be taken again before use)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when binding ``host:port`` fails (someone listens there)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as brokers do: TIME_WAIT is no obstacle
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False

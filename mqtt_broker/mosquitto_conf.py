@@ -1,0 +1,99 @@
+"""``mosquitto.conf`` for one federation (Mosquitto 2.0 syntax). Secrets never appear in it:
+it names the password file (hashes only) and the key files."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import pwd
+from pathlib import Path
+
+from mqtt_broker.config import BrokerConfig
+
+__all__ = ["render_mosquitto_conf"]
+
+AUTOSAVE_INTERVAL_S = 300
+CLIENT_EXPIRATION = "7d"
+
+
+def _run_as_user() -> str | None:
+    """Mosquitto started as root drops to the user 'mosquitto', which could not read our 0600 files;
+    naming the current user keeps it as the owner of the state folder (no effect for non-root)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        try:
+            return getpass.getuser()
+        except OSError:
+            return None
+
+
+def _listener_auth(passwd: Path, acl: Path) -> list[str]:
+    return [
+        "allow_anonymous false",
+        f"password_file {passwd}",
+        f"acl_file {acl}",
+        # the client id is replaced by the username: one device cannot take over another's session
+        "use_username_as_clientid true",
+    ]
+
+
+def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl: Path,
+                          tls: tuple[Path, Path, Path] | None) -> str:
+    """``tls`` is (ca cert, server cert, server key) when the TLS listener is on."""
+    user = _run_as_user()
+    lines = [
+        f"# Mosquitto configuration of federation {cfg.federation!r}, written by FLAYER Edge (mqtt_broker).",
+        "# Regenerated on every 'flayer broker start' from broker.json: edit that (or the flags), not this file.",
+        "per_listener_settings true",
+    ]
+    if user:
+        lines.append(f"user {user}")
+    lines += [
+        "",
+        "# Limits (see README, section Broker): clients check payload sizes against max_packet_size before",
+        "# publishing; queues must hold every retained model chunk and bursts of update chunks.",
+        f"max_packet_size {cfg.max_packet_size}",
+        f"max_inflight_messages {cfg.max_inflight_messages}",
+        f"max_queued_messages {cfg.max_queued_messages}",
+        f"max_queued_bytes {cfg.max_queued_bytes}",
+        f"persistent_client_expiration {CLIENT_EXPIRATION}",
+        "set_tcp_nodelay true",
+        "",
+        f"persistence {'true' if cfg.persistence else 'false'}",
+    ]
+    if cfg.persistence:
+        lines += [f"persistence_location {state_dir / 'data'}/", "persistence_file mosquitto.db",
+                  f"autosave_interval {AUTOSAVE_INTERVAL_S}"]
+    lines += [
+        "",
+        "log_dest stderr",
+        "log_type error",
+        "log_type warning",
+        "log_type notice",
+        "log_type information",
+        "connection_messages true",
+        "log_timestamp true",
+        "log_timestamp_format %Y-%m-%dT%H:%M:%S",
+        "",
+        f"listener {cfg.port} {cfg.host}",
+        "protocol mqtt",
+        *_listener_auth(passwd, acl),
+    ]
+    if tls is not None:
+        ca, cert, key = tls
+        lines += [
+            "",
+            f"listener {cfg.tls_port} {cfg.tls_host or cfg.host}",
+            "protocol mqtt",
+            *_listener_auth(passwd, acl),
+            f"cafile {ca}",
+            f"certfile {cert}",
+            f"keyfile {key}",
+            "tls_version tlsv1.2",
+            f"require_certificate {'true' if cfg.require_certificate else 'false'}",
+        ]
+        if cfg.use_identity_as_username:
+            # the certificate's CN becomes the username (and so the client id); no password is asked
+            lines.append("use_identity_as_username true")
+    return "\n".join(lines) + "\n"

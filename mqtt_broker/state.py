@@ -1,0 +1,203 @@
+"""The broker's state folder: generated configuration, password file, ACL, TLS material and one
+credentials file per user. Everything here is derived from ``broker.json`` plus the users'
+passwords (kept only in their own 0600 credentials files).
+
+Layout (default ``.flayer/broker``, mode 0700)::
+
+    broker.json            BrokerConfig (no secrets)
+    mosquitto.conf         generated
+    acl                    generated from protocol.topics.acl_rules
+    passwd                 username:hash (0600)
+    credentials/<user>.toml one per device and for the coordinator (0600, holds the password)
+    tls/                   CA, server and client certificates (keys 0600), when TLS is on
+    data/                  Mosquitto persistence
+    broker.log             the broker's log (no secrets)
+    run.json               PID, ports and command of the running broker
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from mqtt_broker.acl import render_acl
+from mqtt_broker.config import BrokerConfig, BrokerConfigError
+from mqtt_broker.credentials import Credentials, TlsSettings
+from mqtt_broker.fsutil import atomic_write, free_port, private_dir
+from mqtt_broker.mosquitto_conf import render_mosquitto_conf
+from mqtt_broker.passwords import hash_password, new_password, set_passwd_entry
+from mqtt_broker.tls import client_cert_paths, ensure_ca_and_server, make_client_cert
+from protocol.topics import TopicError, validate_id
+
+__all__ = ["BrokerFiles", "add_coordinator", "add_device", "list_users", "load_credentials", "write_broker_files"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BrokerFiles:
+    """Paths of one state folder (absolute)."""
+
+    state_dir: Path
+
+    @classmethod
+    def at(cls, state_dir: str | Path) -> BrokerFiles:
+        path = Path(state_dir).expanduser().resolve()
+        if any(c.isspace() for c in str(path)):
+            raise BrokerConfigError(f"state folder {str(path)!r} contains white space, which mosquitto.conf cannot hold")
+        return cls(path)
+
+    config = property(lambda self: self.state_dir / "broker.json")
+    mosquitto_conf = property(lambda self: self.state_dir / "mosquitto.conf")
+    acl = property(lambda self: self.state_dir / "acl")
+    passwd = property(lambda self: self.state_dir / "passwd")
+    credentials_dir = property(lambda self: self.state_dir / "credentials")
+    tls_dir = property(lambda self: self.state_dir / "tls")
+    data_dir = property(lambda self: self.state_dir / "data")
+    log = property(lambda self: self.state_dir / "broker.log")
+    run_record = property(lambda self: self.state_dir / "run.json")
+    lock = property(lambda self: self.state_dir / ".lock")
+
+    def credentials(self, username: str) -> Path:
+        return self.credentials_dir / f"{username}.toml"
+
+
+@contextmanager
+def _locked(files: BrokerFiles) -> Iterator[None]:
+    """Serialise changes to one state folder across processes (e.g. devices added in parallel)."""
+    private_dir(files.state_dir)
+    fd = os.open(files.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "r+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _resolve_ports(cfg: BrokerConfig, old: BrokerConfig | None) -> BrokerConfig:
+    port = cfg.port or (old.port if old and old.port else free_port(cfg.host))
+    tls_port = 0
+    if cfg.tls:
+        tls_port = cfg.tls_port or (old.tls_port if old and old.tls_port else 0)
+        while not tls_port or tls_port == port:
+            tls_port = free_port(cfg.tls_host or cfg.host)
+    return replace(cfg, port=port, tls_port=tls_port)
+
+
+def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
+    """Write (or bring up to date) every file of the state folder for ``cfg``; returns the paths.
+
+    Ports 0 are resolved (reusing the ports already stored there), the coordinator's credentials are
+    created on first use, and every existing credentials file is rewritten with the current host,
+    ports, limits and TLS paths (passwords are kept). Changing the federation of a folder that
+    already has users is refused: their credentials and topics belong to the old one."""
+    files = BrokerFiles.at(state_dir)
+    with _locked(files):
+        old = BrokerConfig.load(files.config) if files.config.exists() else None
+        users = list_users(files.state_dir) if old else []
+        if old and users and (old.federation, old.coordinator_user) != (cfg.federation, cfg.coordinator_user):
+            raise BrokerConfigError(
+                f"{files.state_dir} already serves federation {old.federation!r} (coordinator user "
+                f"{old.coordinator_user!r}) with {len(users)} user(s); use another state folder for {cfg.federation!r}")
+        cfg = _resolve_ports(cfg, old)
+        private_dir(files.credentials_dir)
+        if cfg.persistence:
+            private_dir(files.data_dir)
+        cfg.save(files.config)
+        atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user), mode=0o600)
+        if not files.passwd.exists():
+            atomic_write(files.passwd, "", mode=0o600)
+        tls = None
+        if cfg.tls:
+            hosts = list(dict.fromkeys([cfg.tls_connect_host, cfg.tls_host or cfg.host, cfg.host]))
+            t = ensure_ca_and_server(files.tls_dir, cfg.federation, hosts)
+            tls = (t.ca_cert, t.server_cert, t.server_key)
+        atomic_write(files.mosquitto_conf, render_mosquitto_conf(cfg, files.state_dir, files.passwd, files.acl, tls),
+                     mode=0o600)
+        for user, role in list_users(files.state_dir):
+            creds = Credentials.load(files.credentials(user))
+            _write_credentials(files, cfg, user, role, creds.password)
+        if not files.credentials(cfg.coordinator_user).exists():
+            _add_user(files, cfg, cfg.coordinator_user, "coordinator")
+    log.info("broker files for federation %s written to %s", cfg.federation, files.state_dir)
+    return files
+
+
+def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str, password: str) -> Credentials:
+    tls = None
+    if cfg.tls:
+        cert, key = client_cert_paths(files.tls_dir, user)
+        if not (cert.exists() and key.exists()):
+            cert, key = make_client_cert(files.tls_dir, user)
+        tls = TlsSettings(cfg.tls_connect_host, cfg.tls_port, files.tls_dir / "ca.crt", cert, key)
+    creds = Credentials(cfg.federation, role, user, password, cfg.connect_host, cfg.port, cfg.max_packet_size, tls)
+    creds.save(files.credentials(user))
+    return creds
+
+
+def _add_user(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str) -> Credentials:
+    password = new_password()
+    set_passwd_entry(files.passwd, user, hash_password(user, password, files.state_dir))
+    if cfg.tls:
+        make_client_cert(files.tls_dir, user)
+    creds = _write_credentials(files, cfg, user, role, password)
+    log.info("credentials of %s %s written to %s", role, user, files.credentials(user))
+    return creds
+
+
+def _add(state_dir: str | Path, user: str, role: str, rotate: bool, exist_ok: bool) -> Credentials:
+    files = BrokerFiles.at(state_dir)
+    cfg = BrokerConfig.load(files.config)
+    try:
+        validate_id(user, f"{role} id")
+    except TopicError as exc:
+        raise BrokerConfigError(str(exc)) from exc
+    if role == "device" and user == cfg.coordinator_user:
+        raise BrokerConfigError(f"{user!r} is the coordinator's user name; a device cannot use it")
+    with _locked(files):
+        path = files.credentials(user)
+        if path.exists() and not rotate:
+            existing = Credentials.load(path)
+            if existing.role != role:
+                raise BrokerConfigError(f"{user!r} already exists as a {existing.role}")
+            if exist_ok:
+                return existing
+            raise BrokerConfigError(f"{role} {user!r} already exists ({path}); pass rotate=True (--rotate) "
+                                    "for a new password")
+        return _add_user(files, cfg, user, role)
+
+
+def add_device(state_dir: str | Path, device_id: str, rotate: bool = False, exist_ok: bool = False) -> Credentials:
+    """Create a device's password (and client certificate when TLS is on) and its 0600 credentials
+    file. A running Mosquitto reads the new password only after a reload (:func:`reload_broker`)."""
+    return _add(state_dir, device_id, "device", rotate, exist_ok)
+
+
+def add_coordinator(state_dir: str | Path, rotate: bool = False) -> Credentials:
+    """The coordinator's credentials (created by :func:`write_broker_files`; ``rotate`` renews them)."""
+    cfg = BrokerConfig.load(BrokerFiles.at(state_dir).config)
+    return _add(state_dir, cfg.coordinator_user, "coordinator", rotate, exist_ok=True)
+
+
+def load_credentials(state_dir: str | Path, username: str) -> Credentials:
+    return Credentials.load(BrokerFiles.at(state_dir).credentials(username))
+
+
+def list_users(state_dir: str | Path) -> list[tuple[str, str]]:
+    """(username, role) of every credentials file, sorted by name."""
+    folder = BrokerFiles.at(state_dir).credentials_dir
+    if not folder.is_dir():
+        return []
+    out = []
+    for path in sorted(folder.glob("*.toml")):
+        creds = Credentials.load(path)
+        if creds.username != path.stem:
+            raise BrokerConfigError(f"{path}: holds user {creds.username!r}, not {path.stem!r}")
+        out.append((creds.username, creds.role))
+    return out
