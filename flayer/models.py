@@ -8,11 +8,11 @@ dicts line up with the reference implementations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .spec import MODEL_NAMES, ModelSpec
 
 __all__ = [
     "FedAvgCNN",
@@ -183,31 +183,6 @@ class FastText(nn.Module):
         emb = self.embedding(tokens) * mask
         mean = emb.sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
         return self.fc(F.relu(self.fc1(mean)))
-
-
-MODEL_NAMES = ("cnn", "resnet18", "fasttext")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything needed to rebuild a model on another machine (sent in the round plan)."""
-
-    name: str
-    in_channels: int = 1
-    height: int = 28
-    width: int = 28
-    num_classes: int = 10
-    vocab_size: int = 0
-    hidden_dim: int = 32
-    stem: str = "imagenet"
-
-    def __post_init__(self) -> None:
-        if self.name not in MODEL_NAMES:
-            raise ValueError(f"unknown model {self.name!r}; choose one of {', '.join(MODEL_NAMES)}")
-        if self.num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
-        if self.name == "fasttext" and self.vocab_size < 2:
-            raise ValueError("fasttext needs vocab_size >= 2")
 
 
 def build_model(spec: ModelSpec) -> nn.Module:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models import ModelSpec
+from ..spec import ModelSpec
 
 
 class DataError(Exception):
