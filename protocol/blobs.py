@@ -54,7 +54,7 @@ def encode_state(state: Mapping[str, np.ndarray]) -> bytes:
             raise EncodeError(f"tensor {name!r}: must be a numpy array of one of {sorted(STATE_DTYPES)}")
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise EncodeError(f"tensor {name!r}: NaN or Inf values")
-        body[name] = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
+        body[name] = np.require(arr.astype(arr.dtype.newbyteorder("<"), copy=False), requirements="C")
     return st_save(body)
 
 
@@ -102,7 +102,7 @@ def _check_entries(header: dict[str, Any], data_len: int, limits: WireLimits,
         if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
             raise WireError(f"model blob: tensor {name!r} entry must have exactly dtype, shape, data_offsets")
         dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
-        if dtype not in STATE_DTYPES:
+        if not isinstance(dtype, str) or dtype not in STATE_DTYPES:
             raise WireError(f"model blob: tensor {name!r} dtype {dtype!r} not in {sorted(STATE_DTYPES)}")
         if not (isinstance(shape, list) and len(shape) <= limits.max_ndim
                 and all(type(s) is int and 0 <= s <= limits.max_numel for s in shape)):

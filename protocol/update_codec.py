@@ -40,7 +40,7 @@ from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, HARD_MAX_NUMEL, WireLimits
 from .sparse import Method, decode_positions, encode_positions, position_bytes
 from .topics import TopicError, validate_id
-from .values import VALUE_CODECS, decode_values, encode_values, value_codec
+from .values import VALUE_CODECS, ValueCodec, decode_values, encode_values, value_bytes, value_codec
 
 __all__ = ["UpdateHeader", "UpdateOptions", "DecodedUpdate", "encode_update", "decode_update", "update_sizer",
            "UPDATE_MAGIC", "UPDATE_VERSION"]
@@ -54,6 +54,8 @@ _HEAD = struct.Struct("<4sBBBBII32sIH")
 _RECORD = struct.Struct("<BBBB")
 _SIZES = struct.Struct("<IIIf")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+_METHODS = frozenset(int(m) for m in Method)
+_VALUE_CODECS = frozenset(int(c) for c in ValueCodec)
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ def _read_tensor(r: Reader, limits: WireLimits, shapes: Mapping[str, tuple[int, 
         raise WireError(f"update: tensor {name!r} has {numel} elements (limit {limits.max_numel})")
     total[0] += numel
     if total[0] > limits.max_total_numel:
-        raise WireError(f"update: tensors total more than {limits.max_total_numel} elements")
+        raise WireError(f"update: tensors total more than {limits.max_total_numel} elements (the limit)")
     if shapes is not None:
         if name not in shapes:
             raise WireError(f"update: tensor {name!r} is not part of the global model")
@@ -220,8 +222,13 @@ def _read_tensor(r: Reader, limits: WireLimits, shapes: Mapping[str, tuple[int, 
     count, pos_len, val_len, scale = _SIZES.unpack(r.take(_SIZES.size, f"tensor {name!r} sizes"))
     if count > numel:
         raise WireError(f"update: tensor {name!r} sends {count} values for {numel} elements")
-    if method not in Method.__members__.values():
-        raise WireError(f"update: tensor {name!r} has unknown position method {method}")
+    if method not in _METHODS or vcodec not in _VALUE_CODECS:
+        raise WireError(f"update: tensor {name!r}: unknown position method {method} or value codec {vcodec}")
+    # the value bytes bound count by the payload size; checked first, every allocation below stays
+    # within a small multiple of the bytes actually received
+    if val_len != value_bytes(ValueCodec(vcodec), count):
+        raise WireError(f"update: tensor {name!r} has {val_len} value bytes for {count} "
+                        f"{ValueCodec(vcodec).name} values")
     pos_buf = r.take(pos_len, f"tensor {name!r} positions")
     val_buf = r.take(val_len, f"tensor {name!r} values")
     try:
