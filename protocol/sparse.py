@@ -1,6 +1,6 @@
 """Position codecs for sparse deltas: which flat positions of a tensor a client sends.
 
-Four methods; the encoder takes whichever gives the fewest bytes for each tensor:
+Five methods; the encoder takes whichever gives the fewest bytes for each tensor:
 
 ``DENSE`` (0)
     Every position is sent (count == numel): no position bytes at all.
@@ -14,15 +14,21 @@ Four methods; the encoder takes whichever gives the fewest bytes for each tensor
     MSB first, packed back to back. Both streams are zero-padded to a byte.
 ``RICE_COMPLEMENT`` (3)
     The same code over the positions that are *not* sent (dense-ish masks, density > 1/2).
+``BITMASK_ZSTD`` (4)
+    The BITMASK bytes as one zstd frame that declares its content size (``ceil(numel / 8)``).
 
-The information limit of a set of ``m`` positions among ``n`` is about ``n * H(m/n)`` bits
-(binary entropy). For geometric gaps the best Rice parameter is near ``log2(ln 2 / p)``; the encoder
-tries that value and its two neighbours and keeps the cheapest, which lands within ~1-3% of
-``n * H(p)`` for every density (the complement handles p > 1/2, the bitmask is exact at p = 1/2).
+The information limit of a set of ``m`` positions among ``n`` *independent* ones is about
+``n * H(m/n)`` bits (binary entropy). For such masks the best Rice parameter is near
+``log2(ln 2 / p)``; the encoder tries that value and its two neighbours and keeps the cheapest,
+which lands within ~1-3% of ``n * H(p)`` at every density (the complement handles p > 1/2, the
+bitmask is exact at p = 1/2). Real top-|change| masks are not independent: a dead input feature
+leaves a whole column of a linear layer unchanged, so its bitmask repeats row after row, and zstd
+(level 1: fast, and as good as higher levels on these masks) codes it in well under ``n * H(p)``.
 
 Everything is vectorised with numpy (cumulative sums, ``packbits``/``unpackbits``, ``flatnonzero``);
-there is no per-element Python loop. Decoding checks every length against the tensor size before
-unpacking, so no allocation exceeds O(numel) for a numel the caller has already accepted.
+there is no per-element Python loop. Decoding checks every length before it unpacks anything:
+allocations stay within a small multiple of the bytes received, or (zstd) of ``numel / 8`` for a
+numel the caller has already checked against its limits.
 """
 
 from __future__ import annotations
@@ -32,14 +38,17 @@ import struct
 from enum import IntEnum
 
 import numpy as np
+import zstandard
 
 from .errors import WireError
 
-__all__ = ["Method", "encode_positions", "decode_positions", "position_bytes", "rice_cost_bits",
-           "best_rice_k", "entropy_bits"]
+__all__ = ["Method", "encode_positions", "encode_best", "decode_positions", "rice_cost_bits", "best_rice_k",
+           "entropy_bits"]
 
 _U32 = struct.Struct("<I")
 MAX_RICE_K = 31
+MASK_ZSTD_LEVEL = 1
+MIN_ZSTD_BITMASK = 64  # bytes: below this a zstd frame's own overhead rarely pays off
 
 
 class Method(IntEnum):
@@ -47,6 +56,7 @@ class Method(IntEnum):
     BITMASK = 1
     RICE = 2
     RICE_COMPLEMENT = 3
+    BITMASK_ZSTD = 4
 
 
 def entropy_bits(numel: int, count: int) -> float:
@@ -96,11 +106,14 @@ def _complement(pos: np.ndarray, numel: int) -> np.ndarray:
     return np.flatnonzero(mask)
 
 
-def position_bytes(pos: np.ndarray | None, numel: int) -> tuple[Method, int, int]:
-    """(method, rice k, byte size) of the cheapest encoding of ``pos`` (None = all positions)."""
+def encode_best(pos: np.ndarray | None, numel: int, zstd_masks: bool = True) -> tuple[Method, int, bytes]:
+    """(method, rice k, bytes) of the smallest encoding of ``pos`` (None = all positions).
+
+    ``zstd_masks``: also try BITMASK_ZSTD (costs a zstd pass over the bitmask).
+    """
     m = numel if pos is None else int(pos.size)
     if m == numel:
-        return Method.DENSE, 0, 0
+        return Method.DENSE, 0, b""
     assert pos is not None
     bitmask = (numel + 7) // 8
     if 2 * m <= numel:
@@ -108,38 +121,83 @@ def position_bytes(pos: np.ndarray | None, numel: int) -> tuple[Method, int, int
     else:
         comp = _complement(pos, numel)
         method, k, rice = Method.RICE_COMPLEMENT, *best_rice_k(_gaps_minus_one(comp), numel)
-    if rice < bitmask:
-        return method, k, rice
-    return Method.BITMASK, 0, bitmask
+    if rice >= bitmask:
+        method, k, rice = Method.BITMASK, 0, bitmask
+    if zstd_masks and bitmask >= MIN_ZSTD_BITMASK:
+        frame = _zstd_bitmask(pos, numel)
+        if len(frame) < rice:
+            return Method.BITMASK_ZSTD, 0, frame
+    return method, k, encode_positions(pos, numel, method, k)
+
+
+def _bitmask(pos: np.ndarray, numel: int) -> bytes:
+    mask = np.zeros(numel, dtype=bool)
+    mask[pos] = True
+    return np.packbits(mask).tobytes()
+
+
+def _zstd_bitmask(pos: np.ndarray, numel: int) -> bytes:
+    return zstandard.ZstdCompressor(level=MASK_ZSTD_LEVEL, write_content_size=True).compress(_bitmask(pos, numel))
+
+
+def _bitmask_decode(buf: memoryview | bytes, numel: int, count: int) -> np.ndarray:
+    if len(buf) != (numel + 7) // 8:
+        raise WireError(f"bitmask: {len(buf)} bytes, expected {(numel + 7) // 8} for {numel} positions")
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    if numel % 8 and raw[-1] & ((1 << (8 - numel % 8)) - 1):
+        raise WireError("bitmask: padding bits are not zero")
+    nonzero = np.flatnonzero(raw)
+    if 32 * nonzero.size >= numel:
+        # dense enough that count >= numel / 32: unpacking every bit costs O(count) memory
+        pos = np.flatnonzero(np.unpackbits(raw, count=numel).view(bool)).astype(np.int64)
+    else:  # sparse (or a zstd-inflated run of zeros): unpack only the bytes that hold a set bit
+        byte, bit = np.nonzero(np.unpackbits(raw[nonzero]).view(bool).reshape(-1, 8))
+        pos = nonzero[byte].astype(np.int64) * 8 + bit
+    if pos.size != count:
+        raise WireError(f"bitmask: {pos.size} bits set, declared count {count}")
+    return pos
+
+
+def _unzstd_bitmask(buf: memoryview, numel: int) -> bytes:
+    size = (numel + 7) // 8
+    try:
+        declared = zstandard.frame_content_size(buf)
+        if declared != size:
+            raise WireError(f"zstd bitmask: frame declares {declared} bytes, the bitmask has {size}")
+        out = zstandard.ZstdDecompressor().decompress(buf, max_output_size=size, allow_extra_data=False)
+    except zstandard.ZstdError as exc:
+        raise WireError(f"zstd bitmask: bad frame ({exc})") from None
+    if len(out) != size:
+        raise WireError(f"zstd bitmask: {len(out)} bytes decompressed, expected {size}")
+    return out
 
 
 # ---- fixed-width bit fields (the Rice remainders) -------------------------------------------------
-
-def _width(k: int) -> int:
-    return 8 if k <= 8 else 16 if k <= 16 else 32
-
+# One vectorised pass per bit plane (k <= 31 passes over all values), never a loop over values.
 
 def _pack_fixed(r: np.ndarray, k: int) -> bytes:
     """``k`` low bits of each value, MSB first, packed back to back."""
     if k == 0 or r.size == 0:
         return b""
-    w = _width(k)
-    wide = r.astype(f">u{w // 8}")
-    bits = np.unpackbits(wide.view(np.uint8).reshape(r.size, w // 8), axis=1)
-    return np.packbits(bits[:, w - k:].reshape(-1)).tobytes()
+    bits = np.empty((r.size, k), dtype=np.uint8)
+    for j in range(k):
+        bits[:, j] = (r >> (k - 1 - j)) & 1
+    return np.packbits(bits.reshape(-1)).tobytes()
 
 
 def _unpack_fixed(buf: memoryview, m: int, k: int) -> np.ndarray:
     if k == 0 or m == 0:
         return np.zeros(m, dtype=np.int64)
-    w = _width(k)
     raw = np.frombuffer(buf, dtype=np.uint8)
     nbits = m * k
     if nbits % 8 and raw[-1] & ((1 << (8 - nbits % 8)) - 1):
         raise WireError("rice remainder stream: padding bits are not zero")
-    bits = np.zeros((m, w), dtype=np.uint8)
-    bits[:, w - k:] = np.unpackbits(raw, count=nbits).reshape(m, k)
-    return np.packbits(bits, axis=1).view(f">u{w // 8}").reshape(m).astype(np.int64)
+    bits = np.unpackbits(raw, count=nbits).reshape(m, k)
+    r = np.zeros(m, dtype=np.int64)
+    for j in range(k):
+        r <<= 1
+        r |= bits[:, j]
+    return r
 
 
 # ---- Rice -----------------------------------------------------------------------------------------
@@ -174,7 +232,7 @@ def _rice_decode(buf: memoryview, m: int, k: int, numel: int) -> np.ndarray:
             raise WireError("rice positions: a unary stream for zero positions")
         return np.zeros(0, dtype=np.int64)
     unary = np.frombuffer(buf[_U32.size:_U32.size + unary_len], dtype=np.uint8)
-    ends = np.flatnonzero(np.unpackbits(unary))
+    ends = np.flatnonzero(np.unpackbits(unary).view(bool))  # bool: numpy's fast nonzero path
     if ends.size != m:
         raise WireError(f"rice positions: {ends.size} codes in the unary stream, declared {m}")
     if (int(ends[-1]) >> 3) != unary_len - 1:
@@ -194,8 +252,8 @@ def _rice_decode(buf: memoryview, m: int, k: int, numel: int) -> np.ndarray:
 def encode_positions(pos: np.ndarray | None, numel: int, method: Method, k: int = 0) -> bytes:
     """Encode strictly increasing int64 ``pos`` (< numel; None = all) with ``method``.
 
-    The caller validates ``pos`` (see :mod:`protocol.update_codec`); :func:`position_bytes` picks
-    the method and ``k``.
+    The caller validates ``pos`` (see :mod:`protocol.update_codec`); :func:`encode_best` picks the
+    method and ``k``.
     """
     if method == Method.DENSE:
         if pos is not None and pos.size != numel:
@@ -203,9 +261,9 @@ def encode_positions(pos: np.ndarray | None, numel: int, method: Method, k: int 
         return b""
     assert pos is not None
     if method == Method.BITMASK:
-        mask = np.zeros(numel, dtype=bool)
-        mask[pos] = True
-        return np.packbits(mask).tobytes()
+        return _bitmask(pos, numel)
+    if method == Method.BITMASK_ZSTD:
+        return _zstd_bitmask(pos, numel)
     if method == Method.RICE:
         return _rice_encode(pos, k)
     return _rice_encode(_complement(pos, numel), k)
@@ -223,20 +281,14 @@ def decode_positions(buf: memoryview, numel: int, count: int, method: int, k: in
     if method not in (Method.RICE, Method.RICE_COMPLEMENT) and k != 0:
         raise WireError(f"rice parameter {k} given for position method {method}")
     if method == Method.BITMASK:
-        if len(buf) != (numel + 7) // 8:
-            raise WireError(f"bitmask: {len(buf)} bytes, expected {(numel + 7) // 8} for {numel} positions")
-        raw = np.frombuffer(buf, dtype=np.uint8)
-        if numel % 8 and raw[-1] & ((1 << (8 - numel % 8)) - 1):
-            raise WireError("bitmask: padding bits are not zero")
-        pos = np.flatnonzero(np.unpackbits(raw, count=numel)).astype(np.int64)
-        if pos.size != count:
-            raise WireError(f"bitmask: {pos.size} bits set, declared count {count}")
-        return pos
+        return _bitmask_decode(buf, numel, count)
+    if method == Method.BITMASK_ZSTD:
+        return _bitmask_decode(_unzstd_bitmask(buf, numel), numel, count)
     if method in (Method.RICE, Method.RICE_COMPLEMENT):
         if not 0 <= k <= MAX_RICE_K:
             raise WireError(f"rice parameter {k} out of range [0, {MAX_RICE_K}]")
         if method == Method.RICE:
             return _rice_decode(buf, count, k, numel)
         comp = _rice_decode(buf, numel - count, k, numel)
-        return _complement(comp, numel).astype(np.int64)
+        return _complement(comp, numel).astype(np.int64, copy=False)
     raise WireError(f"unknown position method {method}")

@@ -38,7 +38,7 @@ from flayer.update import TensorDelta, Update
 from ._reader import Reader
 from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, HARD_MAX_NUMEL, WireLimits
-from .sparse import Method, decode_positions, encode_positions, position_bytes
+from .sparse import Method, decode_positions, encode_best
 from .topics import TopicError, validate_id
 from .values import VALUE_CODECS, ValueCodec, decode_values, encode_values, value_bytes, value_codec
 
@@ -82,11 +82,13 @@ class UpdateHeader:
 
 @dataclass(frozen=True)
 class UpdateOptions:
-    """``values``: fp32 (default, bit-exact) | fp16 | bf16 | int8; ``zstd``: compress the payload."""
+    """``values``: fp32 (default, bit-exact) | fp16 | bf16 | int8; ``zstd``: compress the payload;
+    ``zstd_masks``: let a tensor's positions be a zstd-compressed bitmask when that is smaller."""
 
     values: str = "fp32"
     zstd: bool = False
     zstd_level: int = 3
+    zstd_masks: bool = True
 
     def __post_init__(self) -> None:
         if self.values not in VALUE_CODECS:
@@ -153,9 +155,7 @@ def encode_update(update: Update, header: UpdateHeader, options: UpdateOptions =
     parts: list[bytes] = []
     for name, d in update.deltas.items():
         raw_name, numel, idx = _check_delta(name, d)
-        method, k, size = position_bytes(idx, numel)
-        pos = encode_positions(idx, numel, method, k)
-        assert len(pos) == size, (name, method, len(pos), size)
+        method, k, pos = encode_best(idx, numel, options.zstd_masks)
         vals, scale = encode_values(d.values, codec)
         parts += [struct.pack("<H", len(raw_name)), raw_name, _RECORD.pack(len(d.shape), codec, method, k),
                   struct.pack(f"<{len(d.shape)}I", *d.shape),

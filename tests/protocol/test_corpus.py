@@ -82,6 +82,10 @@ UPDATE_CASES: list[tuple[str, bytes, str]] = [
     ("bitmask padding", update_blob([_rec(method=1, k=0, positions=b"\x00\x3f")]), "padding"),
     ("complement past numel", update_blob([_rec(count=8, method=3, k=0, positions=rice_reference([9, 1], 0),
                                                 values=_vals(*range(8)))]), "out of range"),
+    ("zstd bitmask bomb", update_blob([_rec(method=4, k=0, positions=zstandard.ZstdCompressor().compress(
+        b"\x00" * 10**6))]), "frame declares"),
+    ("zstd bitmask count mismatch", update_blob([_rec(method=4, k=0, positions=zstandard.ZstdCompressor().compress(
+        bitmask([2], 10)))]), "declared"),
     ("dense with a count below numel", update_blob([_rec(method=0, k=0, positions=b"")]), "dense"),
     # NaN and Inf
     ("fp32 NaN", update_blob([_rec(values=_vals(float("nan"), 1))]), "NaN or Inf"),

@@ -40,12 +40,15 @@ def _updates(rng: np.random.Generator) -> list[bytes]:
             m = max(1, int(density * numel))
             idx = None if m == numel else np.sort(rng.choice(numel, m, replace=False))
             deltas[f"t{i}"] = TensorDelta(shape, rng.standard_normal(m).astype(np.float32), idx)
+        cols = rng.random(64) < density  # a column pattern repeated by row: a zstd-coded bitmask
+        idx = np.flatnonzero(np.resize(cols, 32 * 64) ^ (rng.random(32 * 64) < 0.02))
+        deltas["t4"] = TensorDelta((32, 64), rng.standard_normal(idx.size).astype(np.float32), idx)
         update = Update(deltas, 33, {"acc": 0.5, "loss": 1.25})
         out.append(encode_update(update, header, UpdateOptions(codec, zstd)))
     return out
 
 
-SHAPES = {"t0": (40, 30), "t1": (17,), "t2": (6, 5, 5), "t3": ()}
+SHAPES = {"t0": (40, 30), "t1": (17,), "t2": (6, 5, 5), "t3": (), "t4": (32, 64)}
 
 
 def _pool(rng: np.random.Generator) -> list[tuple[str, bytes, Decoder]]:
