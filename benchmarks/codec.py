@@ -48,8 +48,9 @@ def _best(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
 def measure(label: str, update: Update, options: UpdateOptions, repeats: int) -> list[str]:
     numel = update.numel
     sent = update.sent
-    pos_bits = sum(8 * len(encode_best(d.indices, d.numel, options.zstd_masks)[2])
-                   for d in update.deltas.values())
+    pos_bits = sum(
+        8 * len(encode_best(d.indices, d.numel, options.zstd_masks)[2]) for d in update.deltas.values()
+    )
     limit = sum(entropy_bits(d.numel, d.count) for d in update.deltas.values())
     enc_s, blob = _best(lambda: encode_update(update, HEADER, options), repeats)
     assert isinstance(blob, bytes)
@@ -58,11 +59,24 @@ def measure(label: str, update: Update, options: UpdateOptions, repeats: int) ->
     dense = 4 * numel
     sparse_ref = 8 * sent
     mb = dense / 1e6
-    values = options.values + (" +zstd" if options.zstd else "") + ("" if options.zstd_masks else ", no zstd masks")
-    return [label, f"{numel / 1e6:.2f}M", f"{sent / numel:.1%}", values,
-            f"{pos_bits / limit:.3f}" if limit else "-", f"{pos_bits / max(sent, 1):.2f}",
-            f"{len(blob) / 1e6:.3f} MB", f"{len(blob) / dense:.3f}", f"{len(blob) / sparse_ref:.3f}",
-            f"{mb / enc_s:.0f}", f"{mb / dec_s:.0f}"]
+    values = (
+        options.values
+        + (" +zstd" if options.zstd else "")
+        + ("" if options.zstd_masks else ", no zstd masks")
+    )
+    return [
+        label,
+        f"{numel / 1e6:.2f}M",
+        f"{sent / numel:.1%}",
+        values,
+        f"{pos_bits / limit:.3f}" if limit else "-",
+        f"{pos_bits / max(sent, 1):.2f}",
+        f"{len(blob) / 1e6:.3f} MB",
+        f"{len(blob) / dense:.3f}",
+        f"{len(blob) / sparse_ref:.3f}",
+        f"{mb / enc_s:.0f}",
+        f"{mb / dec_s:.0f}",
+    ]
 
 
 def random_update(shapes: Mapping[str, tuple[int, ...]], density: float, rng: np.random.Generator) -> Update:
@@ -75,8 +89,9 @@ def random_update(shapes: Mapping[str, tuple[int, ...]], density: float, rng: np
     return Update(deltas, 100)
 
 
-def flayer_masks(local: Mapping[str, torch.Tensor], global_state: Mapping[str, torch.Tensor],
-                 model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+def flayer_masks(
+    local: Mapping[str, torch.Tensor], global_state: Mapping[str, torch.Tensor], model: torch.nn.Module
+) -> dict[str, torch.Tensor | None]:
     """Layer-wise masks: layer i of L keeps the fraction UP_i = min(max(i/L, 0.1), 1) of its weights
     with the largest |local - global| (top-k over the layer's tensors together). Mirrors FLAYER's
     Eq. 5-9 mask; to be replaced by flayer's own mask function once it is available."""
@@ -95,7 +110,7 @@ def flayer_masks(local: Mapping[str, torch.Tensor], global_state: Mapping[str, t
         start = 0
         for n in names:
             size = global_state[n].numel()
-            masks[n] = torch.nonzero(keep[start:start + size]).reshape(-1)
+            masks[n] = torch.nonzero(keep[start : start + size]).reshape(-1)
             start += size
     return masks
 
@@ -146,8 +161,19 @@ def main() -> None:
         rows.append(measure(label, update, UpdateOptions("int8", zstd=True), args.repeats))
         for name, d in update.deltas.items():
             print(f"  {name}: {d.count}/{d.numel} sent, positions {encode_best(d.indices, d.numel)[0].name}")
-    head = ["update", "coords", "sent", "values", "pos bits / nH(p)", "pos bits / sent", "encoded",
-            "vs dense fp32", "vs int32 idx + fp32", "encode MB/s", "decode MB/s"]
+    head = [
+        "update",
+        "coords",
+        "sent",
+        "values",
+        "pos bits / nH(p)",
+        "pos bits / sent",
+        "encoded",
+        "vs dense fp32",
+        "vs int32 idx + fp32",
+        "encode MB/s",
+        "decode MB/s",
+    ]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:

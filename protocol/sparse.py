@@ -137,7 +137,8 @@ def _bitmask(pos: np.ndarray, numel: int) -> bytes:
 
 
 def _zstd_bitmask(pos: np.ndarray, numel: int) -> bytes:
-    return zstandard.ZstdCompressor(level=MASK_ZSTD_LEVEL, write_content_size=True).compress(_bitmask(pos, numel))
+    compressor = zstandard.ZstdCompressor(level=MASK_ZSTD_LEVEL, write_content_size=True)
+    return compressor.compress(_bitmask(pos, numel))
 
 
 def _bitmask_decode(buf: memoryview | bytes, numel: int, count: int) -> np.ndarray:
@@ -147,6 +148,8 @@ def _bitmask_decode(buf: memoryview | bytes, numel: int, count: int) -> np.ndarr
     if numel % 8 and raw[-1] & ((1 << (8 - numel % 8)) - 1):
         raise WireError("bitmask: padding bits are not zero")
     nonzero = np.flatnonzero(raw)
+    if nonzero.size > count:  # every non-zero byte holds at least one position
+        raise WireError(f"bitmask: more than {nonzero.size} bits set, declared count {count}")
     if 32 * nonzero.size >= numel:
         # dense enough that count >= numel / 32: unpacking every bit costs O(count) memory
         pos = np.flatnonzero(np.unpackbits(raw, count=numel).view(bool)).astype(np.int64)

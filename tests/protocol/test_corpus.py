@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,8 +21,22 @@ import zstandard
 from _wirecraft import bitmask, envelope, rice_reference, tensor_record, update_blob
 
 from flayer.update import TensorDelta, Update
-from protocol import (Ack, Plan, Reassembler, UpdateHeader, UpdateOptions, WireError, chunk_blob, decode_envelope,
-                      decode_message, decode_state, decode_update, encode_message, encode_state, encode_update)
+from protocol import (
+    Ack,
+    Plan,
+    Reassembler,
+    UpdateHeader,
+    UpdateOptions,
+    WireError,
+    chunk_blob,
+    decode_envelope,
+    decode_message,
+    decode_state,
+    decode_update,
+    encode_message,
+    encode_state,
+    encode_update,
+)
 from protocol.envelope import Kind
 
 F32 = struct.Struct("<f")
@@ -31,13 +46,25 @@ def _vals(*xs: float) -> bytes:
     return b"".join(F32.pack(x) for x in xs)
 
 
-def _rec(**kw) -> bytes:  # type: ignore[no-untyped-def]
+def _rec(**kw: Any) -> bytes:
     """A valid record (shape (10,), positions 2 and 7 by Rice k=1) with fields overridden."""
-    base = {"name": b"w", "shape": (10,), "count": 2, "positions": rice_reference([2, 4], 1),
-            "values": _vals(0.5, -0.25), "k": 1}
+    base: dict[str, Any] = {
+        "name": b"w",
+        "shape": (10,),
+        "count": 2,
+        "positions": rice_reference([2, 4], 1),
+        "values": _vals(0.5, -0.25),
+        "k": 1,
+    }
     base.update(kw)
-    return tensor_record(base.pop("name"), base.pop("shape"), base.pop("count"), base.pop("positions"),
-                         base.pop("values"), **base)
+    return tensor_record(
+        base.pop("name"),
+        base.pop("shape"),
+        base.pop("count"),
+        base.pop("positions"),
+        base.pop("values"),
+        **base,
+    )
 
 
 def test_crafted_baseline_is_valid() -> None:
@@ -68,24 +95,49 @@ UPDATE_CASES: list[tuple[str, bytes, str]] = [
     ("tensor count one too many", update_blob([_rec()], ntensors=2), "truncated"),
     ("info count 65535", update_blob([_rec()], ninfo=65535), "limits"),
     ("info key length 255", update_blob([_rec()], info=[(b"k" * 255, 1.0)]), "info"),
-    ("rice unary length 2**32-1", update_blob([_rec(positions=b"\xff\xff\xff\xff" + b"\x00" * 8)]), "exceeds"),
+    (
+        "rice unary length 2**32-1",
+        update_blob([_rec(positions=b"\xff\xff\xff\xff" + b"\x00" * 8)]),
+        "exceeds",
+    ),
     ("zstd raw length 2**32-1", update_blob([], flags=1, payload=_zstd_payload(_rec(), 2**32 - 1)), "limit"),
     ("trailing bytes", update_blob([_rec()], payload=_rec() + b"\x00"), "trailing"),
     # positions out of range / inconsistent with the count
     ("rice past numel", update_blob([_rec(positions=rice_reference([2, 7], 1))]), "out of range"),
-    ("rice fewer codes", update_blob([_rec(count=2, positions=rice_reference([2], 1), values=_vals(1, 2))]),
-     "codes"),
-    ("rice more codes", update_blob([_rec(count=1, positions=rice_reference([2, 1], 1), values=_vals(1))]),
-     "codes"),
+    (
+        "rice fewer codes",
+        update_blob([_rec(count=2, positions=rice_reference([2], 1), values=_vals(1, 2))]),
+        "codes",
+    ),
+    (
+        "rice more codes",
+        update_blob([_rec(count=1, positions=rice_reference([2, 1], 1), values=_vals(1))]),
+        "codes",
+    ),
     ("rice k 32", update_blob([_rec(k=32)]), "rice parameter"),
-    ("bitmask count mismatch", update_blob([_rec(method=1, k=0, positions=bitmask([1, 2, 3], 10))]), "declared"),
+    (
+        "bitmask count mismatch",
+        update_blob([_rec(method=1, k=0, positions=bitmask([1, 2, 3], 10))]),
+        "declared",
+    ),
     ("bitmask padding", update_blob([_rec(method=1, k=0, positions=b"\x00\x3f")]), "padding"),
-    ("complement past numel", update_blob([_rec(count=8, method=3, k=0, positions=rice_reference([9, 1], 0),
-                                                values=_vals(*range(8)))]), "out of range"),
-    ("zstd bitmask bomb", update_blob([_rec(method=4, k=0, positions=zstandard.ZstdCompressor().compress(
-        b"\x00" * 10**6))]), "frame declares"),
-    ("zstd bitmask count mismatch", update_blob([_rec(method=4, k=0, positions=zstandard.ZstdCompressor().compress(
-        bitmask([2], 10)))]), "declared"),
+    (
+        "complement past numel",
+        update_blob(
+            [_rec(count=8, method=3, k=0, positions=rice_reference([9, 1], 0), values=_vals(*range(8)))]
+        ),
+        "out of range",
+    ),
+    (
+        "zstd bitmask bomb",
+        update_blob([_rec(method=4, k=0, positions=zstandard.ZstdCompressor().compress(b"\x00" * 10**6))]),
+        "frame declares",
+    ),
+    (
+        "zstd bitmask count mismatch",
+        update_blob([_rec(method=4, k=0, positions=zstandard.ZstdCompressor().compress(bitmask([2], 10)))]),
+        "declared",
+    ),
     ("dense with a count below numel", update_blob([_rec(method=0, k=0, positions=b"")]), "dense"),
     # NaN and Inf
     ("fp32 NaN", update_blob([_rec(values=_vals(float("nan"), 1))]), "NaN or Inf"),
@@ -122,13 +174,28 @@ UPDATE_CASES: list[tuple[str, bytes, str]] = [
     ("duplicate info key", update_blob([_rec()], info=[(b"a", 1.0), (b"a", 2.0)]), "repeated"),
     # zstd
     ("zstd flag on a raw payload", update_blob([_rec()], flags=1), "zstd|limit"),
-    ("zstd size mismatch", update_blob([], flags=1, payload=_zstd_payload(_rec(), len(_rec()) + 1)), "declares"),
-    ("zstd without content size", update_blob([], flags=1, payload=_zstd_payload(_rec(), write_size=False)),
-     "declares"),
-    ("zstd trailing data", update_blob([_rec()], ntensors=1, flags=1, payload=_zstd_payload(_rec()) + b"\x00"),
-     "zstd"),
-    ("zstd frame magic", update_blob([_rec()], flags=1, payload=_zstd_payload(_rec())[:4] + b"\0\0\0\0"
-                                    + _zstd_payload(_rec())[8:]), "zstd"),
+    (
+        "zstd size mismatch",
+        update_blob([], flags=1, payload=_zstd_payload(_rec(), len(_rec()) + 1)),
+        "declares",
+    ),
+    (
+        "zstd without content size",
+        update_blob([], flags=1, payload=_zstd_payload(_rec(), write_size=False)),
+        "declares",
+    ),
+    (
+        "zstd trailing data",
+        update_blob([_rec()], ntensors=1, flags=1, payload=_zstd_payload(_rec()) + b"\x00"),
+        "zstd",
+    ),
+    (
+        "zstd frame magic",
+        update_blob(
+            [_rec()], flags=1, payload=_zstd_payload(_rec())[:4] + b"\0\0\0\0" + _zstd_payload(_rec())[8:]
+        ),
+        "zstd",
+    ),
     ("zstd frame cut short", update_blob([_rec()], flags=1, payload=_zstd_payload(_rec())[:-5]), "zstd"),
 ]
 
@@ -152,9 +219,15 @@ def test_zstd_bomb_is_bounded_by_the_limit() -> None:
 def _valid_payloads() -> dict[str, tuple[bytes, Callable[[bytes], object]]]:
     rng = np.random.default_rng(0)
     idx = np.sort(rng.choice(5000, 400, replace=False))
-    update = Update({"a": TensorDelta((50, 100), rng.standard_normal(400).astype(np.float32), idx),
-                     "b": TensorDelta((64,), rng.standard_normal(32).astype(np.float32), np.arange(0, 64, 2)[:32]),
-                     "c": TensorDelta((3, 3), rng.standard_normal(9).astype(np.float32))}, 12, {"acc": 0.7})
+    update = Update(
+        {
+            "a": TensorDelta((50, 100), rng.standard_normal(400).astype(np.float32), idx),
+            "b": TensorDelta((64,), rng.standard_normal(32).astype(np.float32), np.arange(0, 64, 2)[:32]),
+            "c": TensorDelta((3, 3), rng.standard_normal(9).astype(np.float32)),
+        },
+        12,
+        {"acc": 0.7},
+    )
     header = UpdateHeader("fed", 2, "c1", "ab" * 32)
     state = encode_state({"w": rng.standard_normal((4, 5)).astype(np.float32), "b": np.zeros(5, np.float32)})
     return {
@@ -162,8 +235,12 @@ def _valid_payloads() -> dict[str, tuple[bytes, Callable[[bytes], object]]]:
         "update-int8-zstd": (encode_update(update, header, UpdateOptions("int8", True)), decode_update),
         "state": (state, decode_state),
         "chunk": (chunk_blob(state, Kind.MODEL_CHUNK, "fed", "coord", 2, 200)[1], decode_envelope),
-        "plan": (encode_message(Plan(2, ("c1",), 1e9, "flayer", {}, {"name": "cnn"}, "ab" * 32, 1, 10),
-                                "fed", "coord"), decode_message),
+        "plan": (
+            encode_message(
+                Plan(2, ("c1",), 1e9, "flayer", {}, {"name": "cnn"}, "ab" * 32, 1, 10), "fed", "coord"
+            ),
+            decode_message,
+        ),
         "ack": (encode_message(Ack(2, "c1", "ab" * 32, "accepted"), "fed", "coord"), decode_message),
     }
 

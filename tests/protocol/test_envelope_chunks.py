@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import numpy as np
 import pytest
 from _wirecraft import envelope
 
-from protocol import (ChunkCollector, EncodeError, Envelope, Kind, Reassembler, Topics, WireError, WireLimits,
-                      check_topic, chunk_blob, decode_envelope, header_size, max_body_per_chunk,
-                      mqtt_payload_limit)
+from protocol import (
+    ChunkCollector,
+    EncodeError,
+    Envelope,
+    Kind,
+    Reassembler,
+    Topics,
+    WireError,
+    WireLimits,
+    check_topic,
+    chunk_blob,
+    decode_envelope,
+    header_size,
+    max_body_per_chunk,
+    mqtt_payload_limit,
+)
 
 
 def _blob(n: int, seed: int = 0) -> bytes:
@@ -90,9 +104,9 @@ def test_missing_chunks_are_reported() -> None:
         r.blob()
 
 
-def _chunks(blob: bytes, size: int = 300, **kw) -> list[Envelope]:  # type: ignore[no-untyped-def]
-    kw = {"kind": Kind.UPDATE_CHUNK, "federation": "fed", "sender": "c1", "round_": 2} | kw
-    return [decode_envelope(p) for p in chunk_blob(blob, max_payload=size, **kw)]
+def _chunks(blob: bytes, size: int = 300, **kw: Any) -> list[Envelope]:
+    args: dict[str, Any] = {"kind": Kind.UPDATE_CHUNK, "federation": "fed", "sender": "c1", "round_": 2, **kw}
+    return [decode_envelope(p) for p in chunk_blob(blob, max_payload=size, **args)]
 
 
 def test_reassembler_rejects_what_does_not_belong() -> None:
@@ -106,8 +120,13 @@ def test_reassembler_rejects_what_does_not_belong() -> None:
     with pytest.raises(WireError, match="different bytes"):
         r.add(forged)
     # inconsistent chunk count / size / round / sender / digest
-    for change in ({"count": envs[0].count + 1}, {"total_size": 999}, {"round": 3}, {"sender": "c2"},
-                   {"digest": "0" * 64}):
+    for change in (
+        {"count": envs[0].count + 1},
+        {"total_size": 999},
+        {"round": 3},
+        {"sender": "c2"},
+        {"digest": "0" * 64},
+    ):
         with pytest.raises(WireError, match="disagrees"):
             r.add(Envelope(**{**envs[2].__dict__, **change}))
     # more bytes than declared
@@ -157,7 +176,7 @@ def test_reassembler_and_collector_bound_memory() -> None:
 def test_collector_routes_interleaved_blobs() -> None:
     blobs = {f"c{i}": _blob(2000 + 37 * i, i) for i in range(4)}
     streams = [(s, e) for s, b in blobs.items() for e in _chunks(b, sender=s)]
-    np.random.default_rng(5).shuffle(streams)  # type: ignore[arg-type]
+    np.random.default_rng(5).shuffle(streams)  # type: ignore[arg-type,unused-ignore]
     c = ChunkCollector()
     done = {}
     for sender, env in streams:
@@ -167,15 +186,18 @@ def test_collector_routes_interleaved_blobs() -> None:
     assert done == blobs and c.keys() == [] and c.pending_bytes == 0
 
 
-@pytest.mark.parametrize("topic_of, ok", [
-    (lambda t, e: t.update_chunk("c1", 2, e.index), True),
-    (lambda t, e: t.update_chunk("c2", 2, e.index), False),  # a client posting under another's name
-    (lambda t, e: t.update_chunk("c1", 3, e.index), False),
-    (lambda t, e: t.update_chunk("c1", 2, e.index + 1), False),
-    (lambda t, e: t.model_chunk(e.digest, e.index), False),
-    (lambda t, e: t.status("c1"), False),
-])
-def test_check_topic(topic_of, ok: bool) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "topic_of, ok",
+    [
+        (lambda t, e: t.update_chunk("c1", 2, e.index), True),
+        (lambda t, e: t.update_chunk("c2", 2, e.index), False),  # a client posting under another's name
+        (lambda t, e: t.update_chunk("c1", 3, e.index), False),
+        (lambda t, e: t.update_chunk("c1", 2, e.index + 1), False),
+        (lambda t, e: t.model_chunk(e.digest, e.index), False),
+        (lambda t, e: t.status("c1"), False),
+    ],
+)
+def test_check_topic(topic_of: Any, ok: bool) -> None:
     t = Topics("fed")
     env = _chunks(_blob(700))[1]
     if ok:

@@ -20,20 +20,45 @@ import pytest
 from _wirecraft import envelope
 
 from flayer.update import TensorDelta, Update
-from protocol import (Ack, Kind, Metrics, Plan, Reassembler, Status, UpdateHeader, UpdateOptions, WireError,
-                      WireLimits, chunk_blob, decode_envelope, decode_message, decode_state, decode_update,
-                      encode_message, encode_state, encode_update)
+from protocol import (
+    Ack,
+    Kind,
+    Metrics,
+    Plan,
+    Reassembler,
+    Status,
+    UpdateHeader,
+    UpdateOptions,
+    WireError,
+    WireLimits,
+    chunk_blob,
+    decode_envelope,
+    decode_message,
+    decode_state,
+    decode_update,
+    encode_message,
+    encode_state,
+    encode_update,
+)
 
 N_PAYLOADS = 12_000
-LIMITS = WireLimits(max_blob_bytes=1 << 22, max_numel=1 << 20, max_total_numel=1 << 21, max_json_bytes=1 << 14)
+LIMITS = WireLimits(
+    max_blob_bytes=1 << 22, max_numel=1 << 20, max_total_numel=1 << 21, max_json_bytes=1 << 14
+)
 Decoder = Callable[[bytes], object]
 
 
 def _updates(rng: np.random.Generator) -> list[bytes]:
     header = UpdateHeader("fed", 5, "client-1", "cd" * 32)
     out = []
-    for density, codec, zstd in [(0.02, "fp32", False), (0.3, "fp16", False), (0.5, "bf16", True),
-                                 (0.8, "int8", False), (1.0, "fp32", True), (0.1, "int8", True)]:
+    for density, codec, zstd in [
+        (0.02, "fp32", False),
+        (0.3, "fp16", False),
+        (0.5, "bf16", True),
+        (0.8, "int8", False),
+        (1.0, "fp32", True),
+        (0.1, "int8", True),
+    ]:
         deltas = {}
         for i, shape in enumerate([(40, 30), (17,), (6, 5, 5), ()]):
             numel = int(np.prod(shape))
@@ -52,11 +77,31 @@ SHAPES = {"t0": (40, 30), "t1": (17,), "t2": (6, 5, 5), "t3": (), "t4": (32, 64)
 
 
 def _pool(rng: np.random.Generator) -> list[tuple[str, bytes, Decoder]]:
-    state = encode_state({"conv.weight": rng.standard_normal((8, 3, 3)).astype(np.float32),
-                          "conv.bias": np.zeros(8, np.float32), "steps": np.arange(3, dtype=np.int64)})
+    state = encode_state(
+        {
+            "conv.weight": rng.standard_normal((8, 3, 3)).astype(np.float32),
+            "conv.bias": np.zeros(8, np.float32),
+            "steps": np.arange(3, dtype=np.int64),
+        }
+    )
     messages = [
-        encode_message(Plan(3, ("a", "b-2"), 1.7e9, "flayer", {"k": 1, "x": "y"}, {"name": "cnn"}, "ab" * 32, 4,
-                            1000, "int8", True), "fed", "coord"),
+        encode_message(
+            Plan(
+                3,
+                ("a", "b-2"),
+                1.7e9,
+                "flayer",
+                {"k": 1, "x": "y"},
+                {"name": "cnn"},
+                "ab" * 32,
+                4,
+                1000,
+                "int8",
+                True,
+            ),
+            "fed",
+            "coord",
+        ),
         encode_message(Ack(3, "a", "ab" * 32, "rejected", "bad shape"), "fed", "coord"),
         encode_message(Status(3, "training", 1.7e9, {"device": "cpu"}), "fed", "a"),
         encode_message(Metrics(3, 1.7e9, {"acc": 0.5}), "fed", "a"),
@@ -78,20 +123,33 @@ def _pool(rng: np.random.Generator) -> list[tuple[str, bytes, Decoder]]:
 
     pool: list[tuple[str, bytes, Decoder]] = []
     for u in updates:
-        pool += [("update", u, lambda b: decode_update(b, LIMITS)),
-                 ("update+shapes", u, lambda b: decode_update(b, LIMITS, SHAPES)),
-                 ("sealed update", u, sealed(Kind.UPDATE_CHUNK, lambda b: decode_update(b, LIMITS, SHAPES)))]
+        pool += [
+            ("update", u, lambda b: decode_update(b, LIMITS)),
+            ("update+shapes", u, lambda b: decode_update(b, LIMITS, SHAPES)),
+            ("sealed update", u, sealed(Kind.UPDATE_CHUNK, lambda b: decode_update(b, LIMITS, SHAPES))),
+        ]
         for p in chunk_blob(u, Kind.UPDATE_CHUNK, "fed", "client-1", 5, 700)[:2]:
             pool.append(("update chunk", p, lambda b: decode_envelope(b, LIMITS)))
-    pool += [("state", state, lambda b: decode_state(b, LIMITS)),
-             ("sealed state", state, sealed(Kind.MODEL_CHUNK, lambda b: decode_state(b, LIMITS)))]
+    pool += [
+        ("state", state, lambda b: decode_state(b, LIMITS)),
+        ("sealed state", state, sealed(Kind.MODEL_CHUNK, lambda b: decode_state(b, LIMITS))),
+    ]
     pool += [("model chunk", c.encode(), through_chunks) for c in model_chunks]
     for m in messages:
         env = decode_envelope(m)
         pool.append(("message", m, lambda b: decode_message(b, LIMITS)))
-        pool.append(("sealed message", env.body,
-                     lambda b, k=env.kind: decode_message(envelope(b, kind=int(k), round_=3), LIMITS)))
+        pool.append(
+            (
+                "sealed message",
+                env.body,
+                _sealed_message(env.kind),
+            )
+        )
     return pool
+
+
+def _sealed_message(kind: Kind) -> Decoder:
+    return lambda body: decode_message(envelope(body, kind=int(kind), round_=3), LIMITS)
 
 
 _BOUNDARY = [0, 1, 2, 7, 8, 127, 128, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]
@@ -109,25 +167,30 @@ def _mutate(rng: np.random.Generator, data: bytes, others: list[bytes]) -> bytes
                 i = int(rng.integers(0, n))
                 b[i] ^= 1 << int(rng.integers(0, 8))
         elif op == 1:  # truncation
-            del b[int(rng.integers(0, n + 1)):]
+            del b[int(rng.integers(0, n + 1)) :]
         elif op == 2:  # extension
             b += rng.integers(0, 256, int(rng.integers(1, 65)), dtype=np.uint8).tobytes()
         elif op == 3 and n:  # overwrite a 1/2/4/8-byte window with a boundary value (as a length field)
             width = int(rng.choice([1, 2, 4, 8]))
             value = int(rng.choice(_BOUNDARY + [n, n - at, n + 1])) % (1 << (8 * width))
-            b[at:at + width] = value.to_bytes(width, "little")[: max(0, n - at)]
+            b[at : at + width] = value.to_bytes(width, "little")[: max(0, n - at)]
         elif op == 4 and others:  # splice with another payload
             other = others[int(rng.integers(0, len(others)))]
-            b = b[:at] + bytearray(other[int(rng.integers(0, len(other) + 1)):])
+            b = b[:at] + bytearray(other[int(rng.integers(0, len(other) + 1)) :])
         elif op == 5 and n:  # insert a copy of a segment
             j = int(rng.integers(0, n))
-            b[at:at] = b[j:j + int(rng.integers(1, 33))]
+            b[at:at] = b[j : j + int(rng.integers(1, 33))]
         elif op == 6:  # random bytes after the original magic
             b = b[:4] + bytearray(rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes())
         elif n:  # overwrite a float field position with NaN / Inf bit patterns
-            pattern = [struct.pack("<f", float("nan")), struct.pack("<f", float("inf")), b"\x00\x7c", b"\x80\x7f"]
+            pattern = [
+                struct.pack("<f", float("nan")),
+                struct.pack("<f", float("inf")),
+                b"\x00\x7c",
+                b"\x80\x7f",
+            ]
             p = pattern[int(rng.integers(0, 4))]
-            b[at:at + len(p)] = p[: max(0, n - at)]
+            b[at : at + len(p)] = p[: max(0, n - at)]
     return bytes(b)
 
 
@@ -142,8 +205,11 @@ def test_fuzzed_payloads_raise_only_wire_error() -> None:
     rejected = 0
     for i in range(N_PAYLOADS):
         name, payload, decode = pool[int(rng.integers(0, len(pool)))]
-        data = _mutate(rng, payload, others) if i % 50 else bytes(rng.integers(0, 256, int(rng.integers(0, 200)),
-                                                                            dtype=np.uint8))
+        data = (
+            _mutate(rng, payload, others)
+            if i % 50
+            else bytes(rng.integers(0, 256, int(rng.integers(0, 200)), dtype=np.uint8))
+        )
         try:
             decode(data)
         except WireError as exc:

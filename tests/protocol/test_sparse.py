@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
+import zstandard
 from _wirecraft import bitmask, rice_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.errors import WireError
-import zstandard
-
-from protocol.sparse import MIN_ZSTD_BITMASK, Method, best_rice_k, decode_positions, encode_best, encode_positions, entropy_bits
+from protocol.sparse import (
+    MIN_ZSTD_BITMASK,
+    Method,
+    best_rice_k,
+    decode_positions,
+    encode_best,
+    encode_positions,
+    entropy_bits,
+)
 
 
 def _positions(rng: np.random.Generator, numel: int, density: float) -> np.ndarray:
@@ -39,8 +48,12 @@ def _others(pos: np.ndarray, numel: int) -> list[tuple[Method, int]]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(numel=st.integers(0, 3000), density=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1),
-       structured=st.booleans())
+@given(
+    numel=st.integers(0, 3000),
+    density=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**32 - 1),
+    structured=st.booleans(),
+)
 def test_chosen_method_round_trips(numel: int, density: float, seed: int, structured: bool) -> None:
     rng = np.random.default_rng(seed)
     pos = _structured(rng, numel, density) if structured else _positions(rng, numel, density)
@@ -56,9 +69,15 @@ def test_chosen_method_round_trips(numel: int, density: float, seed: int, struct
 
 
 @settings(max_examples=60, deadline=None)
-@given(numel=st.integers(1, 400), density=st.floats(0.0, 1.0), k=st.integers(0, 12),
-       seed=st.integers(0, 2**32 - 1))
-def test_every_method_and_k_round_trips_and_matches_reference(numel: int, density: float, k: int, seed: int) -> None:
+@given(
+    numel=st.integers(1, 400),
+    density=st.floats(0.0, 1.0),
+    k=st.integers(0, 12),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_every_method_and_k_round_trips_and_matches_reference(
+    numel: int, density: float, k: int, seed: int
+) -> None:
     pos = _positions(np.random.default_rng(seed), numel, density)
     gaps = np.diff(pos, prepend=-1) - 1
     rice = encode_positions(pos, numel, Method.RICE, k)
@@ -68,11 +87,14 @@ def test_every_method_and_k_round_trips_and_matches_reference(numel: int, densit
     assert mask == bitmask(pos.tolist(), numel)
     np.testing.assert_array_equal(decode_positions(memoryview(mask), numel, pos.size, Method.BITMASK, 0), pos)
     comp = encode_positions(pos, numel, Method.RICE_COMPLEMENT, k)
-    np.testing.assert_array_equal(decode_positions(memoryview(comp), numel, pos.size, Method.RICE_COMPLEMENT, k),
-                                  pos)
+    np.testing.assert_array_equal(
+        decode_positions(memoryview(comp), numel, pos.size, Method.RICE_COMPLEMENT, k), pos
+    )
     z = encode_positions(pos, numel, Method.BITMASK_ZSTD)
     assert zstandard.ZstdDecompressor().decompress(z) == mask
-    np.testing.assert_array_equal(decode_positions(memoryview(z), numel, pos.size, Method.BITMASK_ZSTD, 0), pos)
+    np.testing.assert_array_equal(
+        decode_positions(memoryview(z), numel, pos.size, Method.BITMASK_ZSTD, 0), pos
+    )
 
 
 @pytest.mark.parametrize("density", [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99])
@@ -111,27 +133,30 @@ def test_empty_and_full_sets() -> None:
     assert decode_positions(memoryview(b""), 0, 0, Method.BITMASK, 0).size == 0  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("case", [
-    # (stream builder, numel, count, method, k, what the reason mentions)
-    (lambda: rice_reference([3, 4], 1), 10, 3, Method.RICE, 1, "codes"),  # fewer codes than declared
-    (lambda: rice_reference([3, 4, 0], 1), 10, 2, Method.RICE, 1, "codes"),  # more codes than declared
-    (lambda: rice_reference([5, 5], 0), 10, 2, Method.RICE, 0, "out of range"),  # last position 11 >= 10
-    (lambda: rice_reference([0, 9], 2), 10, 2, Method.RICE, 2, "out of range"),  # positions 0, 10
-    (lambda: rice_reference([2**20], 3), 10, 1, Method.RICE, 3, "exceeds"),  # unary longer than possible
-    (lambda: rice_reference([1], 40), 10, 1, Method.RICE, 40, "rice parameter"),
-    (lambda: rice_reference([1, 2], 1)[:-1], 10, 2, Method.RICE, 1, "bytes"),
-    (lambda: rice_reference([1, 2], 1) + b"\x00", 10, 2, Method.RICE, 1, "bytes"),
-    (lambda: b"\x01\x00", 10, 1, Method.RICE, 0, "truncated"),
-    (lambda: bitmask([1, 2], 10), 10, 3, Method.BITMASK, 0, "declared"),
-    (lambda: bitmask([1, 2], 10)[:-1], 10, 2, Method.BITMASK, 0, "bytes"),
-    (lambda: bytes([0b01100000, 0b00100000]), 10, 3, Method.BITMASK, 0, "padding"),
-    (lambda: b"\x00", 10, 10, Method.DENSE, 0, "stray"),
-    (lambda: b"", 10, 9, Method.DENSE, 0, "count"),
-    (lambda: b"", 10, 9, 7, 0, "unknown"),
-    (lambda: b"", 10, 9, 5, 0, "unknown"),
-    (lambda: bitmask([1], 10), 10, 1, Method.BITMASK, 3, "rice parameter"),
-])
-def test_bad_position_streams_raise_wire_error(case) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "case",
+    [
+        # (stream builder, numel, count, method, k, what the reason mentions)
+        (lambda: rice_reference([3, 4], 1), 10, 3, Method.RICE, 1, "codes"),  # fewer codes than declared
+        (lambda: rice_reference([3, 4, 0], 1), 10, 2, Method.RICE, 1, "codes"),  # more codes than declared
+        (lambda: rice_reference([5, 5], 0), 10, 2, Method.RICE, 0, "out of range"),  # last position 11 >= 10
+        (lambda: rice_reference([0, 9], 2), 10, 2, Method.RICE, 2, "out of range"),  # positions 0, 10
+        (lambda: rice_reference([2**20], 3), 10, 1, Method.RICE, 3, "exceeds"),  # unary longer than possible
+        (lambda: rice_reference([1], 40), 10, 1, Method.RICE, 40, "rice parameter"),
+        (lambda: rice_reference([1, 2], 1)[:-1], 10, 2, Method.RICE, 1, "bytes"),
+        (lambda: rice_reference([1, 2], 1) + b"\x00", 10, 2, Method.RICE, 1, "bytes"),
+        (lambda: b"\x01\x00", 10, 1, Method.RICE, 0, "truncated"),
+        (lambda: bitmask([1, 2], 10), 10, 3, Method.BITMASK, 0, "declared"),
+        (lambda: bitmask([1, 2], 10)[:-1], 10, 2, Method.BITMASK, 0, "bytes"),
+        (lambda: bytes([0b01100000, 0b00100000]), 10, 3, Method.BITMASK, 0, "padding"),
+        (lambda: b"\x00", 10, 10, Method.DENSE, 0, "stray"),
+        (lambda: b"", 10, 9, Method.DENSE, 0, "count"),
+        (lambda: b"", 10, 9, 7, 0, "unknown"),
+        (lambda: b"", 10, 9, 5, 0, "unknown"),
+        (lambda: bitmask([1], 10), 10, 1, Method.BITMASK, 3, "rice parameter"),
+    ],
+)
+def test_bad_position_streams_raise_wire_error(case: Any) -> None:
     build, numel, count, method, k, reason = case
     data = build()
     with pytest.raises(WireError, match=reason):
@@ -142,17 +167,20 @@ def _zstd(raw: bytes, content_size: bool = True) -> bytes:
     return zstandard.ZstdCompressor(write_content_size=content_size).compress(raw)
 
 
-@pytest.mark.parametrize("frame, reason", [
-    (_zstd(bitmask([1, 2], 100)), "declared"),  # count 3 declared below
-    (_zstd(bitmask([1, 2, 3], 100)[:-1]), "frame declares"),
-    (_zstd(bitmask([1, 2, 3], 100) + b"\x00"), "frame declares"),
-    (_zstd(bitmask([1, 2, 3], 100), content_size=False), "frame declares"),
-    (_zstd(bitmask([1, 2, 3], 100)) + b"\x00", "bad frame"),
-    (b"\x28\xb5\x2f\xfd" + b"\xff" * 12, "zstd bitmask"),
-    (b"", "bad frame"),
-    (_zstd(bitmask([1, 2, 3], 100)[:-1] + b"\x01"), "padding"),
-    (_zstd(b"\x00" * 10**6), "frame declares"),  # a bomb: far more than 13 bytes
-])
+@pytest.mark.parametrize(
+    "frame, reason",
+    [
+        (_zstd(bitmask([1, 2], 100)), "declared"),  # count 3 declared below
+        (_zstd(bitmask([1, 2, 3], 100)[:-1]), "frame declares"),
+        (_zstd(bitmask([1, 2, 3], 100) + b"\x00"), "frame declares"),
+        (_zstd(bitmask([1, 2, 3], 100), content_size=False), "frame declares"),
+        (_zstd(bitmask([1, 2, 3], 100)) + b"\x00", "bad frame"),
+        (b"\x28\xb5\x2f\xfd" + b"\xff" * 12, "zstd bitmask"),
+        (b"", "bad frame"),
+        (_zstd(bitmask([1, 2, 3], 100)[:-1] + b"\x01"), "padding"),
+        (_zstd(b"\x00" * 10**6), "frame declares"),  # a bomb: far more than 13 bytes
+    ],
+)
 def test_bad_zstd_bitmasks(frame: bytes, reason: str) -> None:
     with pytest.raises(WireError, match=reason):
         decode_positions(memoryview(frame), 100, 3, Method.BITMASK_ZSTD, 0)

@@ -11,12 +11,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flayer.update import TensorDelta, Update
-from protocol import (EncodeError, UpdateHeader, UpdateOptions, WireError, WireLimits, decode_update, encode_update,
-                      update_sizer)
+from protocol import (
+    EncodeError,
+    UpdateHeader,
+    UpdateOptions,
+    WireError,
+    WireLimits,
+    decode_update,
+    encode_update,
+    update_sizer,
+)
 from protocol.values import ValueCodec, decode_values, encode_values
 
 HEADER = UpdateHeader("fed-1", 7, "client_03", "ab" * 32)
-SPECIAL = np.array([0.0, -0.0, 1e-45, -1e-40, 1.5e-38, 3.4e38, -3.4e38, 1.0, -2.5e-3, 65504.0], dtype=np.float32)
+SPECIAL = np.array(
+    [0.0, -0.0, 1e-45, -1e-40, 1.5e-38, 3.4e38, -3.4e38, 1.0, -2.5e-3, 65504.0], dtype=np.float32
+)
 
 
 def _delta(rng: np.random.Generator, shape: tuple[int, ...], density: float, dense: bool) -> TensorDelta:
@@ -36,7 +46,9 @@ def _random_update(seed: int, ntensors: int, density: float, special: bool) -> U
     deltas = {}
     for t in range(ntensors):
         shape = tuple(int(s) for s in rng.integers(0, 13, size=rng.integers(0, 4)))
-        d = _delta(rng, shape, float(np.clip(density + rng.uniform(-0.2, 0.2), 0, 1)), bool(rng.random() < 0.2))
+        d = _delta(
+            rng, shape, float(np.clip(density + rng.uniform(-0.2, 0.2), 0, 1)), bool(rng.random() < 0.2)
+        )
         if special and d.values.size:
             d.values[: min(d.values.size, SPECIAL.size)] = SPECIAL[: d.values.size]
         deltas[f"layer{t}.weight"] = d
@@ -53,9 +65,16 @@ def _positions(d: TensorDelta) -> np.ndarray:
 
 
 @settings(max_examples=120, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), ntensors=st.integers(0, 4), density=st.floats(0, 1), zstd=st.booleans(),
-       special=st.booleans())
-def test_fp32_round_trip_is_bit_exact(seed: int, ntensors: int, density: float, zstd: bool, special: bool) -> None:
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    ntensors=st.integers(0, 4),
+    density=st.floats(0, 1),
+    zstd=st.booleans(),
+    special=st.booleans(),
+)
+def test_fp32_round_trip_is_bit_exact(
+    seed: int, ntensors: int, density: float, zstd: bool, special: bool
+) -> None:
     update = _random_update(seed, ntensors, density, special)
     blob = encode_update(update, HEADER, UpdateOptions("fp32", zstd))
     shapes = {k: d.shape for k, d in update.deltas.items()}
@@ -79,8 +98,12 @@ BOUNDS = {
 
 
 @settings(max_examples=120, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), codec=st.sampled_from(sorted(BOUNDS)), density=st.floats(0, 1),
-       zstd=st.booleans())
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    codec=st.sampled_from(sorted(BOUNDS)),
+    density=st.floats(0, 1),
+    zstd=st.booleans(),
+)
 def test_quantised_round_trip_within_stated_bound(seed: int, codec: str, density: float, zstd: bool) -> None:
     update = _random_update(seed, 3, density, special=False)
     out = decode_update(encode_update(update, HEADER, UpdateOptions(codec, zstd))).update
@@ -96,8 +119,9 @@ def test_quantised_round_trip_within_stated_bound(seed: int, codec: str, density
 @pytest.mark.parametrize("codec", ["fp16", "bf16", "int8"])
 def test_quantised_bounds_hold_on_extreme_values(codec: str) -> None:
     rng = np.random.default_rng(0)
-    x = np.concatenate([SPECIAL[:-4], (rng.standard_normal(5000) * 10.0 ** rng.uniform(-30, 4, 5000))]).astype(
-        np.float32)
+    x = np.concatenate(
+        [SPECIAL[:-4], (rng.standard_normal(5000) * 10.0 ** rng.uniform(-30, 4, 5000))]
+    ).astype(np.float32)
     if codec != "int8":  # values past the largest finite fp16 / bf16 are an encode error (tested below)
         x = x[np.abs(x) < (65000 if codec == "fp16" else 3.38e38)]
     data, scale = encode_values(x, ValueCodec[codec.upper()])
@@ -120,16 +144,19 @@ def test_fp16_overflow_and_non_finite_values_are_encode_errors() -> None:
             encode_update(u, HEADER)
 
 
-@pytest.mark.parametrize("delta, reason", [
-    (TensorDelta((4,), np.zeros(2, np.float32), np.array([2, 1])), "strictly increasing"),
-    (TensorDelta((4,), np.zeros(2, np.float32), np.array([1, 1])), "strictly increasing"),
-    (TensorDelta((4,), np.zeros(2, np.float32), np.array([1, 4])), "strictly increasing"),
-    (TensorDelta((4,), np.zeros(1, np.float32), np.array([-1])), "strictly increasing"),
-    (TensorDelta((4,), np.zeros(2, np.float32), np.array([1, 2, 3])), "one per value"),
-    (TensorDelta((4,), np.zeros(3, np.float32)), "dense delta"),
-    (TensorDelta((4,), np.zeros(4, np.float64)), "float32"),
-    (TensorDelta((4,), np.zeros(2, np.float32), np.array([0.0, 1.0])), "integer"),
-])
+@pytest.mark.parametrize(
+    "delta, reason",
+    [
+        (TensorDelta((4,), np.zeros(2, np.float32), np.array([2, 1])), "strictly increasing"),
+        (TensorDelta((4,), np.zeros(2, np.float32), np.array([1, 1])), "strictly increasing"),
+        (TensorDelta((4,), np.zeros(2, np.float32), np.array([1, 4])), "strictly increasing"),
+        (TensorDelta((4,), np.zeros(1, np.float32), np.array([-1])), "strictly increasing"),
+        (TensorDelta((4,), np.zeros(2, np.float32), np.array([1, 2, 3])), "one per value"),
+        (TensorDelta((4,), np.zeros(3, np.float32)), "dense delta"),
+        (TensorDelta((4,), np.zeros(4, np.float64)), "float32"),
+        (TensorDelta((4,), np.zeros(2, np.float32), np.array([0.0, 1.0])), "integer"),
+    ],
+)
 def test_encode_rejects_bad_deltas(delta: TensorDelta, reason: str) -> None:
     with pytest.raises(EncodeError, match=reason):
         encode_update(Update({"w": delta}, 3), HEADER)
@@ -137,8 +164,12 @@ def test_encode_rejects_bad_deltas(delta: TensorDelta, reason: str) -> None:
 
 def test_encode_rejects_bad_header_and_options() -> None:
     u = Update({"w": TensorDelta((1,), np.zeros(1, np.float32))}, 3)
-    for header in (UpdateHeader("bad/fed", 1, "c", "ab" * 32), UpdateHeader("f", -1, "c", "ab" * 32),
-                   UpdateHeader("f", 1, "c+", "ab" * 32), UpdateHeader("f", 1, "c", "AB" * 32)):
+    for header in (
+        UpdateHeader("bad/fed", 1, "c", "ab" * 32),
+        UpdateHeader("f", -1, "c", "ab" * 32),
+        UpdateHeader("f", 1, "c+", "ab" * 32),
+        UpdateHeader("f", 1, "c", "AB" * 32),
+    ):
         with pytest.raises(EncodeError):
             encode_update(u, header)
     with pytest.raises(EncodeError):
@@ -150,8 +181,13 @@ def test_encode_rejects_bad_header_and_options() -> None:
 
 
 def test_decode_checks_expected_shapes_header_and_limits() -> None:
-    u = Update({"a": TensorDelta((3, 4), np.ones(12, np.float32)),
-                "b": TensorDelta((100,), np.ones(3, np.float32), np.array([1, 50, 99]))}, 5)
+    u = Update(
+        {
+            "a": TensorDelta((3, 4), np.ones(12, np.float32)),
+            "b": TensorDelta((100,), np.ones(3, np.float32), np.array([1, 50, 99])),
+        },
+        5,
+    )
     blob = encode_update(u, HEADER)
     decode_update(blob, shapes={"a": (3, 4), "b": (100,), "c": (2,)})  # a subset of the model is fine
     with pytest.raises(WireError, match="not part of the global model"):
@@ -177,4 +213,6 @@ def test_sparse_is_smaller_than_index_plus_value_and_sizer_agrees() -> None:
     u = Update({"w": TensorDelta((numel,), rng.standard_normal(m).astype(np.float32), idx)}, 1)
     blob = encode_update(u, HEADER)
     assert len(blob) < m * 4 + m * 1.2 + 200  # ~8.1 bits per position at 1% density, vs 32 for int32
-    assert update_sizer()(u) == len(blob) + len("client-0000") - len("client_03") + len("federation") - len("fed-1")
+    assert update_sizer()(u) == len(blob) + len("client-0000") - len("client_03") + len("federation") - len(
+        "fed-1"
+    )
