@@ -1,1 +1,36 @@
-"""protocol package."""
+"""The wire: topic names, the message envelope, dense model blobs and chunking, the sparse-update
+codec and the small JSON messages. Bytes in, bytes out, no network.
+
+Every decoder validates what it reads and raises :class:`WireError` (one type, a ``reason``) for
+anything malformed; encoders raise :class:`EncodeError` for bad local input. See README, "Wire
+format", for the byte layouts.
+"""
+
+from .blobs import STATE_DTYPES, blob_digest, decode_state, encode_state
+from .chunks import ChunkCollector, Reassembler, chunk_blob, max_body_per_chunk, mqtt_payload_limit
+from .envelope import Codec, Envelope, Kind, check_topic, decode_envelope, header_size
+from .errors import EncodeError, WireError
+from .limits import DEFAULT_LIMITS, WireLimits
+from .messages import Ack, Message, Metrics, Plan, Status, decode_message, encode_message, parse_message
+from .sparse import Method, entropy_bits
+from .topics import ParsedTopic, TopicError, Topics, acl_rules, validate_id
+from .update_codec import (
+    DecodedUpdate,
+    UpdateHeader,
+    UpdateOptions,
+    decode_update,
+    encode_update,
+    update_sizer,
+)
+from .values import VALUE_CODECS, ValueCodec
+
+__all__ = [
+    "WireError", "EncodeError", "WireLimits", "DEFAULT_LIMITS",
+    "Topics", "ParsedTopic", "TopicError", "acl_rules", "validate_id",
+    "Kind", "Codec", "Envelope", "decode_envelope", "header_size", "check_topic",
+    "mqtt_payload_limit", "max_body_per_chunk", "chunk_blob", "Reassembler", "ChunkCollector",
+    "encode_state", "decode_state", "blob_digest", "STATE_DTYPES",
+    "UpdateHeader", "UpdateOptions", "DecodedUpdate", "encode_update", "decode_update", "update_sizer",
+    "Method", "entropy_bits", "ValueCodec", "VALUE_CODECS",
+    "Plan", "Ack", "Status", "Metrics", "Message", "encode_message", "decode_message", "parse_message",
+]

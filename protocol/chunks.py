@@ -1,0 +1,201 @@
+"""Chunking a blob into envelope payloads that fit the broker, and putting it back together.
+
+Sizes. An MQTT PUBLISH packet is a fixed header (1 byte + a 1-4 byte "remaining length"), the topic
+(2-byte length + UTF-8), a 2-byte packet id at QoS 1/2, MQTT 5 properties (a length varint + the
+properties; none on 3.1.1), then the payload. Mosquitto disconnects (or, for ``message_size_limit``,
+silently drops) anything larger than its limits, and paho-mqtt does not check, so the sender must:
+:func:`mqtt_payload_limit` gives the largest payload for a packet limit and topic,
+:func:`max_body_per_chunk` the largest chunk body once the envelope header is paid, and
+:func:`chunk_blob` cuts a blob into payloads of at most a given size.
+
+Reassembly. :class:`Reassembler` collects the chunks of one blob: in any order, identical
+duplicates ignored, a duplicate index with different bytes rejected, chunks whose kind / ids /
+round / count / size / digest disagree with the first one rejected, never more bytes held than the
+declared size (itself within the limits); :meth:`Reassembler.missing` lists what is still to come
+and :meth:`Reassembler.blob` returns the blob only once its sha256 matches the digest.
+:class:`ChunkCollector` routes chunks of many blobs (a coordinator receiving every client's upload)
+to their reassemblers under a memory budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from .envelope import Envelope, Kind, header_size
+from .errors import EncodeError, WireError
+from .limits import DEFAULT_LIMITS, WireLimits
+
+__all__ = ["mqtt_payload_limit", "max_body_per_chunk", "chunk_blob", "Reassembler", "ChunkCollector"]
+
+MQTT_MAX_REMAINING_LENGTH = 268_435_455
+
+
+def _varint_len(n: int) -> int:
+    return 1 if n < 128 else 2 if n < 16_384 else 3 if n < 2_097_152 else 4
+
+
+def mqtt_payload_limit(max_packet_size: int, topic_length: int, qos: int = 1,
+                       mqtt5_properties: int | None = None) -> int:
+    """The largest payload of a PUBLISH packet of at most ``max_packet_size`` bytes.
+
+    ``topic_length``: UTF-8 bytes of the (longest) topic; ``mqtt5_properties``: bytes of MQTT 5
+    properties, or None on MQTT 3.1.1. Raises EncodeError when nothing fits.
+    """
+    if qos not in (0, 1, 2) or topic_length < 1 or max_packet_size < 1:
+        raise EncodeError(f"bad qos {qos}, topic length {topic_length} or packet size {max_packet_size}")
+    variable = 2 + topic_length + (2 if qos else 0)
+    if mqtt5_properties is not None:
+        variable += _varint_len(mqtt5_properties) + mqtt5_properties
+    best = -1
+    for vl in (1, 2, 3, 4):
+        remaining = min(max_packet_size - 1 - vl, MQTT_MAX_REMAINING_LENGTH)
+        if remaining >= 0 and _varint_len(remaining) <= vl:
+            best = max(best, remaining - variable)
+    if best < 1:
+        raise EncodeError(f"a {max_packet_size}-byte packet leaves no room for a payload on this topic")
+    return best
+
+
+def max_body_per_chunk(max_packet_size: int, topic_length: int, federation: str, sender: str, qos: int = 1,
+                       mqtt5_properties: int | None = None) -> int:
+    """The largest chunk body whose envelope still fits a ``max_packet_size`` PUBLISH packet."""
+    payload = mqtt_payload_limit(max_packet_size, topic_length, qos, mqtt5_properties)
+    body = payload - header_size(federation, sender)
+    if body < 1:
+        raise EncodeError(f"a {max_packet_size}-byte packet leaves no room for a chunk body")
+    return body
+
+
+def chunk_blob(blob: bytes, kind: Kind, federation: str, sender: str, round_: int, max_payload: int,
+               digest: str | None = None) -> list[bytes]:
+    """Envelope payloads of at most ``max_payload`` bytes each (header included) carrying ``blob``.
+
+    ``digest`` (sha256 hex of ``blob``) is computed when not given.
+    """
+    body_size = max_payload - header_size(federation, sender)
+    if body_size < 1:
+        raise EncodeError(f"max_payload {max_payload} leaves no room for a chunk body")
+    digest = digest or hashlib.sha256(blob).hexdigest()
+    count = max(1, -(-len(blob) // body_size))
+    if count >= 2**32:
+        raise EncodeError("blob needs too many chunks")
+    view = memoryview(blob)
+    return [Envelope(kind, federation, sender, round_, i, count, len(blob), digest,
+                     bytes(view[i * body_size:(i + 1) * body_size])).encode() for i in range(count)]
+
+
+class Reassembler:
+    """The chunks of one blob (see module docstring). The first chunk fixes the blob's identity."""
+
+    def __init__(self, limits: WireLimits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self._first: Envelope | None = None
+        self._parts: dict[int, bytes] = {}
+        self._held = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    @property
+    def complete(self) -> bool:
+        return self._first is not None and len(self._parts) == self._first.count
+
+    def missing(self) -> list[int]:
+        """Chunk indices not yet received (empty before the first chunk: the count is unknown)."""
+        if self._first is None:
+            return []
+        return [i for i in range(self._first.count) if i not in self._parts]
+
+    def add(self, env: Envelope) -> bool:
+        """Add one chunk; True once every chunk is in. WireError (state unchanged) for a chunk that
+        does not belong, conflicts with one already held, or would exceed the declared size."""
+        first = self._first
+        if first is None:
+            cap = self.limits.max_json_bytes if env.kind not in (Kind.MODEL_CHUNK, Kind.UPDATE_CHUNK) \
+                else self.limits.max_blob_bytes
+            if env.total_size > cap or env.count > self.limits.max_chunks:
+                raise WireError(f"blob of {env.total_size} bytes in {env.count} chunks exceeds the limits")
+        elif (env.blob_key, env.count, env.total_size) != (first.blob_key, first.count, first.total_size):
+            raise WireError(f"chunk {env.index} disagrees with the blob's first chunk "
+                            "(kind, ids, round, digest, count or size)")
+        if not 0 <= env.index < env.count:
+            raise WireError(f"chunk index {env.index} outside [0, {env.count})")
+        held = self._parts.get(env.index)
+        if held is not None:
+            if held != env.body:
+                raise WireError(f"chunk {env.index} arrived twice with different bytes")
+            return self.complete
+        if not env.body and env.total_size:
+            raise WireError(f"chunk {env.index} is empty")
+        if self._held + len(env.body) > env.total_size:
+            raise WireError(f"chunks hold more than the declared {env.total_size} bytes")
+        if len(self._parts) + 1 == env.count and self._held + len(env.body) != env.total_size:
+            raise WireError(f"chunks hold {self._held + len(env.body)} bytes, declared {env.total_size}")
+        self._first = first or env
+        self._parts[env.index] = env.body
+        self._held += len(env.body)
+        return self.complete
+
+    def blob(self) -> bytes:
+        """The whole blob, checked against its sha256 digest; WireError if incomplete or corrupt."""
+        if self._first is None or not self.complete:
+            missing = self.missing()
+            raise WireError(f"blob incomplete: {len(missing) if self._first else 'all'} chunks missing "
+                            f"(first: {missing[:10]})")
+        data = b"".join(self._parts[i] for i in range(self._first.count))
+        if hashlib.sha256(data).hexdigest() != self._first.digest:
+            raise WireError("reassembled blob does not match its sha256 digest")
+        return data
+
+
+class ChunkCollector:
+    """Reassemblers for many blobs at once, keyed by :attr:`Envelope.blob_key`, holding at most
+    ``max_pending_bytes`` of chunk bodies and ``max_pending_blobs`` unfinished blobs."""
+
+    def __init__(self, limits: WireLimits = DEFAULT_LIMITS, max_pending_bytes: int = 1 << 30,
+                 max_pending_blobs: int = 4096) -> None:
+        self.limits = limits
+        self.max_pending_bytes = max_pending_bytes
+        self.max_pending_blobs = max_pending_blobs
+        self._blobs: dict[tuple[int, str, str, int, str], Reassembler] = {}
+        self._pending = 0
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending
+
+    def keys(self) -> list[tuple[int, str, str, int, str]]:
+        return list(self._blobs)
+
+    def missing(self, key: tuple[int, str, str, int, str]) -> list[int]:
+        r = self._blobs.get(key)
+        return r.missing() if r is not None else []
+
+    def discard(self, keys: Iterable[tuple[int, str, str, int, str]]) -> None:
+        for key in list(keys):
+            r = self._blobs.pop(key, None)
+            if r is not None:
+                self._pending -= r.held_bytes
+
+    def add(self, env: Envelope) -> bytes | None:
+        """Add a chunk; the verified blob when it completes one (which is then forgotten), else None.
+        WireError for a bad chunk; a completed blob that fails its digest is dropped as well."""
+        key = env.blob_key
+        r = self._blobs.get(key)
+        if r is None:
+            if len(self._blobs) >= self.max_pending_blobs:
+                raise WireError(f"too many unfinished blobs ({len(self._blobs)})")
+            r = Reassembler(self.limits)
+        if self._pending + len(env.body) > self.max_pending_bytes:
+            raise WireError(f"unfinished blobs would hold more than {self.max_pending_bytes} bytes")
+        before = r.held_bytes
+        done = r.add(env)
+        self._blobs[key] = r
+        self._pending += r.held_bytes - before
+        if not done:
+            return None
+        del self._blobs[key]
+        self._pending -= r.held_bytes
+        return r.blob()
