@@ -10,9 +10,12 @@ raises :class:`~protocol.errors.WireError`.
 ==========  ======================  ===============================================================
 message     topic                   fields
 ==========  ======================  ===============================================================
-Plan        ``round`` (retained)    round >= 1, selected client ids, deadline (unix s), strategy
+Plan        ``round`` (retained)    round, selected client ids, deadline (unix s), strategy
                                     name and options, model spec, model digest / chunks / size,
-                                    value codec and zstd flag the clients should upload with
+                                    value codec and zstd flag the clients should upload with,
+                                    phase (train | calibrate | final), run seed, training
+                                    settings (lr, batch size, epochs), total rounds, the largest
+                                    update the coordinator accepts (0 = only the wire limits)
 Ack         ``ack/<client>``        round, client, update digest, status, reason
 Status      ``status/<client>``     round (last seen), state, time (unix s), info (device facts)
 Metrics     ``metrics/<client>``    round, time (unix s), values (name -> finite float)
@@ -36,11 +39,14 @@ from .topics import TopicError, validate_id
 from .values import VALUE_CODECS
 
 __all__ = ["Plan", "Ack", "Status", "Metrics", "Message", "encode_message", "decode_message", "parse_message",
-           "ACK_STATUSES", "CLIENT_STATES"]
+           "ACK_STATUSES", "CLIENT_STATES", "PLAN_PHASES"]
 
 Scalar = Union[str, int, float, bool]
 Checks = dict[str, Callable[[Any, str], Any]]
 ACK_STATUSES = ("accepted", "duplicate", "rejected", "late", "not_selected")
+# train: selected devices run a local round and upload; calibrate: "round 0", devices report a small
+# metrics map instead of an update; final: the federation is over, the plan names the final model
+PLAN_PHASES = ("train", "calibrate", "final")
 CLIENT_STATES = ("online", "idle", "training", "uploading", "offline")
 MAX_SELECTED = 100_000
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -154,12 +160,25 @@ class Plan:
     model_size: int
     value_codec: str = "fp32"
     compress: bool = False
+    phase: str = "train"
+    seed: int = 0
+    train: Mapping[str, Scalar] = field(default_factory=dict)
+    rounds: int = 0
+    max_update_bytes: int = 0
 
     CHECKS: ClassVar[Checks] = {
-        "round": _int(1, 2**32), "selected": _ids, "deadline": _time, "strategy": _id,
+        "round": _ROUND, "selected": _ids, "deadline": _time, "strategy": _id,
               "options": _mapping(256, _scalar), "model": _mapping(64, _scalar), "model_digest": _digest,
               "model_chunks": _int(1, 2**32), "model_size": _int(1, 2**63),
-              "value_codec": _choice(tuple(VALUE_CODECS)), "compress": _bool}
+              "value_codec": _choice(tuple(VALUE_CODECS)), "compress": _bool, "phase": _choice(PLAN_PHASES),
+              "seed": _int(0, 2**63), "train": _mapping(16, _scalar), "rounds": _int(0, 2**32),
+              "max_update_bytes": _int(0, 2**63)}
+
+    def problems(self) -> str | None:
+        """Checks across fields: round 0 is the calibration phase and only that."""
+        if (self.round == 0) != (self.phase == "calibrate"):
+            return f"round must be >= 1 in phase {self.phase} (round 0 is the calibration phase), got {self.round}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -209,9 +228,13 @@ def _from_obj(cls: type, obj: Any) -> Any:
         extra, lacking = sorted(set(obj) - set(checks)), sorted(set(checks) - set(obj))
         raise WireError(f"{what}: unexpected fields {extra[:5]} / missing fields {lacking}")
     try:
-        return cls(**{name: check(obj[name], name) for name, check in checks.items()})
+        msg = cls(**{name: check(obj[name], name) for name, check in checks.items()})
     except WireError as exc:
         raise WireError(f"{what}: {exc.reason}") from None
+    problem = msg.problems() if hasattr(msg, "problems") else None
+    if problem:
+        raise WireError(f"{what}: {problem}")
+    return msg
 
 
 def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
