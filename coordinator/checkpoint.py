@@ -1,0 +1,66 @@
+"""The coordinator's checkpoint: the global model after round r and what the run needs to go on.
+
+One safetensors file, ``checkpoint.safetensors``, written atomically after each round (through
+:func:`flayer.state.save_tensors`): the global state plus JSON metadata -- the round, the model's
+digest, the run's identity (strategy, options, seed, training settings, model spec, federation) and
+the cumulative counters. Selection needs no saved RNG state: each round's draw is seeded from
+(seed, round). A checkpoint of another run (different strategy, seed, model...) is refused, so a
+state folder cannot silently mix two runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from flayer.state import StateFileError, load_tensors, save_tensors
+
+__all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "load_checkpoint", "CHECKPOINT_NAME"]
+
+CHECKPOINT_NAME = "checkpoint.safetensors"
+KIND = "coordinator_checkpoint"
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint is unreadable or belongs to another run."""
+
+
+@dataclass
+class Checkpoint:
+    round: int  # rounds complete
+    global_state: dict[str, torch.Tensor]
+    model_digest: str
+    identity: dict[str, Any]  # what must match to resume
+    counters: dict[str, int] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # strategy options in force (after calibration)
+
+
+def save_checkpoint(folder: Path, ckpt: Checkpoint) -> Path:
+    meta = {"kind": KIND, "round": ckpt.round, "model_digest": ckpt.model_digest, "identity": ckpt.identity,
+            "counters": ckpt.counters, "options": ckpt.options}
+    return save_tensors(folder / CHECKPOINT_NAME, ckpt.global_state, meta)
+
+
+def load_checkpoint(folder: Path, identity: Mapping[str, Any]) -> Checkpoint | None:
+    """The checkpoint in ``folder`` (None when there is none); CheckpointError when it is unreadable
+    or its run differs from ``identity``."""
+    path = folder / CHECKPOINT_NAME
+    if not path.exists():
+        return None
+    try:
+        tensors, meta = load_tensors(path)
+    except StateFileError as exc:
+        raise CheckpointError(str(exc)) from exc
+    if meta.get("kind") != KIND or not isinstance(meta.get("round"), int) or not isinstance(meta.get("identity"), dict):
+        raise CheckpointError(f"{path} is not a coordinator checkpoint")
+    if meta["identity"] != dict(identity):
+        diff = sorted(k for k in set(meta["identity"]) | set(identity)
+                      if meta["identity"].get(k) != identity.get(k))
+        raise CheckpointError(f"{path} belongs to another run (differs in {', '.join(diff)}); use another "
+                              f"state_dir, or remove it to start over")
+    return Checkpoint(meta["round"], tensors, str(meta.get("model_digest", "")), meta["identity"],
+                      {str(k): int(v) for k, v in dict(meta.get("counters", {})).items()},
+                      dict(meta.get("options", {})))

@@ -1,0 +1,187 @@
+"""``federation.toml``: the coordinator's settings plus the run it coordinates.
+
+::
+
+    [federation]
+    credentials = "../.flayer/broker/credentials/coordinator.toml"  # relative paths: to this file
+    state_dir = "runs/federation"   # checkpoint, journal/, metrics.jsonl, global.safetensors
+    quorum = 2                      # accepted updates that close a round (after grace_s)
+    over_selection = 1.3            # select ceil(1.3 x quorum) of the online devices
+    min_devices = 2                 # devices online before a round starts
+    deadline_s = 600.0              # a round closes at its deadline, whatever arrived
+    grace_s = 5.0                   # after the quorum, stragglers get this long
+    min_updates = 1                 # fewer at the deadline: extend once by extend_s, else close anyway
+    extend_s = 0.0
+    max_update_bytes = 67108864     # larger update blobs are refused (devices check before sending)
+    norm_bound = 50.0               # optional L2 bound on an update's deltas
+    norm_policy = "reject"          # or "clip": scale an update down to the bound
+    value_codec = "fp32"            # what devices upload with (fp32 is lossless)
+    compress = false                # zstd on uploads
+
+    [run]      strategy, rounds, seed            (as for flayer simulate)
+    [data]     dataset (and model): the model spec, without loading any data
+    [model]    name, in_channels, height, width, num_classes, ... (instead of [data])
+    [train]    lr, batch_size, local_epochs     (sent to the devices in the round plan)
+    [strategy.<name>]  the strategy's options   (sent in the plan: scalars only)
+
+Every key is checked; errors name the file, the table and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from flayer.config import ConfigError, RunConfig, from_mapping, load_run_config, read_toml
+from flayer.spec import ModelSpec
+from protocol import VALUE_CODECS
+
+__all__ = ["FederationSettings", "CoordinatorConfig", "load_coordinator_config", "model_spec_for", "DATASET_INPUTS"]
+
+# (channels, height, width, classes) of the image data sets as their loaders return them
+DATASET_INPUTS: dict[str, tuple[int, int, int, int]] = {
+    "fmnist": (1, 28, 28, 10), "mnist": (1, 28, 28, 10), "digits": (1, 16, 16, 10),
+    "cifar10": (3, 32, 32, 10), "cifar100": (3, 32, 32, 100), "tiny-imagenet": (3, 64, 64, 200),
+}
+
+
+@dataclass(frozen=True)
+class FederationSettings:
+    credentials: str = ""
+    state_dir: str = "runs/federation"
+    quorum: int = 1
+    over_selection: float = 1.3
+    min_devices: int = 1
+    deadline_s: float = 600.0
+    grace_s: float = 5.0
+    min_updates: int = 1
+    extend_s: float = 0.0
+    max_update_bytes: int = 64 * 2**20
+    norm_bound: float | None = None
+    norm_policy: Literal["reject", "clip"] = "reject"
+    value_codec: str = "fp32"
+    compress: bool = False
+    stale_after_s: float = 90.0  # a device whose last status is older is offline
+    keep_journals: int = 3  # journals of finished rounds kept beside the checkpoint
+    max_pending_bytes: int = 1 << 30  # unfinished update chunks held in memory
+    publish_timeout_s: float = 120.0  # waiting for the broker's PUBACKs of a model
+    calibration_s: float = 300.0  # round 0 (calibration) deadline, for strategies that need one
+
+    def __post_init__(self) -> None:
+        if not self.credentials:
+            raise ConfigError("credentials: the coordinator's credentials file is required "
+                              "(written by 'flayer broker start': <state>/credentials/coordinator.toml)")
+        if self.quorum < 1 or self.min_devices < 1 or self.min_updates < 1:
+            raise ConfigError("quorum, min_devices and min_updates must be >= 1")
+        if self.min_devices < self.quorum:
+            raise ConfigError(f"min_devices ({self.min_devices}) must be >= quorum ({self.quorum})")
+        if not 1.0 <= self.over_selection <= 10.0:
+            raise ConfigError(f"over_selection must be in [1, 10], got {self.over_selection}")
+        for name in ("deadline_s", "publish_timeout_s", "stale_after_s", "calibration_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.grace_s < 0 or self.extend_s < 0:
+            raise ConfigError("grace_s and extend_s must be >= 0")
+        if self.max_update_bytes < 1 or self.max_pending_bytes < self.max_update_bytes:
+            raise ConfigError(f"max_update_bytes must be >= 1 and max_pending_bytes ({self.max_pending_bytes}) "
+                              f">= max_update_bytes ({self.max_update_bytes})")
+        if self.norm_bound is not None and not (self.norm_bound > 0 and math.isfinite(self.norm_bound)):
+            raise ConfigError(f"norm_bound must be a positive number (leave it out for none), got {self.norm_bound}")
+        if self.value_codec not in VALUE_CODECS:
+            raise ConfigError(f"value_codec must be one of {', '.join(VALUE_CODECS)}, got {self.value_codec!r}")
+        if self.keep_journals < 1:
+            raise ConfigError(f"keep_journals must be >= 1, got {self.keep_journals}")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    federation: FederationSettings
+    run: RunConfig
+    spec: ModelSpec
+    credentials: Path  # resolved
+    state_dir: Path  # resolved
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        return self.run.options()
+
+    @property
+    def train_plan(self) -> dict[str, Any]:
+        """The training settings every device uses (the rest of [train] is per device)."""
+        t = self.run.train
+        return {"lr": t.lr, "batch_size": t.batch_size, "local_epochs": t.local_epochs}
+
+
+def model_spec_for(dataset: str, model: str | None = None) -> ModelSpec:
+    """The model spec ``flayer simulate`` builds for ``dataset`` (without loading the data)."""
+    if dataset not in DATASET_INPUTS:
+        raise ConfigError(f"the model of data set {dataset!r} depends on its files (vocabulary size); give an "
+                          f"explicit [model] table (name, num_classes, vocab_size, ...)")
+    c, h, w, k = DATASET_INPUTS[dataset]
+    name = model or "cnn"
+    if name == "fasttext":
+        raise ConfigError(f"{dataset} is an image data set: 'fasttext' needs text")
+    try:
+        return ModelSpec(name=name, in_channels=c, height=h, width=w, num_classes=k)
+    except ValueError as exc:
+        raise ConfigError(f"[data] model: {exc}") from exc
+
+
+def _scalar_options(options: Mapping[str, Any], where: str) -> None:
+    for key, value in options.items():
+        if not isinstance(value, (str, int, float, bool)):
+            raise ConfigError(f"{where}.{key}: {value!r} cannot travel in the round plan (strings, numbers and "
+                              f"booleans only)")
+
+
+def _resolve(base: Path, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p)
+
+
+def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[str, Any]] | None = None
+                            ) -> CoordinatorConfig:
+    """Read and validate ``federation.toml``; ``overrides`` as for :func:`flayer.config.load_run_config`
+    plus a ``federation`` table (command-line flags win over the file)."""
+    path = Path(path)
+    raw = read_toml(path)
+    unknown = sorted(set(raw) - {"federation", "model", "run", "data", "train", "strategy"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown table(s) {', '.join(unknown)}; known: federation, run, data, model, "
+                          f"train, strategy")
+    fed_table = {**raw.get("federation", {}), **{k: v for k, v in (overrides or {}).get("federation", {}).items()
+                                                 if v is not None}}
+    fed = from_mapping(FederationSettings, fed_table, f"{path} [federation]")
+    run_tables: dict[str, Any] = {k: raw.get(k, {}) for k in ("run", "data", "train")}
+    run_tables["strategy"] = raw.get("strategy", {})
+    for table, values in (overrides or {}).items():
+        if table != "federation":
+            run_tables.setdefault(table, {}).update(values)
+    try:
+        run = load_run_config(None, run_tables)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("flags", str(path), 1)) from None
+    if run.seed < 0:
+        raise ConfigError(f"{path} [run] seed must be >= 0 (it travels in the round plan), got {run.seed}")
+    if "model" in raw:
+        spec = from_mapping(ModelSpec, raw["model"], f"{path} [model]")
+    else:
+        spec = model_spec_for(run.data.dataset, run.data.model)
+    _scalar_options(run.options(), f"{path} [strategy.{run.strategy}]")
+    from flayer.strategies import STRATEGIES
+
+    if run.strategy not in STRATEGIES:
+        raise ConfigError(f"{path} [run] strategy {run.strategy!r} is not available in this build; available: "
+                          f"{', '.join(sorted(STRATEGIES))}")
+    base = path.resolve().parent
+    return CoordinatorConfig(fed, run, spec, _resolve(base, fed.credentials), _resolve(base, fed.state_dir))
+
+
+def describe(cfg: CoordinatorConfig) -> dict[str, Any]:
+    """A JSON-able view (for the state folder and the summary)."""
+    return {"federation": dataclasses.asdict(cfg.federation), "strategy": cfg.run.strategy,
+            "rounds": cfg.run.rounds, "seed": cfg.run.seed, "train": cfg.train_plan,
+            "options": dict(cfg.options), "model": dataclasses.asdict(cfg.spec)}

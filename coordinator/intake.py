@@ -1,0 +1,130 @@
+"""What the coordinator does with one complete update blob, as pure functions: accept, or say why not.
+
+:func:`screen` decides from the (client, round) pair alone -- before anything is decoded -- and
+:func:`validate` decodes and checks the blob against the open round. Every outcome is a
+:class:`Verdict` carrying the ack status, a one-line reason and, for anything not accepted, the
+name of the counter it increments (kept in metrics.jsonl and in the final summary):
+
+==============  ============  ===========================================================
+counter         ack status    when
+==============  ============  ===========================================================
+future_round    rejected      the update names a round that is not open yet
+late            late          the update is for a round already closed
+not_selected    not_selected  the device is not in this round's plan
+duplicate       duplicate     this device's update for this round was already folded
+oversize        rejected      the blob exceeds ``max_update_bytes``
+malformed       rejected      the blob does not decode (protocol.WireError), or its header
+                              names another federation or round
+wrong_sender    rejected      the blob's sender is not the device whose topic carried it
+wrong_model     rejected      the deltas are against another global model (base digest)
+invalid         rejected      shapes, positions, sample count (flayer.aggregate.check_update)
+norm            rejected      the L2 norm exceeds ``norm_bound`` (policy ``reject``)
+==============  ============  ===========================================================
+
+With policy ``clip`` an update over the bound is scaled down to it and accepted (counter
+``clipped``). Chunk-level problems (bad envelope, CRC, wrong topic) are counted by the server as
+``bad_chunk``; malformed status or metrics messages as ``bad_message``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import AbstractSet, Mapping
+
+import numpy as np
+
+from flayer.aggregate import UpdateError, check_update
+from flayer.update import TensorDelta, Update
+from protocol import WireError, WireLimits, decode_update
+
+__all__ = ["Verdict", "IntakeContext", "screen", "validate", "clip_update", "REJECTION_COUNTERS"]
+
+REJECTION_COUNTERS = ("future_round", "late", "not_selected", "duplicate", "oversize", "malformed", "wrong_sender",
+                      "wrong_model", "invalid", "norm", "bad_chunk", "bad_message")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # accepted | duplicate | rejected | late | not_selected
+    reason: str = ""
+    counter: str | None = None
+    update: Update | None = None
+    norm: float = 0.0
+    clipped: bool = False
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == "accepted"
+
+
+def _no(status: str, counter: str, reason: str) -> Verdict:
+    return Verdict(status, reason[:500], counter)
+
+
+@dataclass(frozen=True)
+class IntakeContext:
+    """The open round, as the validator needs it."""
+
+    federation: str
+    round: int
+    base_digest: str
+    shapes: Mapping[str, tuple[int, ...]]
+    limits: WireLimits
+    max_update_bytes: int
+    norm_bound: float | None = None
+    norm_policy: str = "reject"
+    selected: AbstractSet[str] = field(default_factory=frozenset)
+
+
+def screen(client: str, round_: int, current: int | None, selected: AbstractSet[str], accepted: AbstractSet[str],
+           accepted_before: Mapping[int, AbstractSet[str]]) -> Verdict | None:
+    """A verdict from the (client, round) pair alone, or None when the blob must be validated."""
+    if current is None or round_ > current:
+        return _no("rejected", "future_round", f"round {round_} is not open (open round: {current or 'none'})")
+    if round_ < current:
+        if client in accepted_before.get(round_, ()):
+            return _no("duplicate", "duplicate", f"the update of {client} for round {round_} was already folded")
+        return _no("late", "late", f"round {round_} is closed; the open round is {current}")
+    if client not in selected:
+        return _no("not_selected", "not_selected", f"{client} is not selected for round {round_}")
+    if client in accepted:
+        return _no("duplicate", "duplicate", f"the update of {client} for round {round_} was already folded")
+    return None
+
+
+def clip_update(update: Update, factor: float) -> Update:
+    """``update`` with every delta multiplied by ``factor`` (< 1: clipping to a norm bound)."""
+    deltas = {k: TensorDelta(d.shape, (d.values * np.float32(factor)).astype(np.float32), d.indices)
+              for k, d in update.deltas.items()}
+    return Update(deltas, update.num_samples, update.info)
+
+
+def validate(client: str, blob: bytes, ctx: IntakeContext) -> Verdict:
+    """Decode ``blob`` and check it against the open round (see module docstring)."""
+    if len(blob) > ctx.max_update_bytes:
+        return _no("rejected", "oversize", f"update of {len(blob)} bytes exceeds max_update_bytes "
+                                           f"{ctx.max_update_bytes}")
+    try:
+        dec = decode_update(blob, ctx.limits, ctx.shapes)
+    except WireError as exc:
+        return _no("rejected", "malformed", exc.reason)
+    h = dec.header
+    if h.federation != ctx.federation or h.round != ctx.round:
+        return _no("rejected", "malformed", f"update header names federation {h.federation!r} round {h.round}, "
+                                            f"expected {ctx.federation!r} round {ctx.round}")
+    if h.sender != client:
+        return _no("rejected", "wrong_sender", f"update header names sender {h.sender!r}, sent by {client!r}")
+    if h.base_digest != ctx.base_digest:
+        return _no("rejected", "wrong_model", f"update is against model {h.base_digest[:12]}, round {ctx.round} "
+                                              f"uses {ctx.base_digest[:12]}")
+    try:
+        norm = check_update(dec.update, ctx.shapes, None)
+    except UpdateError as exc:
+        return _no("rejected", "invalid", str(exc))
+    update = dec.update
+    if ctx.norm_bound is not None and norm > ctx.norm_bound:
+        if ctx.norm_policy != "clip":
+            return _no("rejected", "norm", f"update norm {norm:.4g} exceeds norm_bound {ctx.norm_bound:.4g}")
+        update = clip_update(update, ctx.norm_bound / norm * (1 - 1e-6))
+        return Verdict("accepted", f"clipped from norm {norm:.4g} to {ctx.norm_bound:.4g}", None, update, norm, True)
+    return Verdict("accepted", "", None, update, norm)

@@ -1,0 +1,184 @@
+"""The round journal: an append-only file per round, so nothing acknowledged is ever lost.
+
+The coordinator writes a round's plan when it opens the round and every accepted update before it
+folds and acknowledges it; each append is fsynced. After a crash it loads the last checkpoint
+(round r complete), replays ``round-<r+1>`` -- the same plan (so the same devices are selected) and
+every journaled update, folded again -- and carries on with that round.
+
+File ``journal/round-<r:06d>.jnl``; records back to back, little-endian::
+
+    "FLJR"  u8 kind (1 plan, 2 update)  u32 payload length  u32 crc32(kind byte + payload)  payload
+
+    plan payload    the plan's envelope payload (protocol.encode_message)
+    update payload  u8 client length, client id (ASCII), u32 round, 32-byte sha256 of the blob, blob
+
+A crash can leave the last record torn (short, or failing its CRC); :func:`read_journal` stops
+there and :class:`Journal` cuts it off before appending. A record with a bad CRC before the last
+one (the disk corrupted it) is skipped and counted; records after it are still read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Journal", "JournalError", "JournalRecord", "JournalReplay", "read_journal", "journal_path",
+           "prune_journals"]
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"FLJR"
+_HEAD = struct.Struct("<4sBII")
+KIND_PLAN, KIND_UPDATE = 1, 2
+MAX_RECORD = 1 << 31
+_NAME = re.compile(r"round-(\d{6,})\.jnl")
+
+
+class JournalError(RuntimeError):
+    """A journal cannot be written or is not a journal at all."""
+
+
+@dataclass(frozen=True)
+class JournalRecord:
+    kind: int
+    client: str = ""
+    round: int = 0
+    digest: str = ""
+    data: bytes = b""  # plan payload or update blob
+
+
+@dataclass
+class JournalReplay:
+    plan: bytes | None = None
+    updates: list[JournalRecord] = field(default_factory=list)
+    good_bytes: int = 0  # offset after the last intact record
+    torn_bytes: int = 0  # bytes after it (a torn tail)
+    corrupt: int = 0  # records skipped for a bad CRC before the tail
+
+
+def journal_path(folder: Path, round_: int) -> Path:
+    return folder / f"round-{round_:06d}.jnl"
+
+
+def _encode(kind: int, payload: bytes) -> bytes:
+    return _HEAD.pack(MAGIC, kind, len(payload), zlib.crc32(bytes([kind]) + payload)) + payload
+
+
+def _update_payload(client: str, round_: int, blob: bytes) -> tuple[bytes, str]:
+    cid = client.encode("ascii")
+    digest = hashlib.sha256(blob).digest()
+    return struct.pack("<B", len(cid)) + cid + struct.pack("<I", round_) + digest + blob, digest.hex()
+
+
+def _parse_update(payload: bytes) -> JournalRecord:
+    n = payload[0]
+    client = payload[1:1 + n].decode("ascii")
+    (round_,) = struct.unpack_from("<I", payload, 1 + n)
+    digest = payload[5 + n:37 + n]
+    blob = payload[37 + n:]
+    if len(digest) != 32 or hashlib.sha256(blob).digest() != digest:
+        raise ValueError("update record: blob does not match its digest")
+    return JournalRecord(KIND_UPDATE, client, round_, digest.hex(), blob)
+
+
+def read_journal(path: Path) -> JournalReplay:
+    """Every intact record of ``path`` (see module docstring for torn and corrupt records)."""
+    data = path.read_bytes()
+    out = JournalReplay()
+    at = 0
+    while at < len(data):
+        if len(data) - at < _HEAD.size:
+            break
+        magic, kind, length, crc = _HEAD.unpack_from(data, at)
+        end = at + _HEAD.size + length
+        if magic != MAGIC or kind not in (KIND_PLAN, KIND_UPDATE) or end > len(data):
+            break  # torn (or framing lost): nothing after this point can be trusted
+        payload = data[at + _HEAD.size:end]
+        if zlib.crc32(bytes([kind]) + payload) != crc:
+            if end == len(data):
+                break  # the last record, torn mid-write
+            out.corrupt += 1
+            log.error("journal %s: record at byte %d fails its CRC; skipped", path, at)
+        elif kind == KIND_PLAN:
+            out.plan = payload
+        else:
+            try:
+                out.updates.append(_parse_update(payload))
+            except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
+                out.corrupt += 1
+                log.error("journal %s: update record at byte %d unreadable (%s); skipped", path, at, exc)
+        at = end
+        out.good_bytes = at
+    out.torn_bytes = len(data) - out.good_bytes
+    if out.torn_bytes:
+        log.warning("journal %s: %d bytes of a torn last record ignored", path, out.torn_bytes)
+    return out
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+class Journal:
+    """The open journal of one round (append + fsync per record)."""
+
+    def __init__(self, folder: Path, round_: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = journal_path(folder, round_)
+        self.round = round_
+        created = not self.path.exists()
+        if not created:
+            replay = read_journal(self.path)
+            if replay.torn_bytes:
+                os.truncate(self.path, replay.good_bytes)
+        self._fh = open(self.path, "ab")
+        if created:
+            _fsync_dir(folder)
+
+    def _append(self, kind: int, payload: bytes) -> None:
+        if len(payload) >= MAX_RECORD:
+            raise JournalError(f"journal record of {len(payload)} bytes is too large")
+        try:
+            self._fh.write(_encode(kind, payload))
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as exc:
+            raise JournalError(f"cannot write the journal {self.path}: {exc}") from exc
+
+    def append_plan(self, plan_payload: bytes) -> None:
+        self._append(KIND_PLAN, plan_payload)
+
+    def append_update(self, client: str, round_: int, blob: bytes) -> str:
+        """Append and fsync; returns the blob's sha256 hex."""
+        payload, digest = _update_payload(client, round_, blob)
+        self._append(KIND_UPDATE, payload)
+        return digest
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def prune_journals(folder: Path, done_round: int, keep: int) -> list[Path]:
+    """Delete journals of rounds <= done_round - keep (their rounds are in a checkpoint)."""
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for p in folder.iterdir():
+        m = _NAME.fullmatch(p.name)
+        if m and int(m.group(1)) <= done_round - keep:
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed

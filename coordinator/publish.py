@@ -1,0 +1,111 @@
+"""Publishing the global model and the plan, and clearing models nobody needs any more.
+
+The global model travels as retained chunks ``model/<digest>/<i>`` (QoS 1; the broker's PUBACK is
+awaited for each): a device that connects late or reconnects mid-download re-subscribes and gets
+them again. The digests that may still be retained on the broker are listed in
+``<state_dir>/retained.json`` *before* their chunks go out, so old models are cleared (an empty
+retained payload per chunk topic) even after a crash; the current model is never cleared.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+import torch
+
+from flayer.state import atomic_write
+from flayer.update import state_numpy
+from mqtt_broker.link import MqttLink
+from protocol import Kind, Plan, Topics, blob_digest, chunk_blob, encode_message, encode_state
+
+__all__ = ["ModelBlob", "Publisher", "model_blob", "StopRequested"]
+
+log = logging.getLogger(__name__)
+
+
+class StopRequested(Exception):
+    """A stop was requested while waiting for the broker."""
+
+
+@dataclass(frozen=True)
+class ModelBlob:
+    blob: bytes
+    digest: str
+
+    @property
+    def size(self) -> int:
+        return len(self.blob)
+
+
+def model_blob(state: Mapping[str, torch.Tensor]) -> ModelBlob:
+    """The global model's safetensors blob (deterministic) and the digest that names it."""
+    blob = encode_state(state_numpy(state))
+    return ModelBlob(blob, blob_digest(blob))
+
+
+class Publisher:
+    def __init__(self, link: MqttLink, topics: Topics, sender: str, max_payload: int, state_dir: Path,
+                 timeout_s: float, cancelled: Callable[[], bool]) -> None:
+        self.link = link
+        self.topics = topics
+        self.sender = sender
+        self.max_payload = max_payload
+        self.record = state_dir / "retained.json"
+        self.timeout_s = timeout_s
+        self.cancelled = cancelled
+        self.live: str | None = None  # digest published by this process
+
+    def _retained(self) -> dict[str, int]:
+        try:
+            data = json.loads(self.record.read_text())
+            return {str(k): int(v) for k, v in data.items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, TypeError, AttributeError) as exc:
+            log.warning("ignoring unreadable %s (%s)", self.record, exc)
+            return {}
+
+    def _wait(self, infos: list, what: str) -> None:
+        while not self.link.wait_published(infos, self.timeout_s, self.cancelled):
+            if self.cancelled():
+                raise StopRequested(what)
+            log.warning("broker has not acknowledged %s after %.0f s; still waiting", what, self.timeout_s)
+
+    def model(self, model: ModelBlob, round_: int, shaper: Callable[[int], None] | None = None) -> tuple[int, int]:
+        """Publish ``model`` as retained chunks unless this process already did; returns
+        (chunk count, bytes published)."""
+        chunks = chunk_blob(model.blob, Kind.MODEL_CHUNK, self.topics.federation, self.sender, round_,
+                            self.max_payload, model.digest)
+        if self.live == model.digest:
+            return len(chunks), 0
+        retained = self._retained()
+        retained[model.digest] = len(chunks)
+        atomic_write(self.record, json.dumps(retained, sort_keys=True).encode())
+        infos = []
+        for i, payload in enumerate(chunks):
+            if shaper is not None:
+                shaper(len(payload))
+            infos.append(self.link.publish(self.topics.model_chunk(model.digest, i), payload, retain=True))
+        self._wait(infos, f"model {model.digest[:12]} ({len(chunks)} chunks)")
+        self.live = model.digest
+        return len(chunks), sum(len(p) for p in chunks)
+
+    def plan(self, plan: Plan) -> int:
+        payload = encode_message(plan, self.topics.federation, self.sender)
+        self._wait([self.link.publish(self.topics.round(), payload, retain=True)], f"plan of round {plan.round}")
+        return len(payload)
+
+    def clear_old_models(self) -> int:
+        """Empty the retained chunks of every recorded model but the live one; returns how many."""
+        retained = self._retained()
+        old = {d: n for d, n in retained.items() if d != self.live}
+        infos = [self.link.publish(self.topics.model_chunk(d, i), b"", retain=True) for d, n in old.items()
+                 for i in range(n)]
+        if infos:
+            self._wait(infos, f"clearing {len(old)} old model(s)")
+            atomic_write(self.record, json.dumps({d: n for d, n in retained.items() if d == self.live}).encode())
+        return len(old)

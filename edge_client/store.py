@@ -1,0 +1,88 @@
+"""A device's state on disk, so a rebooted device resumes where it stopped.
+
+``<state_dir>/``:
+
+- ``client_state.safetensors`` -- the strategy's :class:`ClientState` (personal tensors, A_l and
+  other scalars) plus metadata: the last round whose local round finished, the pending upload
+  (round, digest, size, status) and whether the federation finished. Written atomically
+  (:func:`flayer.state.save_client_state`); it is the commit point.
+- ``upload.bin`` -- the encoded update of that round, written atomically *before* the state file,
+  and both before anything is published: after a crash the device re-sends the same bytes
+  without training again. A crash between the two files leaves the old state, so the device
+  retrains that round (deterministically) and overwrites the upload.
+- ``personal.safetensors`` / ``global.safetensors`` -- the models after the federation ended
+  (:func:`flayer.state.save_model`, for ``flayer export``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flayer.state import StateFileError, atomic_write, load_client_state, save_client_state
+from flayer.strategies.base import ClientState
+
+__all__ = ["DeviceStore", "UploadRecord", "StoredState", "UPLOAD_STATUSES"]
+
+UPLOAD_STATUSES = ("pending", "accepted", "duplicate", "rejected", "late", "not_selected", "gave_up", "dropped")
+
+
+@dataclass(frozen=True)
+class UploadRecord:
+    round: int
+    digest: str
+    size: int
+    status: str = "pending"  # pending until the coordinator's ack (see UPLOAD_STATUSES)
+
+    @property
+    def settled(self) -> bool:
+        return self.status != "pending"
+
+
+@dataclass
+class StoredState:
+    state: ClientState | None = None
+    done_round: int = 0
+    upload: UploadRecord | None = None
+    finished: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class DeviceStore:
+    def __init__(self, state_dir: str | Path) -> None:
+        self.dir = Path(state_dir)
+        self.state_file = self.dir / "client_state.safetensors"
+        self.upload_file = self.dir / "upload.bin"
+        self.personal_file = self.dir / "personal.safetensors"
+        self.global_file = self.dir / "global.safetensors"
+
+    def load(self) -> StoredState:
+        if not self.state_file.exists():
+            return StoredState()
+        state, meta = load_client_state(self.state_file)
+        up = meta.get("upload")
+        try:
+            upload = UploadRecord(**up) if isinstance(up, dict) else None
+        except TypeError as exc:
+            raise StateFileError(f"{self.state_file}: bad upload record {up!r}") from exc
+        return StoredState(state, int(meta.get("done_round", 0)), upload, bool(meta.get("finished", False)),
+                           dict(meta.get("extra", {})))
+
+    def save(self, stored: StoredState) -> None:
+        meta = {"done_round": stored.done_round, "upload": asdict(stored.upload) if stored.upload else None,
+                "finished": stored.finished, "extra": stored.extra}
+        save_client_state(self.state_file, stored.state or ClientState(), meta)
+
+    def save_upload(self, blob: bytes) -> None:
+        atomic_write(self.upload_file, blob)
+
+    def load_upload(self, record: UploadRecord) -> bytes | None:
+        """The stored upload bytes if they are the ones ``record`` names, else None."""
+        import hashlib
+
+        try:
+            blob = self.upload_file.read_bytes()
+        except FileNotFoundError:
+            return None
+        return blob if hashlib.sha256(blob).hexdigest() == record.digest else None

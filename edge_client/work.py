@@ -1,0 +1,145 @@
+"""The device's share of a round, off the network thread: build the strategy the plan names, run the
+same :func:`flayer.simulation.client_round` as ``flayer simulate``, encode the update, check its size.
+
+Mixed precision: on CUDA (and ``amp`` on) the whole client round runs under ``torch.autocast`` with
+bfloat16 when the GPU supports it (no gradient scaler needed); the weights, the optimiser and the
+uploaded deltas stay fp32. fp16 would need a gradient scaler inside the strategies' training loops,
+so a GPU without bf16 trains in fp32. On CPU and MPS nothing changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from flayer.config import ConfigError, TrainConfig, from_mapping
+from flayer.simulation import ClientEval, client_round
+from flayer.spec import ModelSpec
+from flayer.strategies import make_strategy
+from flayer.strategies.base import ClientState, LocalResult, RoundContext, Strategy
+from flayer.train import ClientData
+from flayer.update import Update, float_state
+from protocol import (
+    Kind, Plan, UpdateHeader, UpdateOptions, WireError, WireLimits, blob_digest, chunk_blob, decode_state,
+    encode_update,
+)
+
+__all__ = ["EdgeError", "UpdateTooLarge", "Upload", "StrategyCache", "round_context", "train_and_encode",
+           "decode_global", "autocast_for", "check_data_fits"]
+
+
+class EdgeError(RuntimeError):
+    """The edge client cannot go on (refused by the broker, a plan it cannot follow, ...)."""
+
+
+class UpdateTooLarge(EdgeError):
+    """The encoded update exceeds the limit; raised before anything is sent."""
+
+
+@dataclass(frozen=True)
+class Upload:
+    round: int
+    digest: str
+    blob: bytes
+    payloads: tuple[bytes, ...]  # envelope chunks, each <= max_payload
+    eval: ClientEval | None = None
+    state: ClientState | None = None
+    metrics: Mapping[str, float] | None = None
+
+
+class StrategyCache:
+    """The strategy a plan names, built once per (name, options, model, training settings)."""
+
+    def __init__(self, device_train: Mapping[str, Any]) -> None:
+        self.device_train = dict(device_train)
+        self._key: str | None = None
+        self._strategy: Strategy | None = None
+
+    def get(self, plan: Plan) -> Strategy:
+        key = json.dumps([plan.strategy, dict(plan.options), dict(plan.model), dict(plan.train)], sort_keys=True)
+        if key != self._key or self._strategy is None:
+            try:
+                spec = ModelSpec(**dict(plan.model))
+                train = from_mapping(TrainConfig, {**dict(plan.train), **self.device_train}, "round plan [train]")
+                self._strategy = make_strategy(plan.strategy, spec, train, dict(plan.options))
+            except (TypeError, ValueError, ConfigError) as exc:
+                raise EdgeError(f"cannot build the strategy of round {plan.round}'s plan: {exc}") from exc
+            self._key = key
+        return self._strategy
+
+
+def check_data_fits(strategy: Strategy, data: ClientData) -> None:
+    """EdgeError when this device's samples do not fit the plan's model (wrong data set)."""
+    spec, x = strategy.spec, data.train.x
+    if spec.name == "fasttext":
+        ok = x.ndim == 2
+        want = "token ids"
+    else:
+        ok = x.ndim == 4 and tuple(x.shape[1:]) == (spec.in_channels, spec.height, spec.width)
+        want = f"{spec.in_channels}x{spec.height}x{spec.width} images"
+    if not ok:
+        raise EdgeError(f"the plan's model ({spec.name}) expects {want}; this device's data has samples of shape "
+                        f"{tuple(x.shape[1:])}: check [data] dataset in device.toml")
+
+
+def decode_global(blob: bytes, strategy: Strategy, limits: WireLimits) -> dict[str, torch.Tensor]:
+    """The global model from its blob, checked to hold exactly the plan's model tensors."""
+    shapes = {k: tuple(v.shape) for k, v in float_state(strategy.new_model()).items()}
+    try:
+        arrays = decode_state(blob, limits, expected=shapes)
+    except WireError as exc:
+        raise EdgeError(f"the global model does not fit the plan's model: {exc.reason}") from None
+    return {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}
+
+
+def round_context(plan: Plan, client_index: int, device: torch.device) -> RoundContext:
+    return RoundContext(round=plan.round, client=client_index, seed=plan.seed, device=device)
+
+
+@contextlib.contextmanager
+def autocast_for(device: torch.device, amp: bool) -> Iterator[str]:
+    """bf16 autocast on CUDA when asked and supported; yields the precision used."""
+    if amp and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            yield "bf16"
+    else:
+        yield "fp32"
+
+
+def _report(result: LocalResult, ev: ClientEval) -> dict[str, float]:
+    info = {k: float(v) for k, v in result.update.info.items()}
+    info.update({"test_correct": float(ev.correct), "test_total": float(ev.total)})
+    for k, v in result.metrics.items():
+        if isinstance(v, (int, float)) and math.isfinite(float(v)) and 1 <= len(k) <= 64:
+            info.setdefault(k, float(v))
+    return {k: v for k, v in info.items() if math.isfinite(v)}
+
+
+def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, torch.Tensor], state: ClientState,
+                     data: ClientData, ctx: RoundContext, *, federation: str, sender: str, max_payload: int,
+                     max_update_bytes: int, amp: bool) -> Upload:
+    """The local round (``client_round``, exactly as the simulator runs it) and the upload's bytes.
+
+    Raises :class:`UpdateTooLarge` naming the sizes and the limit before anything is sent."""
+    with autocast_for(ctx.device, amp):
+        ev, result = client_round(strategy, global_state, state, data, ctx, train=True)
+    assert result is not None
+    update = Update(result.update.deltas, result.update.num_samples, _report(result, ev))
+    blob = encode_update(update, UpdateHeader(federation, plan.round, sender, plan.model_digest),
+                         UpdateOptions(plan.value_codec, zstd=plan.compress))
+    if max_update_bytes and len(blob) > max_update_bytes:
+        raise UpdateTooLarge(
+            f"the update of round {plan.round} is {len(blob):,} bytes ({update.sent:,} of {update.numel:,} values, "
+            f"codec {plan.value_codec}{' + zstd' if plan.compress else ''}); the limit is {max_update_bytes:,} bytes. "
+            f"Nothing was sent. Raise [federation] max_update_bytes on the coordinator, or upload less "
+            f"(a sparser strategy, value_codec int8, compress = true)")
+    payloads = chunk_blob(blob, Kind.UPDATE_CHUNK, federation, sender, plan.round, max_payload)
+    worst = max(len(p) for p in payloads)
+    if worst > max_payload:  # chunk_blob guarantees it; checked again because the broker drops the link
+        raise UpdateTooLarge(f"an update chunk of {worst} bytes exceeds the broker's max_payload {max_payload}")
+    return Upload(plan.round, blob_digest(blob), blob, tuple(payloads), ev, result.state, result.metrics)

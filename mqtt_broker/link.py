@@ -1,0 +1,169 @@
+"""One MQTT connection of the coordinator or an edge client, whose callbacks only enqueue.
+
+paho runs its callbacks on its network thread; anything slow there (decoding, training, disk)
+stalls keep-alives and PUBACKs. So :class:`MqttLink` turns every callback into an event
+(:class:`Connected`, :class:`Disconnected`, :class:`Received`) handed to ``post`` -- typically
+``queue.Queue.put`` -- and the owner's own thread does the work. Publishing is QoS 1 and
+:meth:`MqttLink.wait_published` waits for the broker's PUBACKs; a message published while the
+link is down stays queued in paho and goes out after the reconnect (paho reconnects by itself,
+with ``reconnect_delay_set`` backoff).
+
+Sizes are the caller's business: check every payload against ``ConnectSettings.max_payload``
+before publishing (Mosquitto disconnects a client whose packet is too large, and paho then
+re-sends it on every reconnect).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence, Union
+
+from mqtt_broker.credentials import ConnectSettings, make_client
+
+__all__ = ["Connected", "Disconnected", "Received", "LinkEvent", "LinkError", "MqttLink"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Connected:
+    ok: bool  # False: the broker refused (bad credentials, not authorised, ...)
+    session_present: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Disconnected:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Received:
+    topic: str
+    payload: bytes
+    retain: bool
+
+
+LinkEvent = Union[Connected, Disconnected, Received]
+
+
+class LinkError(RuntimeError):
+    """A publish could not be queued, or the link was used after stop()."""
+
+
+def _published(info: Any) -> bool:
+    """Whether the broker acknowledged ``info``'s message. paho's ``is_published()`` raises for a
+    message published while disconnected (rc NO_CONN) even though paho keeps it queued and sends it
+    after the reconnect; its PUBACK still sets the flag read here."""
+    with info._condition:
+        return bool(info._published)
+
+
+class MqttLink:
+    """A paho client (MQTT 3.1.1) for ``settings``; see module docstring.
+
+    ``clean_session=False`` keeps the broker-side session (subscriptions and queued QoS 1 messages)
+    across reconnects; ``will`` = (topic, payload) is published retained by the broker when the link
+    dies without a clean disconnect.
+    """
+
+    def __init__(self, settings: ConnectSettings, post: Callable[[LinkEvent], None], *, clean_session: bool = False,
+                 will: tuple[str, bytes] | None = None, keepalive: int = 30,
+                 reconnect_delay: tuple[float, float] = (0.5, 30.0)) -> None:
+        self.settings = settings
+        self._post = post
+        self._keepalive = keepalive
+        self._stopped = False
+        self.connected = threading.Event()
+        self.client = make_client(settings, clean_session=clean_session)
+        self.client.max_queued_messages_set(0)
+        self.client.reconnect_delay_set(int(max(1, reconnect_delay[0])), int(max(1, reconnect_delay[1])))
+        if will is not None:
+            self.client.will_set(will[0], will[1], qos=1, retain=True)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_message = self._on_message
+
+    # ---- paho callbacks: enqueue only ---------------------------------------------------------
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        ok = not reason_code.is_failure
+        if ok:
+            self.connected.set()
+        self._post(Connected(ok, bool(getattr(flags, "session_present", False)), str(reason_code)))
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        self.connected.clear()
+        self._post(Disconnected(str(reason_code)))
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        self._post(Received(msg.topic, bytes(msg.payload), bool(msg.retain)))
+
+    # ---- owner's thread -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Connect in the background (paho's network thread); a Connected event follows."""
+        self.client.connect_async(self.settings.host, self.settings.port, keepalive=self._keepalive)
+        self.client.loop_start()
+
+    def subscribe(self, filters: Iterable[str]) -> None:
+        topics = [(f, 1) for f in filters]
+        if topics:
+            self.client.subscribe(topics)
+
+    def unsubscribe(self, filters: Iterable[str]) -> None:
+        topics = list(filters)
+        if topics:
+            self.client.unsubscribe(topics)
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> Any:
+        """Queue one QoS 1 message; returns paho's message info (for :meth:`wait_published`)."""
+        if self._stopped:
+            raise LinkError("link stopped")
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        if int(info.rc) not in (-1, 0, 4):  # success, again, or no connection (queued, sent after the reconnect)
+            raise LinkError(f"publish to {topic} failed: paho error {int(info.rc)}")
+        return info
+
+    def wait_published(self, infos: Sequence[Any], timeout: float,
+                       cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """True once the broker acknowledged every message of ``infos``; False on timeout or cancel."""
+        deadline = time.monotonic() + timeout
+        pending = list(infos)
+        while pending:
+            pending = [i for i in pending if not _published(i)]
+            if not pending:
+                return True
+            if cancelled() or self._stopped or time.monotonic() > deadline:
+                return False
+            with pending[0]._condition:
+                pending[0]._condition.wait(0.05)
+        return True
+
+    def publish_all(self, items: Sequence[tuple[str, bytes, bool]], timeout: float,
+                    cancelled: Callable[[], bool] = lambda: False,
+                    before_each: Callable[[int], None] | None = None) -> bool:
+        """Publish (topic, payload, retain) items in order and wait for all their PUBACKs.
+        ``before_each(nbytes)`` runs before each publish (e.g. a link shaper's delay)."""
+        infos = []
+        for topic, payload, retain in items:
+            if cancelled():
+                return False
+            if before_each is not None:
+                before_each(len(payload))
+            infos.append(self.publish(topic, payload, retain))
+        return self.wait_published(infos, timeout, cancelled)
+
+    def stop(self, final: tuple[str, bytes, bool] | None = None, timeout: float = 3.0) -> None:
+        """Publish ``final`` (e.g. a retained offline status) if connected, then disconnect cleanly."""
+        if self._stopped:
+            return
+        try:
+            if final is not None and self.connected.is_set():
+                self.wait_published([self.publish(*final)], timeout)
+        except LinkError as exc:
+            log.debug("final publish failed: %s", exc)
+        self._stopped = True
+        self.client.disconnect()
+        self.client.loop_stop()
