@@ -13,6 +13,8 @@ SUBCOMMANDS = {
     "partition": "cli.partition",
     "simulate": "cli.simulate",
     "broker": "cli.broker",
+    "coordinator": "cli.coordinator",
+    "edge": "cli.edge",
 }
 
 

@@ -159,7 +159,7 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[st
     run_tables["strategy"] = raw.get("strategy", {})
     for table, values in (overrides or {}).items():
         if table != "federation":
-            run_tables.setdefault(table, {}).update(values)
+            run_tables[table] = {**run_tables.get(table, {}), **{k: v for k, v in values.items() if v is not None}}
     try:
         run = load_run_config(None, run_tables)
     except ConfigError as exc:

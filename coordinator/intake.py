@@ -76,15 +76,16 @@ class IntakeContext:
     selected: AbstractSet[str] = field(default_factory=frozenset)
 
 
-def screen(client: str, round_: int, current: int | None, selected: AbstractSet[str], accepted: AbstractSet[str],
-           accepted_before: Mapping[int, AbstractSet[str]]) -> Verdict | None:
-    """A verdict from the (client, round) pair alone, or None when the blob must be validated."""
-    if current is None or round_ > current:
-        return _no("rejected", "future_round", f"round {round_} is not open (open round: {current or 'none'})")
-    if round_ < current:
+def screen(client: str, round_: int, open_round: int | None, done_round: int, selected: AbstractSet[str],
+           accepted: AbstractSet[str], accepted_before: Mapping[int, AbstractSet[str]]) -> Verdict | None:
+    """A verdict from the (client, round) pair alone, or None when the blob must be validated.
+    ``open_round``: the round taking updates (None between rounds); ``done_round``: the last closed one."""
+    if round_ <= done_round:
         if client in accepted_before.get(round_, ()):
             return _no("duplicate", "duplicate", f"the update of {client} for round {round_} was already folded")
-        return _no("late", "late", f"round {round_} is closed; the open round is {current}")
+        return _no("late", "late", f"round {round_} is closed; the open round is {open_round or 'none yet'}")
+    if open_round is None or round_ != open_round:
+        return _no("rejected", "future_round", f"round {round_} is not open (open round: {open_round or 'none'})")
     if client not in selected:
         return _no("not_selected", "not_selected", f"{client} is not selected for round {round_}")
     if client in accepted:

@@ -35,23 +35,34 @@ from flayer.strategies.base import Strategy
 from mqtt_broker.credentials import Credentials, mqtt_connect_settings
 from mqtt_broker.link import Connected, Disconnected, MqttLink, Received
 from protocol import (
-    Ack, ChunkCollector, Kind, Plan, Status, Topics, TopicError, WireError, WireLimits, check_topic,
-    decode_envelope, decode_message, encode_message,
+    Ack,
+    ChunkCollector,
+    Kind,
+    Plan,
+    Status,
+    TopicError,
+    Topics,
+    WireError,
+    WireLimits,
+    check_topic,
+    decode_envelope,
+    decode_message,
+    encode_message,
 )
 
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
-from .intake import IntakeContext, Verdict, screen, validate
-from .journal import Journal, journal_path, prune_journals, read_journal
-from .metrics import MetricsLog, RoundStats
+from .intake import Verdict, screen, validate
+from .journal import journal_path, prune_journals, read_journal
+from .metrics import MetricsLog
+from .open_round import OpenRound
 from .publish import ModelBlob, Publisher, StopRequested, model_blob
 from .registry import DeviceRegistry
-from .rounds import RoundTimer, select_devices
+from .rounds import select_devices
 
 __all__ = ["Coordinator", "CoordinatorError", "CoordinatorResult"]
 
 log = logging.getLogger(__name__)
-ZERO_DIGEST = "0" * 64
 
 
 class CoordinatorError(RuntimeError):
@@ -101,18 +112,12 @@ class Coordinator:
         self.done_round = 0
         self.global_state: dict[str, torch.Tensor] = {}
         self.model: ModelBlob | None = None
-        self.round: int | None = None  # the open round (intake accepts updates for it)
-        self.selected: frozenset[str] = frozenset()
-        self.accepted: set[str] = set()
-        self.accepted_before: dict[int, set[str]] = {}
+        self.open: OpenRound | None = None  # the round in progress
+        self.accepted_before: dict[int, set[str]] = {}  # recent closed rounds (duplicates vs late)
         self._answered: set[tuple[str, int, str]] = set()
-        self._resumed_plan: Plan | None = None
+        self._resumed = False
         self._chunks = 0
-        self.timer: RoundTimer | None = None
-        self.stats: RoundStats | None = None
-        self.journal: Journal | None = None
-        self.aggregator: Any = None
-        self.ctx: IntakeContext | None = None
+        self.journal_dir = cfg.state_dir / "journal"
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
 
     # ---- public -------------------------------------------------------------------------------
@@ -150,8 +155,8 @@ class Coordinator:
         except StopRequested:
             pass
         finally:
-            if self.journal is not None:
-                self.journal.close()
+            if self.open is not None and self.open.journal is not None:
+                self.open.journal.close()
             self.metrics.close()
             self.link.stop()
         assert self.model is not None
@@ -175,7 +180,7 @@ class Coordinator:
         self.model = model_blob(self.global_state)
         if ckpt is not None and ckpt.model_digest and ckpt.model_digest != self.model.digest:
             raise CoordinatorError(f"checkpoint in {self.cfg.state_dir} does not match its recorded digest")
-        path = journal_path(self.cfg.state_dir / "journal", self.done_round + 1)
+        path = journal_path(self.journal_dir, self.done_round + 1)
         if self.done_round >= self.cfg.run.rounds or not path.exists():
             return
         replay = read_journal(path)
@@ -189,35 +194,20 @@ class Coordinator:
         if plan.model_digest != self.model.digest:
             log.warning("journal %s is for another model; starting round %d afresh", path, plan.round)
             return
-        self._resumed_plan = plan
-        self._begin_intake(plan.round, plan.selected)
-        for rec in replay.updates:
-            if rec.round != plan.round or rec.client in self.accepted:
-                continue
-            verdict = validate(rec.client, rec.data, self._ctx())
-            if not verdict.accepted or verdict.update is None:
-                log.error("journal %s: record of %s no longer validates (%s)", path, rec.client, verdict.reason)
-                continue
-            self._fold(rec.client, verdict.update)
-        log.info("replayed %d journaled update(s) of round %d", len(self.accepted), plan.round)
+        self.open = self._begin(plan.round, plan.selected)
+        self._resumed = True
+        log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay), plan.round)
 
-    def _ctx(self) -> IntakeContext:
-        assert self.ctx is not None
-        return self.ctx
-
-    def _begin_intake(self, round_: int, selected: tuple[str, ...]) -> None:
+    def _begin(self, number: int, selected: tuple[str, ...] | list[str]) -> OpenRound:
         assert self.model is not None
-        self.round, self.selected, self.accepted = round_, frozenset(selected), set()
-        self.aggregator = self.strategy.aggregator(self.global_state, self.fs.norm_bound)
-        self.stats = RoundStats(round_, sorted(selected), self.clock())
-        self.ctx = IntakeContext(self.creds.federation, round_, self.model.digest, self.aggregator.shapes,
-                                 self.limits, self.fs.max_update_bytes, self.fs.norm_bound, self.fs.norm_policy,
-                                 self.selected)
+        return OpenRound.begin(number, selected, self.strategy, self.global_state, self.model.digest, self.fs,
+                               self.creds.federation, self.limits, self.clock())
 
     # ---- events -------------------------------------------------------------------------------
     def _next_event(self) -> Any:
         now = self.clock()
-        wake = self.timer.next_wakeup() if self.timer is not None else now + 1.0
+        timer = self.open.timer if self.open is not None else None
+        wake = timer.next_wakeup() if timer is not None else now + 1.0
         try:
             return self.events.get(timeout=min(1.0, max(0.0, wake - now)))
         except queue.Empty:
@@ -244,9 +234,7 @@ class Coordinator:
             return
         if parsed.kind == "update":
             self._on_update_chunk(parsed, ev.payload)
-        elif parsed.kind == "status":
-            if not ev.payload:
-                return  # a cleared retained status
+        elif parsed.kind == "status" and ev.payload:  # an empty payload clears a retained status
             try:
                 env, msg = decode_message(ev.payload, self.limits, Kind.STATUS)
                 check_topic(env, parsed)
@@ -258,8 +246,8 @@ class Coordinator:
 
     def _count(self, counter: str, reason: str, round_: int | None = None) -> None:
         self.counters[counter] += 1
-        if self.stats is not None and (round_ is None or round_ == self.stats.round):
-            self.stats.rejected[counter] += 1
+        if self.open is not None and (round_ is None or round_ == self.open.number):
+            self.open.stats.rejected[counter] += 1
         log.warning("%s: %s", counter, reason)
 
     def _ack(self, client: str, round_: int, digest: str, status: str, reason: str = "") -> None:
@@ -275,9 +263,11 @@ class Coordinator:
         except WireError as exc:
             self._count("bad_chunk", f"update chunk from {client}: {exc.reason}")
             return
-        if self.stats is not None:
-            self.stats.bytes_in += len(payload)
-        verdict = screen(client, env.round, self.round, self.selected, self.accepted, self.accepted_before)
+        rnd = self.open
+        if rnd is not None:
+            rnd.stats.bytes_in += len(payload)
+        verdict = screen(client, env.round, rnd.number if rnd else None, self.done_round,
+                         rnd.selected if rnd else frozenset(), rnd.accepted if rnd else set(), self.accepted_before)
         if verdict is None and env.total_size > self.fs.max_update_bytes:
             verdict = Verdict("rejected", f"update of {env.total_size} bytes exceeds max_update_bytes "
                                           f"{self.fs.max_update_bytes}", "oversize")
@@ -298,115 +288,110 @@ class Coordinator:
             self._on_update(client, env.round, env.digest, blob)
 
     def _on_update(self, client: str, round_: int, digest: str, blob: bytes) -> None:
-        assert self.stats is not None and self.journal is not None and self.timer is not None
-        self.stats.received += 1
-        verdict = validate(client, blob, self._ctx())
-        if not verdict.accepted or verdict.update is None:
+        rnd = self.open
+        assert rnd is not None
+        rnd.stats.received += 1
+        verdict = validate(client, blob, rnd.ctx)
+        if not verdict.accepted:
             assert verdict.counter is not None
             self._count(verdict.counter, f"{client} round {round_}: {verdict.reason}", round_)
             self._ack(client, round_, digest, verdict.status, verdict.reason)
             return
-        self.journal.append_update(client, round_, blob)  # fsynced before folding and acking
-        self._fold(client, verdict.update, verdict.clipped)
+        rnd.accept(client, blob, verdict, self.clock())  # journaled and fsynced, then folded
+        self.counters["clipped"] += int(verdict.clipped)
         self._ack(client, round_, digest, "accepted", verdict.reason)
-        self.timer.accepted(len(self.accepted), self.clock())
         if self.on_progress is not None:
-            self.on_progress("accepted", {"round": round_, "client": client, "accepted": len(self.accepted),
-                                          "selected": len(self.selected)})
-
-    def _fold(self, client: str, update: Any, clipped: bool = False) -> None:
-        assert self.stats is not None
-        self.aggregator.fold(update)
-        self.accepted.add(client)
-        self.stats.accepted += 1
-        self.stats.clipped += int(clipped)
-        self.counters["clipped"] += int(clipped)
-        self.stats.add_eval(update.info)
+            self.on_progress("accepted", {"round": round_, "client": client, "accepted": len(rnd.accepted),
+                                          "selected": len(rnd.selected)})
 
     # ---- rounds -------------------------------------------------------------------------------
     def _tick(self) -> None:
         now = self.clock()
-        if self.timer is None:
+        rnd = self.open
+        if rnd is None:
+            online = self.registry.online(now)
             if self.done_round >= self.cfg.run.rounds:
                 self._finish()
-            elif self._resumed_plan is not None:
-                self._open_round(self._resumed_plan.round, self._resumed_plan.selected, resumed=True)
-            elif len(self.registry.online(now)) >= self.fs.min_devices:
+            elif len(online) >= self.fs.min_devices:
                 r = self.done_round + 1
-                online = self.registry.online(now)
-                self._begin_intake(r, tuple(select_devices(online, self.fs.quorum, self.fs.over_selection,
-                                                           self.cfg.run.seed, r)))
-                self._open_round(r, tuple(sorted(self.selected)), resumed=False)
+                self.open = self._begin(r, select_devices(online, self.fs.quorum, self.fs.over_selection,
+                                                          self.cfg.run.seed, r))
+                self._open_round()
+            elif self.on_progress is not None:
+                self.on_progress("waiting", {"online": len(online), "needed": self.fs.min_devices})
             return
-        decision = self.timer.decide(len(self.accepted), now)
+        if rnd.timer is None:  # replayed from the journal: open it again
+            self._open_round()
+            return
+        decision = rnd.timer.decide(len(rnd.accepted), now)
         if decision.action == "extend":
-            log.warning("round %d: %s", self.round, decision.reason)
-            self.timer.extend()
+            log.warning("round %d: %s", rnd.number, decision.reason)
+            rnd.timer.extend()
             self._publish_plan()
         elif decision.action == "close":
             self._close_round(decision.reason)
 
     def _plan(self, phase: str = "train") -> Plan:
-        assert self.model is not None and self.round is not None and self._chunks > 0
-        deadline = self.timer.deadline if self.timer is not None else self.clock()
-        return Plan(round=self.round, selected=tuple(sorted(self.selected)), deadline=deadline,
-                    strategy=self.strategy.name, options=dict(self.cfg.options), model=_spec_dict(self.cfg.spec),
-                    model_digest=self.model.digest, model_chunks=self._chunks,
-                    model_size=self.model.size, value_codec=self.fs.value_codec, compress=self.fs.compress,
-                    phase=phase, seed=self.cfg.run.seed, train=self.cfg.train_plan, rounds=self.cfg.run.rounds,
-                    max_update_bytes=self.fs.max_update_bytes)
+        assert self.model is not None and self._chunks > 0
+        rnd = self.open
+        number = rnd.number if rnd is not None else self.cfg.run.rounds + 1
+        deadline = rnd.timer.deadline if rnd is not None and rnd.timer is not None else self.clock()
+        return Plan(round=number, selected=tuple(sorted(rnd.selected)) if rnd else (), deadline=deadline,
+                    strategy=self.strategy.name, options=dict(self.cfg.options),
+                    model=dict(dataclasses.asdict(self.cfg.spec)), model_digest=self.model.digest,
+                    model_chunks=self._chunks, model_size=self.model.size, value_codec=self.fs.value_codec,
+                    compress=self.fs.compress, phase=phase, seed=self.cfg.run.seed, train=self.cfg.train_plan,
+                    rounds=self.cfg.run.rounds, max_update_bytes=self.fs.max_update_bytes)
 
     def _publish_model(self, round_: int) -> None:
         assert self.model is not None
         self._chunks, nbytes = self.publisher.model(self.model, round_)
-        if self.stats is not None:
-            self.stats.bytes_out += nbytes
-            self.stats.model_bytes = self.model.size
+        if self.open is not None:
+            self.open.stats.bytes_out += nbytes
+            self.open.stats.model_bytes = self.model.size
 
-    def _publish_plan(self, phase: str = "train") -> Plan:
-        plan = self._plan(phase)
-        nbytes = self.publisher.plan(plan)
-        if self.stats is not None:
-            self.stats.bytes_out += nbytes
-        return plan
+    def _publish_plan(self, phase: str = "train") -> None:
+        nbytes = self.publisher.plan(self._plan(phase))
+        if self.open is not None:
+            self.open.stats.bytes_out += nbytes
 
-    def _open_round(self, r: int, selected: tuple[str, ...], resumed: bool) -> None:
+    def _open_round(self) -> None:
+        rnd = self.open
+        assert rnd is not None
         now = self.clock()
-        self._resumed_plan = None
-        self.timer = RoundTimer(now, now + self.fs.deadline_s, len(selected), self.fs.quorum, self.fs.grace_s,
-                                self.fs.min_updates, self.fs.extend_s)
-        self.timer.accepted(len(self.accepted), now)
-        self._publish_model(r)
-        self.journal = Journal(self.cfg.state_dir / "journal", r)
-        if not resumed:
-            self.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username))
+        rnd.start_timer(self.fs, now)
+        self._publish_model(rnd.number)
+        rnd.open_journal(self.journal_dir)
+        assert rnd.journal is not None
+        if not self._resumed:  # the plan is journaled before it goes out: a restart selects the same devices
+            rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username))
+        self._resumed = False
         self._publish_plan()
         self.publisher.clear_old_models()
-        log.info("round %d open: %d selected %s, deadline in %.0f s%s", r, len(selected), list(selected),
-                 self.fs.deadline_s, f", {len(self.accepted)} replayed" if resumed else "")
+        log.info("round %d open: %d selected %s, deadline in %.0f s, %d already accepted", rnd.number,
+                 len(rnd.selected), sorted(rnd.selected), self.fs.deadline_s, len(rnd.accepted))
         if self.on_progress is not None:
-            self.on_progress("open", {"round": r, "selected": len(selected), "accepted": len(self.accepted)})
+            self.on_progress("open", {"round": rnd.number, "selected": len(rnd.selected),
+                                      "accepted": len(rnd.accepted)})
 
     def _close_round(self, reason: str) -> None:
-        assert self.round is not None and self.stats is not None and self.journal is not None
-        r = self.round
-        self.global_state = self.aggregator.result()
+        rnd = self.open
+        assert rnd is not None
+        r = rnd.number
+        self.global_state = rnd.close()
         self.model = model_blob(self.global_state)
-        self.journal.close()
-        self.journal = None
         self.done_round = r
         self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
-        self.accepted_before[r] = set(self.accepted)
+        self.accepted_before[r] = set(rnd.accepted)
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
                                                        dict(self.counters), dict(self.cfg.options)))
-        record = self.stats.as_dict(self.clock(), reason, self.counters)
+        record = rnd.stats.as_dict(self.clock(), reason, self.counters)
         self.metrics.write(record)
         self.history.append(record)
-        prune_journals(self.cfg.state_dir / "journal", r, self.fs.keep_journals)
+        prune_journals(self.journal_dir, r, self.fs.keep_journals)
         self.collector.discard(k for k in self.collector.keys() if k[3] <= r)
         self._answered = {k for k in self._answered if k[1] > r - 2}
-        self.round, self.timer, self.stats, self.ctx, self.aggregator = None, None, None, None, None
-        self.selected, self.accepted = frozenset(), set()
+        self.open = None
         log.info("round %d closed (%s): %d accepted", r, reason, record["accepted"])
         if self.on_round is not None:
             self.on_round(record)
@@ -414,18 +399,11 @@ class Coordinator:
     def _finish(self) -> None:
         """Publish the final model and a ``final`` plan (retained), save the global model, end."""
         assert self.model is not None
-        final = self.cfg.run.rounds + 1
-        self.round = final
-        self._publish_model(final)
+        self._publish_model(self.cfg.run.rounds + 1)
         self.publisher.plan(self._plan("final"))
         self.publisher.clear_old_models()
         meta = {"strategy": self.strategy.name, "rounds": self.cfg.run.rounds, "seed": self.cfg.run.seed,
                 "role": "global", "digest": self.model.digest}
         save_model(self.cfg.state_dir / "global.safetensors", self.global_state, self.cfg.spec, meta)
-        self.round = None
         self._done = True
         log.info("federation finished after round %d; final model %s", self.done_round, self.model.digest[:12])
-
-
-def _spec_dict(spec: Any) -> dict[str, Any]:
-    return dict(dataclasses.asdict(spec))

@@ -34,13 +34,32 @@ from flayer.update import float_state
 from mqtt_broker.credentials import Credentials, mqtt_connect_settings
 from mqtt_broker.link import Connected, Disconnected, MqttLink, Received
 from protocol import (
-    Ack, Kind, Plan, Reassembler, Status, Topics, TopicError, WireError, WireLimits, chunk_blob,
-    decode_envelope, decode_message, encode_message,
+    Ack,
+    Kind,
+    Plan,
+    Reassembler,
+    Status,
+    TopicError,
+    Topics,
+    WireError,
+    WireLimits,
+    chunk_blob,
+    decode_envelope,
+    decode_message,
+    encode_message,
 )
 
 from .config import EdgeSettings
 from .store import DeviceStore, StoredState, UploadRecord
-from .work import EdgeError, StrategyCache, Upload, check_data_fits, decode_global, round_context, train_and_encode
+from .work import (
+    EdgeError,
+    StrategyCache,
+    Upload,
+    check_data_fits,
+    decode_global,
+    round_context,
+    train_and_encode,
+)
 
 __all__ = ["EdgeClient", "EdgeError", "LinkShaper"]
 

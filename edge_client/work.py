@@ -25,7 +25,15 @@ from flayer.strategies.base import ClientState, LocalResult, RoundContext, Strat
 from flayer.train import ClientData
 from flayer.update import Update, float_state
 from protocol import (
-    Kind, Plan, UpdateHeader, UpdateOptions, WireError, WireLimits, blob_digest, chunk_blob, decode_state,
+    Kind,
+    Plan,
+    UpdateHeader,
+    UpdateOptions,
+    WireError,
+    WireLimits,
+    blob_digest,
+    chunk_blob,
+    decode_state,
     encode_update,
 )
 

@@ -1,0 +1,119 @@
+"""``flayer coordinator --config federation.toml``: run the federation's rounds over the MQTT broker.
+
+Shows each round as it closes (updates accepted of selected, MB up and down, the devices' reported
+accuracy), ends with a summary table and writes checkpoint.safetensors, journal/, metrics.jsonl
+and global.safetensors under the state folder. Exit status: 0 after the last round; 130 after
+Ctrl-C (SIGINT) and 143 after SIGTERM -- both stop cleanly after the current event, and a restart
+with the same command resumes from the checkpoint and the journal; 2 for a configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from cli.common import CliError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("coordinator", help="run the federation's rounds over the MQTT broker",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, metavar="FILE.toml",
+                   help="federation.toml: [federation], [run], [data] or [model], [train], [strategy.NAME]")
+    p.add_argument("--credentials", metavar="FILE", help="the coordinator's credentials file (overrides the config)")
+    p.add_argument("--state-dir", metavar="DIR", help="checkpoint, journal, metrics (overrides the config)")
+    p.add_argument("--rounds", type=int, metavar="R")
+    p.add_argument("--quorum", type=int, metavar="N")
+    p.add_argument("--min-devices", type=int, metavar="N")
+    p.add_argument("--deadline", type=float, metavar="SECONDS", dest="deadline_s")
+    p.set_defaults(func=run)
+
+
+class _Display:
+    """One line per round on stdout; a live count of the open round on stderr when it is a terminal."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.tty = sys.stderr.isatty()
+        self._waiting_shown = False
+
+    def progress(self, kind: str, info: dict[str, Any]) -> None:
+        if kind == "waiting" and not self._waiting_shown:
+            self._waiting_shown = True
+            print(f"waiting for devices: {info['online']} online, {info['needed']} needed", file=sys.stderr)
+        elif kind == "open":
+            self._waiting_shown = False
+            print(f"round {info['round']}/{self.rounds} open: {info['selected']} selected", file=sys.stderr)
+        elif kind == "accepted" and self.tty:
+            sys.stderr.write(f"\r  round {info['round']}: {info['accepted']}/{info['selected']} updates\x1b[K")
+            sys.stderr.flush()
+
+    def round(self, rec: dict[str, Any]) -> None:
+        if self.tty:
+            sys.stderr.write("\r\x1b[K")
+        acc = f"{rec['acc']:.4f}" if rec["acc"] is not None else "-"
+        rejected = sum(rec["rejected"].values())
+        print(f"round {rec['round']}/{self.rounds}: {rec['accepted']}/{len(rec['selected'])} updates"
+              f"{f', {rejected} rejected' if rejected else ''}, up {rec['bytes_in'] / 1e6:.2f} MB, "
+              f"down {rec['model_bytes'] * len(rec['selected']) / 1e6:.2f} MB, acc {acc}, {rec['wall_s']:.1f}s "
+              f"({rec['closed']})", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli.report import table
+    from coordinator.checkpoint import CheckpointError
+    from coordinator.config import load_coordinator_config
+    from coordinator.journal import JournalError
+    from coordinator.server import Coordinator, CoordinatorError
+    from flayer.config import ConfigError
+    from mqtt_broker import BrokerConfigError, Credentials
+
+    def absolute(path: str | None) -> str | None:  # flags are relative to the working directory
+        return str(Path(path).resolve()) if path else None
+
+    overrides = {"federation": {"credentials": absolute(args.credentials), "state_dir": absolute(args.state_dir),
+                                "quorum": args.quorum,
+                                "min_devices": args.min_devices, "deadline_s": args.deadline_s},
+                 "run": {"rounds": args.rounds}}
+    try:
+        cfg = load_coordinator_config(args.config, overrides)
+        creds = Credentials.load(cfg.credentials)
+        display = _Display(cfg.run.rounds)
+        coord = Coordinator(cfg, creds, on_round=display.round, on_progress=display.progress)
+    except (ConfigError, BrokerConfigError, CoordinatorError, ValueError) as exc:
+        raise CliError(str(exc)) from exc
+    got: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        got.append(signum)
+        coord.stop()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    print(f"coordinator {creds.username} of federation {creds.federation} on {creds.host}:{creds.port}: "
+          f"{cfg.run.strategy}, {cfg.run.rounds} rounds, quorum {cfg.federation.quorum}; state in {cfg.state_dir}",
+          file=sys.stderr)
+    try:
+        result = coord.run()
+    except (CoordinatorError, CheckpointError, JournalError) as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    rows = [(r["round"], f"{r['accepted']}/{len(r['selected'])}", sum(r["rejected"].values()),
+             r["acc"] if r["acc"] is not None else "-", f"{r['bytes_in'] / 1e6:.2f}", f"{r['wall_s']:.1f}")
+            for r in result.history]
+    if rows:
+        print()
+        print(table(["round", "updates", "rejected", "acc", "MB up", "seconds"], rows))
+    counters = {k: v for k, v in sorted(result.counters.items()) if v}
+    print(f"\n{result.rounds_done}/{cfg.run.rounds} rounds done; rejections and other counters: "
+          f"{counters or 'none'}; final model {result.model_digest[:12]}")
+    print(f"outputs in {cfg.state_dir}/ (metrics.jsonl, checkpoint.safetensors, journal/"
+          f"{', global.safetensors' if result.finished else ''})", file=sys.stderr)
+    if got:
+        print(f"stopped by signal {got[0]}; run the same command to resume", file=sys.stderr)
+        return 128 + got[0]
+    return 0

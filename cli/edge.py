@@ -1,0 +1,78 @@
+"""``flayer edge --config device.toml``: one device of the federation.
+
+Connects with the credentials ``flayer broker add-device`` wrote, loads this device's share of the
+data (data set + saved partition + client index), then follows the coordinator's plans: downloads
+the global model, runs the local round, uploads, waits for the ack. Its state stays in the state
+folder, so a restarted device resumes. After the federation ends it saves its personal model
+(``personal.safetensors``, for ``flayer export``) and exits 0. Ctrl-C / SIGTERM stop it cleanly
+(exit 130 / 143); a configuration error, a refused connection or an update over the size limit
+exits 2 with one line saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+from cli.common import CliError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("edge", help="run one edge device of the federation", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, metavar="FILE.toml", help="device.toml: credentials, [data], [edge]")
+    p.add_argument("--data", metavar="PATH", help="folder holding the data set's files (overrides [data] data_dir)")
+    p.add_argument("--partition-file", metavar="PATH", help="the saved partition (overrides the config)")
+    p.add_argument("--client", type=int, metavar="K", help="this device's index in the partition")
+    p.add_argument("--state-dir", metavar="DIR", help="where the device keeps its state (overrides the config)")
+    p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N or mps")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edge_client.client import EdgeClient
+    from edge_client.config import load_device_config, load_device_data
+    from edge_client.work import EdgeError
+    from flayer.config import ConfigError
+    from flayer.data import DataError
+    from flayer.partition import PartitionError
+    from flayer.state import StateFileError
+    from mqtt_broker import BrokerConfigError, Credentials
+
+    overrides = {"data": {"data_dir": args.data, "partition_file": args.partition_file, "client": args.client},
+                 "edge": {"state_dir": args.state_dir, "device": args.device}}
+    try:
+        cfg = load_device_config(args.config, overrides)
+        creds = Credentials.load(cfg.credentials)
+        data = load_device_data(cfg.data)
+        if cfg.edge.threads > 0:
+            import torch
+
+            torch.set_num_threads(cfg.edge.threads)
+        client = EdgeClient(cfg.edge, creds, data)
+    except (ConfigError, BrokerConfigError, DataError, PartitionError, StateFileError, EdgeError, ValueError) as exc:
+        raise CliError(str(exc)) from exc
+    got: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        got.append(signum)
+        client.stop(timeout=0)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    print(f"device {creds.username} (client {cfg.data.client} of {cfg.data.partition_file}, {data.num_train} "
+          f"training samples, {client.device}) -> {creds.host}:{creds.port}, federation {creds.federation}",
+          file=sys.stderr)
+    try:
+        client.run()
+    except EdgeError as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    trained = ", ".join(map(str, client.rounds_trained)) or "none"
+    print(f"{creds.username}: trained rounds {trained}"
+          f"{f'; personal model in {client.store.personal_file}' if client.finished else ''}")
+    if got:
+        return 128 + got[0]
+    return 0

@@ -1,0 +1,86 @@
+"""Every way an update blob is accepted or refused, on real encoded blobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coordinator.intake import IntakeContext, clip_update, screen, validate
+from flayer.aggregate import check_update
+from flayer.update import TensorDelta, Update
+from protocol import UpdateHeader, WireLimits, encode_update
+
+SHAPES = {"w": (4, 3), "b": (4,)}
+BASE = "ab" * 32
+
+
+def _update(scale: float = 0.1, shape: tuple[int, ...] = (4, 3)) -> Update:
+    rng = np.random.default_rng(0)
+    return Update({"w": TensorDelta(shape, (rng.standard_normal(int(np.prod(shape))) * scale).astype(np.float32)),
+                   "b": TensorDelta((4,), np.float32([1, 2]) * scale, np.array([0, 3]))}, 10, {"test_correct": 3.0})
+
+
+def _blob(update: Update | None = None, sender: str = "dev-1", round_: int = 2, base: str = BASE,
+          federation: str = "fed") -> bytes:
+    return encode_update(update or _update(), UpdateHeader(federation, round_, sender, base))
+
+
+def _ctx(**kw: object) -> IntakeContext:
+    args: dict[str, object] = dict(federation="fed", round=2, base_digest=BASE, shapes=SHAPES, limits=WireLimits(),
+                                   max_update_bytes=1 << 20, selected=frozenset({"dev-1", "dev-2"}))
+    args.update(kw)
+    return IntakeContext(**args)  # type: ignore[arg-type]
+
+
+def test_accepts_a_good_update() -> None:
+    v = validate("dev-1", _blob(), _ctx())
+    assert v.accepted and v.counter is None and v.update is not None
+    assert v.norm == pytest.approx(check_update(_update(), SHAPES))
+    np.testing.assert_array_equal(v.update.deltas["w"].values, _update().deltas["w"].values)
+
+
+@pytest.mark.parametrize("blob, ctx_kw, counter, words", [
+    (b"garbage" * 10, {}, "malformed", "magic"),
+    (_blob()[:-3], {}, "malformed", ""),
+    (_blob(federation="other"), {}, "malformed", "federation"),
+    (_blob(round_=3), {}, "malformed", "round"),
+    (_blob(sender="dev-2"), {}, "wrong_sender", "dev-2"),
+    (_blob(base="cd" * 32), {}, "wrong_model", "model"),
+    (_blob(_update(shape=(3, 4))), {}, "malformed", "shape"),
+    (_blob(_update(scale=100.0)), {"norm_bound": 5.0}, "norm", "norm"),
+    (_blob(), {"max_update_bytes": 50}, "oversize", "max_update_bytes"),
+])
+def test_refusals_name_a_counter_and_a_reason(blob: bytes, ctx_kw: dict, counter: str, words: str) -> None:
+    v = validate("dev-1", blob, _ctx(**ctx_kw))
+    assert v.status == "rejected" and v.counter == counter and not v.accepted
+    assert words in v.reason and v.reason
+
+
+def test_invalid_positions_and_sample_counts_via_check_update() -> None:
+    bad = Update({"b": TensorDelta((4,), np.float32([1.0]), np.array([2]))}, 10)
+    ok = validate("dev-1", _blob(bad), _ctx())
+    assert ok.accepted  # a sparse subset is fine
+    v = validate("dev-1", _blob(bad), _ctx(shapes={"w": (4, 3)}))
+    assert v.counter == "malformed" and "not part of the global model" in v.reason
+
+
+def test_clip_policy_scales_to_the_bound() -> None:
+    v = validate("dev-1", _blob(_update(scale=100.0)), _ctx(norm_bound=5.0, norm_policy="clip"))
+    assert v.accepted and v.clipped and v.update is not None
+    assert check_update(v.update, SHAPES) == pytest.approx(5.0, rel=1e-5)
+    assert check_update(v.update, SHAPES) <= 5.0
+    halved = clip_update(_update(), 0.5)
+    np.testing.assert_allclose(halved.deltas["w"].values, _update().deltas["w"].values * 0.5)
+
+
+def test_screen() -> None:
+    sel, acc, before = frozenset({"a", "b"}), {"a"}, {1: {"c"}}
+    assert screen("b", 2, 2, 1, sel, acc, before) is None
+    assert screen("a", 2, 2, 1, sel, acc, before).counter == "duplicate"  # type: ignore[union-attr]
+    assert screen("z", 2, 2, 1, sel, acc, before).status == "not_selected"  # type: ignore[union-attr]
+    v = screen("b", 1, 2, 1, sel, acc, before)
+    assert v is not None and v.status == "late" and "round 1 is closed" in v.reason
+    assert screen("c", 1, 2, 1, sel, acc, before).status == "duplicate"  # type: ignore[union-attr]
+    assert screen("b", 3, 2, 1, sel, acc, before).counter == "future_round"  # type: ignore[union-attr]
+    assert screen("b", 2, None, 1, sel, acc, before).counter == "future_round"  # type: ignore[union-attr]
+    assert screen("b", 1, None, 1, sel, acc, before).status == "late"  # type: ignore[union-attr]

@@ -1,0 +1,64 @@
+"""Federation fixtures: a Fashion-MNIST partition shared by the round tests, and the in-process
+simulator's result for it (the reference the MQTT runs must reproduce)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+@dataclass
+class FmnistRun:
+    dataset: Any
+    partition: Any
+    partition_file: Path
+    clients: list[Any]
+    strategy: str
+    rounds: int
+    seed: int
+    lr: float
+    reference: dict[str, Any]  # simulate()'s final global state
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():  # type: ignore[no-untyped-def]
+    """Several trainers share 2 busy cores here: torch with 2 threads each is ~50x slower than with 1."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def fmnist_run(tmp_path_factory: pytest.TempPathFactory) -> FmnistRun:
+    if not (FMNIST_DIR / "train-labels-idx1-ubyte.gz").exists() and not (FMNIST_DIR / "train-labels-idx1-ubyte").exists():
+        pytest.skip("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)")
+    from fedtestlib import strategy_under_test
+
+    from coordinator.config import model_spec_for
+    from flayer.config import TrainConfig
+    from flayer.data import load_dataset
+    from flayer.partition import make_partition, save_partition
+    from flayer.simulation import simulate
+    from flayer.strategies import make_strategy
+    from flayer.train import client_data
+
+    torch.set_num_threads(1)
+    ds = load_dataset("fmnist")
+    part = make_partition(ds.y, ds.num_classes, 5, "dir0.5", seed=0, samples=3000,
+                          meta={"dataset": ds.name, "dataset_fingerprint": ds.fingerprint()})
+    path = save_partition(part, tmp_path_factory.mktemp("partition") / "fmnist-5.npz")
+    clients = [client_data(ds, c) for c in part.clients]
+    name, rounds, seed, lr = strategy_under_test(), 3, 0, 0.05
+    assert model_spec_for("fmnist") == ds.model_spec()
+    strategy = make_strategy(name, ds.model_spec(), TrainConfig(lr=lr, batch_size=10, local_epochs=1), {})
+    result = simulate(strategy, clients, rounds, seed)
+    return FmnistRun(ds, part, path, clients, name, rounds, seed, lr, result.global_state)
