@@ -244,9 +244,10 @@ class Coordinator:
             assert isinstance(msg, Status) and parsed.client is not None
             self.registry.observe(parsed.client, msg, self.clock(), ev.retain)
 
-    def _count(self, counter: str, reason: str, round_: int | None = None) -> None:
+    def _count(self, counter: str, reason: str) -> None:
+        """Count a refusal (cumulative, and in the metrics of the round open when it arrived) and log it."""
         self.counters[counter] += 1
-        if self.open is not None and (round_ is None or round_ == self.open.number):
+        if self.open is not None:
             self.open.stats.rejected[counter] += 1
         log.warning("%s: %s", counter, reason)
 
@@ -276,7 +277,7 @@ class Coordinator:
             if env.index == 0 or key not in self._answered:  # once per (re-)sent blob
                 self._answered.add(key)
                 assert verdict.counter is not None
-                self._count(verdict.counter, f"{client} round {env.round}: {verdict.reason}", env.round)
+                self._count(verdict.counter, f"{client} round {env.round}: {verdict.reason}")
                 self._ack(client, env.round, env.digest, verdict.status, verdict.reason)
             return
         try:
@@ -294,7 +295,7 @@ class Coordinator:
         verdict = validate(client, blob, rnd.ctx)
         if not verdict.accepted:
             assert verdict.counter is not None
-            self._count(verdict.counter, f"{client} round {round_}: {verdict.reason}", round_)
+            self._count(verdict.counter, f"{client} round {round_}: {verdict.reason}")
             self._ack(client, round_, digest, verdict.status, verdict.reason)
             return
         rnd.accept(client, blob, verdict, self.clock())  # journaled and fsynced, then folded
