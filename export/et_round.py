@@ -43,6 +43,7 @@ class RoundResult:
     mean_loss: float  # sample-weighted mean training loss over the steps
     steps: int
     samples: int
+    losses: tuple[float, ...] = ()  # per step
 
 
 def validate_groups(groups: Sequence[Group], names: Iterable[str]) -> list[tuple[list[str], float]]:
@@ -153,6 +154,7 @@ class TrainingProgram:
         self.load_state(state)
         optimizers = self._optimizers(groups)
         total, count, done = 0.0, 0, 0
+        losses: list[float] = []
         for x, y in batches:
             if steps is not None and done >= steps:
                 break
@@ -163,10 +165,11 @@ class TrainingProgram:
                     optimizers = self._optimizers(new_groups)
             for opt, names in optimizers:
                 opt.step({self._raw_names[n]: grads[n] for n in names})  # type: ignore[attr-defined]
+            losses.append(loss)
             total += loss * int(y.shape[0])
             count += int(y.shape[0])
             done += 1
-        return RoundResult(self.state(), total / max(1, count), done, count)
+        return RoundResult(self.state(), total / max(1, count), done, count, tuple(losses))
 
 
 def torch_round(model: nn.Module, state: Mapping[str, torch.Tensor], batches: Iterable[Batch],
@@ -185,6 +188,7 @@ def torch_round(model: nn.Module, state: Mapping[str, torch.Tensor], batches: It
 
     opt = make(groups)
     total, count, done = 0.0, 0, 0
+    losses: list[float] = []
     for x, y in batches:
         if steps is not None and done >= steps:
             break
@@ -198,7 +202,9 @@ def torch_round(model: nn.Module, state: Mapping[str, torch.Tensor], batches: It
                 opt = make(new_groups)
         if opt is not None:
             opt.step()
-        total += float(loss.detach()) * int(y.shape[0])
+        losses.append(float(loss.detach()))
+        total += losses[-1] * int(y.shape[0])
         count += int(y.shape[0])
         done += 1
-    return RoundResult({k: v.detach().clone() for k, v in named.items()}, total / max(1, count), done, count)
+    return RoundResult({k: v.detach().clone() for k, v in named.items()}, total / max(1, count), done, count,
+                       tuple(losses))

@@ -101,6 +101,7 @@ def test_cnn_gradients_match_torch_every_step(cnn_program):
                       before_step=lambda i, g: torch_grads.append({k: v.clone() for k, v in g.items()}))
     assert et.steps == ref.steps == 6 and et.samples == ref.samples == 50
     assert abs(et.mean_loss - ref.mean_loss) <= TOL
+    assert len(et.losses) == 6 and max(abs(a - b) for a, b in zip(et.losses, ref.losses)) <= TOL
     assert len(et_grads) == len(torch_grads) == 6
     for step, (g_et, g_ref) in enumerate(zip(et_grads, torch_grads)):
         for name in state:
