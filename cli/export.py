@@ -66,6 +66,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from export.et_training import UnsupportedModel
     from export.pipeline import ExportOptions, export_model
+    from export.verify import NonFiniteModel
     from flayer.state import StateFileError, load_model
 
     formats = ("onnx", "pte") if args.format == "all" else (args.format,)
@@ -92,8 +93,11 @@ def _run(args: argparse.Namespace) -> int:
             raise CliError(f"--training-program: {exc}") from exc
     print(f"{state}: {spec.name} ({meta.get('role', 'model')}), {sum(p.numel() for p in model.parameters()):,} "
           f"parameters", file=sys.stderr)
-    report = export_model(model, spec, args.out, state.stem, opts,
-                          on_progress=lambda msg: print(f"  {msg} ...", file=sys.stderr))
+    try:
+        report = export_model(model, spec, args.out, state.stem, opts,
+                              on_progress=lambda msg: print(f"  {msg} ...", file=sys.stderr))
+    except NonFiniteModel as exc:
+        raise CliError(f"{state}: {exc}") from exc
     rows = [("torch eager", "-", "-", "-", f"{report.torch_latency_ms:.3f}")]
     for r in report.results:
         lat = "-" if r.latency_ms is None else f"{r.latency_ms:.3f}"

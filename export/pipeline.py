@@ -20,7 +20,7 @@ from torch import nn
 from flayer.models import ModelSpec
 
 from .inputs import DEFAULT_SEQ_LEN, sample_input, sample_labels
-from .verify import Parity, Runner, latency_ms, parity, torch_runner
+from .verify import Parity, Runner, check_finite, latency_ms, parity, torch_runner
 
 __all__ = ["FORMATS", "ExportOptions", "ExportReport", "FormatResult", "export_model"]
 
@@ -132,9 +132,11 @@ def _training_program(model: nn.Module, spec: ModelSpec, path: Path, opts: Expor
 
 def export_model(model: nn.Module, spec: ModelSpec, out_dir: str | Path, stem: str, opts: ExportOptions,
                  on_progress: Callable[[str], None] | None = None) -> ExportReport:
-    """Export ``model`` to every format of ``opts`` under ``out_dir`` as ``<stem>.<ext>``."""
+    """Export ``model`` to every format of ``opts`` under ``out_dir`` as ``<stem>.<ext>``.
+
+    Raises :class:`export.verify.NonFiniteModel` when the model's own outputs are not finite.
+    """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     note = on_progress or (lambda _msg: None)
     threads = opts.threads or torch.get_num_threads()
     model.eval()
@@ -142,6 +144,8 @@ def export_model(model: nn.Module, spec: ModelSpec, out_dir: str | Path, stem: s
     sample = sample_input(spec, 2, gen, opts.seq_len)
     inputs = [sample_input(spec, 1, gen, opts.seq_len), sample_input(spec, opts.batch, gen, opts.seq_len)]
     reference = torch_runner(model)
+    check_finite(reference, inputs)  # raises NonFiniteModel before anything is written
+    out.mkdir(parents=True, exist_ok=True)
     torch_ms = latency_ms(reference, inputs[0], opts.repeats)
     results = []
     if "onnx" in opts.formats:

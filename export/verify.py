@@ -10,10 +10,25 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["Parity", "Runner", "latency_ms", "max_abs_diff", "parity", "torch_runner"]
+__all__ = ["NonFiniteModel", "Parity", "Runner", "check_finite", "latency_ms", "max_abs_diff", "parity",
+           "torch_runner"]
 
 Runner = Callable[[torch.Tensor], torch.Tensor]
 """Runs one batch through a model (torch eager, onnxruntime or ExecuTorch) and returns logits."""
+
+
+class NonFiniteModel(ValueError):
+    """The torch model itself gives NaN or infinite outputs: there is nothing to compare against."""
+
+
+def check_finite(reference: Runner, inputs: Sequence[torch.Tensor]) -> None:
+    """Raise :class:`NonFiniteModel` if ``reference`` gives a non-finite output on any of ``inputs``."""
+    for x in inputs:
+        out = reference(x)
+        if not bool(torch.isfinite(out).all()):
+            bad = int((~torch.isfinite(out)).sum())
+            raise NonFiniteModel(f"the model's own outputs are not finite ({bad} of {out.numel()} logits on a "
+                                 f"sample batch of {int(x.shape[0])}); it has diverged and is not worth deploying")
 
 
 @dataclass(frozen=True)
@@ -46,8 +61,10 @@ def torch_runner(model: nn.Module) -> Runner:
 def parity(reference: Runner, candidate: Runner, inputs: Sequence[torch.Tensor], tolerance: float) -> Parity:
     """Max abs difference of ``candidate``'s outputs to ``reference``'s over ``inputs``.
 
-    A non-finite output counts as an infinite difference.
+    A non-finite output counts as an infinite difference; a non-finite reference raises
+    :class:`NonFiniteModel`.
     """
+    check_finite(reference, inputs)
     worst = 0.0
     for x in inputs:
         ref, out = reference(x), candidate(x)

@@ -82,3 +82,32 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def _cnn_file(tmp_path, corrupt: bool = False):
+    torch.manual_seed(0)
+    spec = ModelSpec("cnn", in_channels=1, height=16, width=16, num_classes=10)
+    state = float_state(build_model(spec))
+    if corrupt:
+        state["fc.bias"][3] = float("inf")
+    return save_model(tmp_path / "cnn.safetensors", state, spec)
+
+
+def test_diverged_model_is_refused_before_writing(tmp_path, capsys):
+    out = tmp_path / "o"
+    rc = main(["export", "--state", str(_cnn_file(tmp_path, corrupt=True)), "--format", "onnx", "--out", str(out)])
+    assert rc == 2
+    assert "outputs are not finite" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_parity_failure_rejects_the_file(tmp_path, capsys):
+    out = tmp_path / "o"
+    rc = main(["export", "--state", str(_cnn_file(tmp_path)), "--format", "onnx", "--out", str(out),
+               "--tolerance", "1e-12", "--repeats", "1"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "parity above 1e-12 for onnx" in captured.err
+    assert (out / "cnn.onnx.rejected").is_file() and not (out / "cnn.onnx").exists()
+    summary = json.loads((out / "cnn.export.json").read_text())
+    assert summary["results"][0]["ok"] is False and summary["results"][0]["max_abs_diff"] > 1e-12

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from export.inputs import sample_input
-from export.verify import latency_ms, max_abs_diff, parity, torch_runner
+from export.verify import NonFiniteModel, latency_ms, max_abs_diff, parity, torch_runner
 from flayer.models import ModelSpec, build_model
 
 needs_onnx = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxruntime", "onnxscript")),
@@ -31,7 +31,7 @@ def _model(spec: ModelSpec, seed: int = 0) -> torch.nn.Module:
         # non-trivial BatchNorm statistics, as a trained model has
         with torch.no_grad():
             for m in model.modules():
-                if isinstance(m, torch.nn.BatchNorm2d):
+                if isinstance(m, torch.nn.BatchNorm2d) and m.running_mean is not None and m.running_var is not None:
                     m.running_mean.uniform_(-0.5, 0.5)
                     m.running_var.uniform_(0.5, 2.0)
                     m.weight.uniform_(0.5, 1.5)
@@ -120,9 +120,16 @@ def test_parity_flags_a_wrong_runtime():
     assert not parity(ref, lambda x: ref(x) * float("nan"), inputs, TOL).ok
     with pytest.raises(ValueError, match="shapes differ"):
         parity(ref, lambda x: ref(x)[:, :5], inputs, TOL)
+    with pytest.raises(NonFiniteModel, match="not finite"):
+        parity(lambda x: ref(x) / 0.0, ref, inputs, TOL)
 
 
 def test_latency_is_per_sample():
-    calls = []
-    ms = latency_ms(lambda x: calls.append(x) or x, torch.zeros(4, 1), repeats=3, warmup=1)
+    calls: list[torch.Tensor] = []
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x)
+        return x
+
+    ms = latency_ms(run, torch.zeros(4, 1), repeats=3, warmup=1)
     assert len(calls) == 4 and ms >= 0

@@ -8,7 +8,7 @@
    (every step) and the parameters after N steps, and time per step against torch. Then FedAvgCNN with
    torch's max_pool2d, the case that is refused: the same differences.
 
-    python benchmarks/export.py [--steps 20] [--threads 2] [--repeats 50]
+    python benchmarks/export_runtimes.py [--steps 20] [--threads 2] [--repeats 50]
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli.report import table  # noqa: E402
-from export.inputs import sample_input, sample_labels  # noqa: E402
-from export.pipeline import ExportOptions, export_model  # noqa: E402
-from flayer.models import FedAvgCNN, ModelSpec, build_model  # noqa: E402
+from cli.report import table
+from export.inputs import sample_input, sample_labels
+from export.pipeline import ExportOptions, export_model
+from flayer.models import FedAvgCNN, ModelSpec, build_model
 
 
 def _model(spec: ModelSpec) -> torch.nn.Module:
@@ -36,7 +36,7 @@ def _model(spec: ModelSpec) -> torch.nn.Module:
     model = build_model(spec)
     with torch.no_grad():  # BatchNorm statistics like a trained model's
         for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
+            if isinstance(m, torch.nn.BatchNorm2d) and m.running_mean is not None and m.running_var is not None:
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
     return model.eval()
