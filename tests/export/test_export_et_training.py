@@ -244,3 +244,32 @@ def test_resnet18_batchnorm_train_mode_does_not_export():
 
     with pytest.raises(RuntimeError, match="_native_batch_norm_legit_functional"):
         lower_training_program(ResNet18(3, 10, stem="cifar").train(), RESNET, max_batch=4)
+
+
+@needs_executorch
+@pytest.mark.slow
+def test_xnnpack_lowered_training_program_misnames_parameters():
+    """Why training programs stay on portable kernels: lowered to XNNPACK, the gradients are right but
+    the parameter outputs no longer line up with their names, so SGD would update the wrong tensors."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from executorch.extension.training import _load_for_executorch_for_training_from_buffer
+    from torch.export.experimental import _export_forward_backward
+
+    from export.et_training import WithLoss
+
+    torch.manual_seed(5)
+    model = training_model(CNN)
+    x, y = _batches(CNN, [4], seed=6)[0]
+    joint = _export_forward_backward(torch.export.export(WithLoss(model), (x, y), strict=True))
+    buffer = to_edge_transform_and_lower(joint, partitioner=[XnnpackPartitioner()],
+                                         compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer
+    program = _load_for_executorch_for_training_from_buffer(buffer)
+    program.forward_backward("forward", (x, y))
+    grads, params = program.named_gradients(), program.named_parameters()
+    F.cross_entropy(model(x), y).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and (grads["model." + name] - p.grad).abs().max() <= TOL, name
+    misnamed = [name for name, p in model.named_parameters()
+                if "model." + name not in params or params["model." + name].shape != p.shape]
+    assert misnamed, "XNNPACK-lowered training programs now name their parameters correctly"
