@@ -85,7 +85,7 @@ class TrainingProgram:
         self.max_batch = max_batch
         # the runtime exposes parameters only after a first forward/backward
         gen = torch.Generator().manual_seed(0)
-        self._module.forward_backward("forward", (sample_input(spec, 1, gen, seq_len=8),
+        self._module.forward_backward("forward", (sample_input(spec, 1, gen, seq_len=2),
                                                   sample_labels(spec, 1, gen)))
         raw = self._module.named_parameters()
         bad = [k for k in raw if not k.startswith(PARAM_PREFIX)]
