@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "partition": "cli.partition",
     "simulate": "cli.simulate",
     "broker": "cli.broker",
+    "export": "cli.export",
 }
 
 
