@@ -49,6 +49,7 @@ test-all: apt-data apt-broker $(VENV)/.stamp-all
 bench: apt-data apt-broker $(VENV)/.stamp-all
 	$(BIN)/python benchmarks/local_round.py
 	$(BIN)/python benchmarks/codec.py
+	$(BIN)/python benchmarks/export_runtimes.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "broker": "cli.broker",
     "coordinator": "cli.coordinator",
     "edge": "cli.edge",
+    "export": "cli.export",
 }
 
 

@@ -71,11 +71,16 @@ def client_data(dataset: Dataset, split: ClientSplit) -> ClientData:
 
 
 def batches(split: Split, batch_size: int, device: torch.device, generator: torch.Generator | None = None,
-            shuffle: bool = True) -> Iterator[Batch]:
-    """Mini-batches of ``split`` on ``device``; shuffled with ``generator`` when ``shuffle``."""
+            shuffle: bool = True, drop_last: bool = False) -> Iterator[Batch]:
+    """Mini-batches of ``split`` on ``device``; shuffled with ``generator`` when ``shuffle``.
+
+    ``drop_last`` skips a final incomplete batch when there is at least one full batch (PFLlib's
+    training loaders do the same: a batch of 1-2 samples through BatchNorm can blow up a ResNet).
+    """
     n = len(split)
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-    for start in range(0, n, batch_size):
+    stop = n - n % batch_size if drop_last and n >= batch_size else n
+    for start in range(0, stop, batch_size):
         idx = order[start:start + batch_size]
         yield split.prepare(split.x[idx], device), split.y[idx].to(device)
 
@@ -93,7 +98,7 @@ def sgd_epochs(model: nn.Module, split: Split, optimizer: torch.optim.Optimizer,
     model.train()
     total, count = 0.0, 0
     for epoch in range(epochs):
-        for step, (x, y) in enumerate(batches(split, batch_size, device, generator)):
+        for step, (x, y) in enumerate(batches(split, batch_size, device, generator, drop_last=True)):
             optimizer.zero_grad(set_to_none=True)
             logits = model(x)
             loss = F.cross_entropy(logits, y) if loss_fn is None else loss_fn(logits, y)
