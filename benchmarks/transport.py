@@ -61,7 +61,7 @@ class Downloader:
     """The edge client's download path for one model: events on a queue, a worker that checks and
     reassembles, sha256 and safetensors validation at the end."""
 
-    def __init__(self, creds, topics: Topics, digest: str, shapes: dict) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, creds, topics: Topics, digest: str, shapes: dict) -> None:
         self.events: queue.Queue = queue.Queue()
         self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=True)
         self.topics, self.digest, self.shapes = topics, digest, shapes
@@ -91,7 +91,7 @@ class Downloader:
 class Counter:
     """A raw paho subscriber that only counts the bytes of ``topic_filter`` until ``total`` arrived."""
 
-    def __init__(self, creds, topic_filter: str, total: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, creds, topic_filter: str, total: int) -> None:
         s = mqtt_connect_settings(creds)
         self.client, self.filter, self.total, self.got = make_client(s), topic_filter, total, 0
         self.done = threading.Event()
@@ -99,7 +99,7 @@ class Counter:
         self.client.connect(s.host, s.port)
         self.client.loop_start()
 
-    def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
+    def _on_message(self, client, userdata, msg) -> None:
         self.got += len(msg.payload)
         if self.got >= self.total:
             self.done.set()
@@ -123,7 +123,7 @@ def _coordinator_link(state_dir: Path) -> tuple[MqttLink, Publisher]:
                            lambda: False)
 
 
-def broadcast(state_dir: Path, creds_list, blob_info, sizes: list[int], federation: bool) -> float:  # type: ignore[no-untyped-def]
+def broadcast(state_dir: Path, creds_list, blob_info, sizes: list[int], federation: bool) -> float:
     """Seconds from the first publish until every subscriber holds every byte: the coordinator's
     Publisher (federation=True) or raw paho publishes of payloads of the same sizes."""
     topics = Topics(FED)
@@ -152,7 +152,7 @@ def broadcast(state_dir: Path, creds_list, blob_info, sizes: list[int], federati
     return dt
 
 
-def download(state_dir: Path, creds, blob_info, sizes: list[int], shapes: dict, federation: bool) -> float:  # type: ignore[no-untyped-def]
+def download(state_dir: Path, creds, blob_info, sizes: list[int], shapes: dict, federation: bool) -> float:
     """One device fetching the retained model: the edge client's download path (checks, reassembly,
     sha256, safetensors validation) or a raw subscriber counting bytes."""
     topics = Topics(FED)

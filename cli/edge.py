@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from cli.common import CliError
@@ -30,6 +31,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _show(kind: str, info: dict[str, Any]) -> None:
+    if kind == "trained":
+        acc = f"{info['acc']:.4f}" if info.get("acc") is not None else "-"
+        loss = f", train loss {info['train_loss']:.4f}" if info.get("train_loss") is not None else ""
+        print(f"round {info['round']}: trained, sent {info['bytes'] / 1e6:.2f} MB (test acc before training {acc}"
+              f"{loss})", flush=True)
+    elif kind == "ack":
+        reason = f" ({info['reason']})" if info.get("reason") else ""
+        print(f"round {info['round']}: {info['status']}{reason}", flush=True)
+    elif kind == "finished":
+        print(f"federation finished: personal model test acc {info['acc']:.4f}, saved to {info['path']}", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     from edge_client.client import EdgeClient
     from edge_client.config import load_device_config, load_device_data
@@ -40,8 +54,12 @@ def run(args: argparse.Namespace) -> int:
     from flayer.state import StateFileError
     from mqtt_broker import BrokerConfigError, Credentials
 
-    overrides = {"data": {"data_dir": args.data, "partition_file": args.partition_file, "client": args.client},
-                 "edge": {"state_dir": args.state_dir, "device": args.device}}
+    def absolute(path: str | None) -> str | None:  # flags are relative to the working directory
+        return str(Path(path).resolve()) if path else None
+
+    overrides = {"data": {"data_dir": absolute(args.data), "partition_file": absolute(args.partition_file),
+                          "client": args.client},
+                 "edge": {"state_dir": absolute(args.state_dir), "device": args.device}}
     try:
         cfg = load_device_config(args.config, overrides)
         creds = Credentials.load(cfg.credentials)
@@ -50,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             import torch
 
             torch.set_num_threads(cfg.edge.threads)
-        client = EdgeClient(cfg.edge, creds, data)
+        client = EdgeClient(cfg.edge, creds, data, on_progress=_show)
     except (ConfigError, BrokerConfigError, DataError, PartitionError, StateFileError, EdgeError, ValueError) as exc:
         raise CliError(str(exc)) from exc
     got: list[int] = []

@@ -54,7 +54,8 @@ def load_checkpoint(folder: Path, identity: Mapping[str, Any]) -> Checkpoint | N
         tensors, meta = load_tensors(path)
     except StateFileError as exc:
         raise CheckpointError(str(exc)) from exc
-    if meta.get("kind") != KIND or not isinstance(meta.get("round"), int) or not isinstance(meta.get("identity"), dict):
+    if (meta.get("kind") != KIND or not isinstance(meta.get("round"), int)
+            or not isinstance(meta.get("identity"), dict)):
         raise CheckpointError(f"{path} is not a coordinator checkpoint")
     if meta["identity"] != dict(identity):
         diff = sorted(k for k in set(meta["identity"]) | set(identity)

@@ -139,7 +139,7 @@ def _scalar_options(options: Mapping[str, Any], where: str) -> None:
 
 def _resolve(base: Path, value: str) -> Path:
     p = Path(value).expanduser()
-    return p if p.is_absolute() else (base / p)
+    return (p if p.is_absolute() else base / p).resolve()
 
 
 def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[str, Any]] | None = None

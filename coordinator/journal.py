@@ -173,7 +173,7 @@ class Journal:
 
 def prune_journals(folder: Path, done_round: int, keep: int) -> list[Path]:
     """Delete journals of rounds <= done_round - keep (their rounds are in a checkpoint)."""
-    removed = []
+    removed: list[Path] = []
     if not folder.is_dir():
         return removed
     for p in folder.iterdir():

@@ -299,7 +299,8 @@ class Coordinator:
             self._ack(client, round_, digest, verdict.status, verdict.reason)
             return
         rnd.accept(client, blob, verdict, self.clock())  # journaled and fsynced, then folded
-        self.counters["clipped"] += int(verdict.clipped)
+        if verdict.clipped:
+            self.counters["clipped"] += 1
         self._ack(client, round_, digest, "accepted", verdict.reason)
         if self.on_progress is not None:
             self.on_progress("accepted", {"round": round_, "client": client, "accepted": len(rnd.accepted),

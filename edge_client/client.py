@@ -84,7 +84,8 @@ class EdgeClient:
     def __init__(self, settings: EdgeSettings, creds: Credentials, data: ClientData, *,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  shaper: LinkShaper | None = None, limits: WireLimits | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 on_progress: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         if creds.role != "device":
             raise EdgeError(f"credentials of {creds.username!r} are a {creds.role}'s, not a device's")
         self.settings, self.creds, self.data = settings, creds, data
@@ -92,6 +93,7 @@ class EdgeClient:
         self.clock, self.sleep, self.shaper = clock, sleep, shaper
         self.limits = limits or WireLimits()
         self.rng = rng or random.Random(f"{creds.federation}/{self.id}")
+        self.on_progress = on_progress  # called on the worker thread: trained, ack, finished
         self.topics = Topics(creds.federation)
         self.device = pick_device(settings.device)
         self.store = DeviceStore(settings.state_dir)
@@ -307,12 +309,12 @@ class EdgeClient:
         limits = [x for x in (plan.max_update_bytes, self.settings.max_update_bytes) if x > 0]
         limit = min(limits) if limits else 0
         ctx = round_context(plan, self.settings.client_index, self.device)
-        upload = train_and_encode(strategy, plan, global_state, state, self.data, ctx, federation=self.creds.federation,
-                                  sender=self.id, max_payload=self.creds.max_payload, max_update_bytes=limit,
-                                  amp=self.settings.amp)
+        upload = train_and_encode(strategy, plan, global_state, state, self.data, ctx,
+                                  federation=self.creds.federation, sender=self.id,
+                                  max_payload=self.creds.max_payload, max_update_bytes=limit, amp=self.settings.amp)
         self.store.save_upload(upload.blob)  # upload, then the state that names it: before publishing
-        self.store.save(StoredState(upload.state, plan.round, UploadRecord(plan.round, upload.digest, len(upload.blob)),
-                                    False, self.stored.extra))
+        record = UploadRecord(plan.round, upload.digest, len(upload.blob))
+        self.store.save(StoredState(upload.state, plan.round, record, False, self.stored.extra))
         self._publish(upload.payloads, plan.round)
         return upload
 
@@ -352,6 +354,8 @@ class EdgeClient:
             self._set_state("uploading")
             log.info("%s: round %d trained and sent (%d bytes, acc before training %.4f)", self.id, job.round,
                      len(up.blob), up.eval.acc if up.eval else float("nan"))
+            self._progress("trained", round=job.round, bytes=len(up.blob), acc=up.eval.acc if up.eval else None,
+                           train_loss=(up.metrics or {}).get("train_loss"))
         elif job.kind == "published":
             self._ack_due = self.clock() + self._backoff()
         elif job.kind == "finished":
@@ -360,6 +364,7 @@ class EdgeClient:
             self.store.save(self.stored)
             log.info("%s: federation finished; personal model (test acc %.4f) saved to %s", self.id, job.result,
                      self.store.personal_file)
+            self._progress("finished", acc=job.result, path=str(self.store.personal_file))
             if self.settings.exit_when_finished:
                 self.events.put(_Stop())
             return
@@ -368,7 +373,8 @@ class EdgeClient:
 
     def _backoff(self) -> float:
         s = self.settings
-        return s.ack_timeout_s + min(s.backoff_max_s, s.backoff_s * 2 ** self._attempt) * (1 + self.rng.uniform(0, 0.5))
+        backoff = min(s.backoff_max_s, s.backoff_s * 2 ** self._attempt)
+        return s.ack_timeout_s + backoff * (1 + self.rng.uniform(0, 0.5))
 
     def _resend(self) -> None:
         up = self.stored.upload
@@ -394,8 +400,14 @@ class EdgeClient:
         if up is None or up.settled or ack.round != up.round or ack.update_digest != up.digest:
             return
         level = logging.INFO if ack.status in ("accepted", "duplicate") else logging.WARNING
-        log.log(level, "%s: round %d update %s%s", self.id, ack.round, ack.status, f": {ack.reason}" if ack.reason else "")
+        log.log(level, "%s: round %d update %s%s", self.id, ack.round, ack.status,
+                f": {ack.reason}" if ack.reason else "")
         self._settle(ack.status)
+        self._progress("ack", round=ack.round, status=ack.status, reason=ack.reason)
+
+    def _progress(self, kind: str, **info: Any) -> None:
+        if self.on_progress is not None:
+            self.on_progress(kind, info)
 
     def _settle(self, status: str) -> None:
         assert self.stored.upload is not None
@@ -428,7 +440,7 @@ class EdgeClient:
             self._heartbeat_at = 0.0  # publish the change now
 
     def _status_payload(self, state: str) -> bytes:
-        info = {"device": str(self.device), "client_index": self.settings.client_index,
-                "num_train": self.data.num_train}
+        info: dict[str, str | int | float | bool] = {
+            "device": str(self.device), "client_index": self.settings.client_index, "num_train": self.data.num_train}
         r = self.plan.round if self.plan is not None else 0
         return encode_message(Status(r, state, self.clock(), info), self.creds.federation, self.id)

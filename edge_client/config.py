@@ -24,7 +24,7 @@
     max_update_bytes = 0         # refuse larger updates before sending (0: the plan's limit)
     exit_when_finished = true    # save the personal model and exit after the final plan
 
-Paths in ``[data]`` and ``[edge]`` are relative to the working directory, like every other command's.
+Relative paths (credentials, data_dir, partition_file, state_dir) are read relative to this file.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ class DeviceConfig:
 
 
 def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> DeviceConfig:
-    """Read and validate ``device.toml``; ``overrides`` = {"data": {...}, "edge": {...}} (flags win)."""
+    """Read and validate ``device.toml``; ``overrides`` = {"data": {...}, "edge": {...}} (flags win; give
+    their paths absolute)."""
     path = Path(path)
     raw = read_toml(path)
     unknown = sorted(set(raw) - {"credentials", "data", "edge"})
@@ -105,10 +106,20 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
     missing = sorted({"dataset", "partition_file", "client"} - set(tables["data"]))
     if missing:
         raise ConfigError(f"{path} [data]: missing key(s) {', '.join(missing)}")
+    base = path.resolve().parent
+
+    def resolve(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        p = Path(value).expanduser()
+        return str((p if p.is_absolute() else base / p).resolve())
+
+    for table, key in (("data", "data_dir"), ("data", "partition_file"), ("edge", "state_dir")):
+        if key in tables[table]:
+            tables[table][key] = resolve(tables[table][key])
     data = from_mapping(DeviceData, tables["data"], f"{path} [data]")
     edge = from_mapping(EdgeSettings, {**tables["edge"], "client_index": data.client}, f"{path} [edge]")
-    cpath = Path(creds).expanduser()
-    return DeviceConfig(cpath if cpath.is_absolute() else path.resolve().parent / cpath, data, edge)
+    return DeviceConfig(Path(resolve(creds)), data, edge)
 
 
 def load_device_data(data: DeviceData) -> Any:

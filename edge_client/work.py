@@ -72,7 +72,7 @@ class StrategyCache:
         key = json.dumps([plan.strategy, dict(plan.options), dict(plan.model), dict(plan.train)], sort_keys=True)
         if key != self._key or self._strategy is None:
             try:
-                spec = ModelSpec(**dict(plan.model))
+                spec = ModelSpec(**dict(plan.model))  # type: ignore[arg-type]  # checked by ModelSpec
                 train = from_mapping(TrainConfig, {**dict(plan.train), **self.device_train}, "round plan [train]")
                 self._strategy = make_strategy(plan.strategy, spec, train, dict(plan.options))
             except (TypeError, ValueError, ConfigError) as exc:

@@ -45,6 +45,7 @@ def test_device_config(tmp_path: Path) -> None:
     cfg = load_device_config(p, {"edge": {"device": "cpu"}})
     assert cfg.credentials == tmp_path / "creds/dev-1.toml"
     assert (cfg.data.client, cfg.edge.client_index, cfg.edge.retries, cfg.edge.device) == (2, 2, 3, "cpu")
+    assert cfg.data.partition_file == str(tmp_path / "p.npz") and cfg.edge.state_dir == str(tmp_path / "s")
     for bad, words in [("retries = 3", "retries = -1"), ("client = 2", "client = 'x'"), ("[edge]", "[edg]")]:
         p.write_text(p.read_text().replace(bad, words))
         with pytest.raises(ConfigError):
