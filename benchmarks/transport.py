@@ -67,7 +67,7 @@ class Downloader:
         self.topics, self.digest, self.shapes = topics, digest, shapes
         self.done = threading.Event()
         self.link.start()
-        while not isinstance(ev := self.events.get(timeout=10), Connected):
+        while not isinstance(self.events.get(timeout=10), Connected):
             pass
         self.worker = threading.Thread(target=self._run, daemon=True)
 

@@ -17,15 +17,15 @@ import torch
 
 from flayer.strategies.base import Strategy
 from flayer.update import Update
-from protocol import WireLimits
+from protocol import Kind, Plan, WireError, WireLimits, decode_message
 
 from .config import FederationSettings
 from .intake import IntakeContext, Verdict, validate
-from .journal import Journal, JournalReplay
+from .journal import Journal, JournalReplay, journal_path, read_journal
 from .metrics import RoundStats
 from .rounds import RoundTimer
 
-__all__ = ["OpenRound"]
+__all__ = ["OpenRound", "journaled_round"]
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +95,24 @@ class OpenRound:
             self.journal.close()
             self.journal = None
         return self.aggregator.result()
+
+
+def journaled_round(folder: Path, number: int, limits: WireLimits, model_digest: str
+                    ) -> tuple[Plan, JournalReplay] | None:
+    """The plan and records of round ``number``'s journal, if it was opened for the model ``model_digest``
+    (after a crash: the same selection, and the updates to fold again). RuntimeError if unreadable."""
+    path = journal_path(folder, number)
+    if not path.exists():
+        return None
+    replay = read_journal(path)
+    if replay.plan is None:
+        return None
+    try:
+        _, plan = decode_message(replay.plan, limits, Kind.PLAN)
+    except WireError as exc:
+        raise RuntimeError(f"journal {path}: unreadable plan ({exc.reason})") from None
+    assert isinstance(plan, Plan)
+    if plan.model_digest != model_digest or plan.round != number:
+        log.warning("journal %s is for another model; round %d starts afresh", path, number)
+        return None
+    return plan, replay

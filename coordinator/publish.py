@@ -9,11 +9,12 @@ retained payload per chunk topic) even after a crash; the current model is never
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -22,7 +23,9 @@ from flayer.update import state_numpy
 from mqtt_broker.link import MqttLink
 from protocol import Kind, Plan, Topics, blob_digest, chunk_blob, encode_message, encode_state
 
-__all__ = ["ModelBlob", "Publisher", "model_blob", "StopRequested"]
+from .config import CoordinatorConfig
+
+__all__ = ["ModelBlob", "Publisher", "model_blob", "make_plan", "StopRequested"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,17 @@ def model_blob(state: Mapping[str, torch.Tensor]) -> ModelBlob:
     """The global model's safetensors blob (deterministic) and the digest that names it."""
     blob = encode_state(state_numpy(state))
     return ModelBlob(blob, blob_digest(blob))
+
+
+def make_plan(cfg: CoordinatorConfig, strategy: str, options: Mapping[str, Any], number: int,
+              selected: Iterable[str], deadline: float, model: ModelBlob, chunks: int, phase: str = "train") -> Plan:
+    """The round plan: everything a device needs to run the same strategy code as the simulator."""
+    fs = cfg.federation
+    return Plan(round=number, selected=tuple(sorted(selected)), deadline=deadline, strategy=strategy,
+                options=dict(options), model=dict(dataclasses.asdict(cfg.spec)), model_digest=model.digest,
+                model_chunks=chunks, model_size=model.size, value_codec=fs.value_codec, compress=fs.compress,
+                phase=phase, seed=cfg.run.seed, train=cfg.train_plan, rounds=cfg.run.rounds,
+                max_update_bytes=fs.max_update_bytes)
 
 
 class Publisher:

@@ -34,29 +34,16 @@ from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
 from mqtt_broker.credentials import Credentials, mqtt_connect_settings
 from mqtt_broker.link import Connected, Disconnected, MqttLink, Received
-from protocol import (
-    Ack,
-    ChunkCollector,
-    Kind,
-    Plan,
-    Status,
-    TopicError,
-    Topics,
-    WireError,
-    WireLimits,
-    check_topic,
-    decode_envelope,
-    decode_message,
-    encode_message,
-)
+from protocol import Kind, Metrics, Plan, Status, Topics, WireLimits, encode_message
 
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
-from .intake import Verdict, screen, validate
-from .journal import journal_path, prune_journals, read_journal
+from .inbox import CompleteUpdate, Inbox
+from .calibration import Calibration, CalibrationError, needs_calibration
+from .journal import prune_journals
 from .metrics import MetricsLog
-from .open_round import OpenRound
-from .publish import ModelBlob, Publisher, StopRequested, model_blob
+from .open_round import OpenRound, journaled_round
+from .publish import ModelBlob, Publisher, StopRequested, make_plan, model_blob
 from .registry import DeviceRegistry
 from .rounds import select_devices
 
@@ -102,8 +89,8 @@ class Coordinator:
         self.on_round, self.on_progress = on_round, on_progress
         self.registry = DeviceRegistry(self.fs.stale_after_s)
         self.counters: Counter[str] = Counter()
-        self.collector = ChunkCollector(self.limits, self.fs.max_pending_bytes)
         self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=False)
+        self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters)
         self.publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
                                    self.fs.publish_timeout_s, lambda: self._stopping)
         self.history: list[dict[str, Any]] = []
@@ -112,13 +99,23 @@ class Coordinator:
         self.done_round = 0
         self.global_state: dict[str, torch.Tensor] = {}
         self.model: ModelBlob | None = None
-        self.open: OpenRound | None = None  # the round in progress
         self.accepted_before: dict[int, set[str]] = {}  # recent closed rounds (duplicates vs late)
-        self._answered: set[tuple[str, int, str]] = set()
         self._resumed = False
         self._chunks = 0
+        self.options: dict[str, Any] = dict(cfg.options)  # in force: the config's, plus what a calibration resolved
+        self.calibration: Calibration | None = None
+        self._calibrated = False
         self.journal_dir = cfg.state_dir / "journal"
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
+
+    @property
+    def open(self) -> OpenRound | None:
+        """The round in progress (the inbox counts refusals into its metrics)."""
+        return self.inbox.open
+
+    @open.setter
+    def open(self, rnd: OpenRound | None) -> None:
+        self.inbox.open = rnd
 
     # ---- public -------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -176,27 +173,26 @@ class Coordinator:
         else:
             self.done_round, self.global_state = ckpt.round, ckpt.global_state
             self.counters.update(ckpt.counters)
+            self._calibrated = True  # a checkpoint exists only after a calibration (if any)
+            if ckpt.options != self.options:  # options a calibration resolved
+                self.options = ckpt.options
+                self.strategy = make_strategy(self.cfg.run.strategy, self.cfg.spec, self.cfg.run.train, ckpt.options)
             log.info("resuming after round %d from %s", ckpt.round, self.cfg.state_dir)
         self.model = model_blob(self.global_state)
-        if ckpt is not None and ckpt.model_digest and ckpt.model_digest != self.model.digest:
+        if ckpt is not None and ckpt.model_digest not in ("", self.model.digest):
             raise CoordinatorError(f"checkpoint in {self.cfg.state_dir} does not match its recorded digest")
-        path = journal_path(self.journal_dir, self.done_round + 1)
-        if self.done_round >= self.cfg.run.rounds or not path.exists():
-            return
-        replay = read_journal(path)
-        if replay.plan is None:
+        if self.done_round >= self.cfg.run.rounds:
             return
         try:
-            _, plan = decode_message(replay.plan, self.limits, Kind.PLAN)
-        except WireError as exc:
-            raise CoordinatorError(f"journal {path}: unreadable plan ({exc.reason})") from None
-        assert isinstance(plan, Plan)
-        if plan.model_digest != self.model.digest:
-            log.warning("journal %s is for another model; starting round %d afresh", path, plan.round)
-            return
-        self.open = self._begin(plan.round, plan.selected)
-        self._resumed = True
-        log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay), plan.round)
+            found = journaled_round(self.journal_dir, self.done_round + 1, self.limits, self.model.digest)
+        except RuntimeError as exc:
+            raise CoordinatorError(str(exc)) from None
+        if found is not None:
+            plan, replay = found
+            self.open = self._begin(plan.round, plan.selected)
+            self._resumed = True
+            log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay), plan.round)
+            self.open.open_journal(self.journal_dir)  # cuts a torn tail; re-sent updates may arrive at once
 
     def _begin(self, number: int, selected: tuple[str, ...] | list[str]) -> OpenRound:
         assert self.model is not None
@@ -227,83 +223,39 @@ class Coordinator:
             log.warning("disconnected from the broker (%s); paho reconnects", ev.reason)
 
     def _on_message(self, ev: Received) -> None:
-        try:
-            parsed = self.topics.parse(ev.topic)
-        except TopicError as exc:
-            self._count("bad_message", f"{ev.topic}: {exc}")
-            return
+        parsed = self.inbox.parse(ev.topic)
+        if parsed is None or (not ev.payload and parsed.kind != "update"):
+            return  # an empty payload clears a retained message
         if parsed.kind == "update":
-            self._on_update_chunk(parsed, ev.payload)
-        elif parsed.kind == "status" and ev.payload:  # an empty payload clears a retained status
             try:
-                env, msg = decode_message(ev.payload, self.limits, Kind.STATUS)
-                check_topic(env, parsed)
-            except WireError as exc:
-                self._count("bad_message", f"status of {parsed.client}: {exc.reason}")
+                done = self.inbox.update_chunk(parsed, ev.payload, self.done_round, self.accepted_before)
+            except ValueError as exc:  # a check this code does not foresee: refuse, count, keep running
+                log.exception("update chunk from %s", parsed.client)
+                self.inbox.count("malformed", f"update chunk from {parsed.client}: {exc}")
                 return
-            assert isinstance(msg, Status) and parsed.client is not None
-            self.registry.observe(parsed.client, msg, self.clock(), ev.retain)
+            if done is not None:
+                self._accept(done)
+        elif (got := self.inbox.message(parsed, ev.payload, Kind.STATUS if parsed.kind == "status"
+                                        else Kind.METRICS)) is not None:
+            env, msg = got
+            assert parsed.client is not None
+            if isinstance(msg, Status):
+                self.registry.observe(parsed.client, msg, self.clock(), ev.retain)
+            elif isinstance(msg, Metrics) and self.calibration is not None and msg.round == 0:
+                status, reason = self.calibration.add(parsed.client, msg.values)
+                if status != "accepted":
+                    self.inbox.count(status if status in ("duplicate", "not_selected") else "bad_message", reason)
+                self.inbox.ack(parsed.client, 0, env.digest, status, reason)
 
-    def _count(self, counter: str, reason: str) -> None:
-        """Count a refusal (cumulative, and in the metrics of the round open when it arrived) and log it."""
-        self.counters[counter] += 1
-        if self.open is not None:
-            self.open.stats.rejected[counter] += 1
-        log.warning("%s: %s", counter, reason)
-
-    def _ack(self, client: str, round_: int, digest: str, status: str, reason: str = "") -> None:
-        payload = encode_message(Ack(round_, client, digest, status, reason[:500]), self.topics.federation,
-                                 self.creds.username)
-        self.link.publish(self.topics.ack(client), payload)
-
-    def _on_update_chunk(self, parsed: Any, payload: bytes) -> None:
-        client = parsed.client
-        try:
-            env = decode_envelope(payload, self.limits)
-            check_topic(env, parsed)
-        except WireError as exc:
-            self._count("bad_chunk", f"update chunk from {client}: {exc.reason}")
-            return
-        rnd = self.open
-        if rnd is not None:
-            rnd.stats.bytes_in += len(payload)
-        verdict = screen(client, env.round, rnd.number if rnd else None, self.done_round,
-                         rnd.selected if rnd else frozenset(), rnd.accepted if rnd else set(), self.accepted_before)
-        if verdict is None and env.total_size > self.fs.max_update_bytes:
-            verdict = Verdict("rejected", f"update of {env.total_size} bytes exceeds max_update_bytes "
-                                          f"{self.fs.max_update_bytes}", "oversize")
-        if verdict is not None:
-            key = (client, env.round, env.digest)
-            if env.index == 0 or key not in self._answered:  # once per (re-)sent blob
-                self._answered.add(key)
-                assert verdict.counter is not None
-                self._count(verdict.counter, f"{client} round {env.round}: {verdict.reason}")
-                self._ack(client, env.round, env.digest, verdict.status, verdict.reason)
-            return
-        try:
-            blob = self.collector.add(env)
-        except WireError as exc:
-            self._count("bad_chunk", f"update chunk from {client}: {exc.reason}")
-            return
-        if blob is not None:
-            self._on_update(client, env.round, env.digest, blob)
-
-    def _on_update(self, client: str, round_: int, digest: str, blob: bytes) -> None:
+    def _accept(self, up: CompleteUpdate) -> None:
         rnd = self.open
         assert rnd is not None
-        rnd.stats.received += 1
-        verdict = validate(client, blob, rnd.ctx)
-        if not verdict.accepted:
-            assert verdict.counter is not None
-            self._count(verdict.counter, f"{client} round {round_}: {verdict.reason}")
-            self._ack(client, round_, digest, verdict.status, verdict.reason)
-            return
-        rnd.accept(client, blob, verdict, self.clock())  # journaled and fsynced, then folded
-        if verdict.clipped:
+        rnd.accept(up.client, up.blob, up.verdict, self.clock())  # journaled and fsynced, then folded
+        if up.verdict.clipped:
             self.counters["clipped"] += 1
-        self._ack(client, round_, digest, "accepted", verdict.reason)
+        self.inbox.ack(up.client, up.round, up.digest, "accepted", up.verdict.reason)
         if self.on_progress is not None:
-            self.on_progress("accepted", {"round": round_, "client": client, "accepted": len(rnd.accepted),
+            self.on_progress("accepted", {"round": up.round, "client": up.client, "accepted": len(rnd.accepted),
                                           "selected": len(rnd.selected)})
 
     # ---- rounds -------------------------------------------------------------------------------
@@ -312,8 +264,13 @@ class Coordinator:
         rnd = self.open
         if rnd is None:
             online = self.registry.online(now)
-            if self.done_round >= self.cfg.run.rounds:
+            if self.calibration is not None:
+                if self.calibration.complete(now):
+                    self._resolve_calibration()
+            elif self.done_round >= self.cfg.run.rounds:
                 self._finish()
+            elif len(online) >= self.fs.min_devices and not self._calibrated and needs_calibration(self.strategy):
+                self._open_calibration(online)
             elif len(online) >= self.fs.min_devices:
                 r = self.done_round + 1
                 self.open = self._begin(r, select_devices(online, self.fs.quorum, self.fs.over_selection,
@@ -335,15 +292,15 @@ class Coordinator:
 
     def _plan(self, phase: str = "train") -> Plan:
         assert self.model is not None and self._chunks > 0
-        rnd = self.open
-        number = rnd.number if rnd is not None else self.cfg.run.rounds + 1
-        deadline = rnd.timer.deadline if rnd is not None and rnd.timer is not None else self.clock()
-        return Plan(round=number, selected=tuple(sorted(rnd.selected)) if rnd else (), deadline=deadline,
-                    strategy=self.strategy.name, options=dict(self.cfg.options),
-                    model=dict(dataclasses.asdict(self.cfg.spec)), model_digest=self.model.digest,
-                    model_chunks=self._chunks, model_size=self.model.size, value_codec=self.fs.value_codec,
-                    compress=self.fs.compress, phase=phase, seed=self.cfg.run.seed, train=self.cfg.train_plan,
-                    rounds=self.cfg.run.rounds, max_update_bytes=self.fs.max_update_bytes)
+        rnd, cal = self.open, self.calibration
+        if rnd is not None:
+            number, selected, deadline = rnd.number, rnd.selected, rnd.timer.deadline if rnd.timer else self.clock()
+        elif cal is not None:
+            number, selected, deadline = 0, cal.selected, cal.deadline
+        else:
+            number, selected, deadline = self.cfg.run.rounds + 1, frozenset(), self.clock()
+        return make_plan(self.cfg, self.strategy.name, self.options, number, selected, deadline, self.model,
+                         self._chunks, phase)
 
     def _publish_model(self, round_: int) -> None:
         assert self.model is not None
@@ -363,7 +320,8 @@ class Coordinator:
         now = self.clock()
         rnd.start_timer(self.fs, now)
         self._publish_model(rnd.number)
-        rnd.open_journal(self.journal_dir)
+        if rnd.journal is None:
+            rnd.open_journal(self.journal_dir)
         assert rnd.journal is not None
         if not self._resumed:  # the plan is journaled before it goes out: a restart selects the same devices
             rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username))
@@ -376,6 +334,32 @@ class Coordinator:
             self.on_progress("open", {"round": rnd.number, "selected": len(rnd.selected),
                                       "accepted": len(rnd.accepted)})
 
+    def _open_calibration(self, online: list[str]) -> None:
+        self.calibration = Calibration(frozenset(online), self.clock() + self.fs.calibration_s)
+        self._publish_model(0)
+        self.publisher.plan(self._plan("calibrate"))
+        log.info("calibration (round 0) open: %d devices %s", len(online), online)
+        if self.on_progress is not None:
+            self.on_progress("calibrate", {"selected": len(online)})
+
+    def _resolve_calibration(self) -> None:
+        cal, self.calibration = self.calibration, None
+        assert cal is not None and self.model is not None
+        try:
+            self.strategy, resolved = cal.resolve(self.strategy)
+        except CalibrationError as exc:
+            raise CoordinatorError(str(exc)) from None
+        bad = {k: v for k, v in resolved.items() if not isinstance(v, (str, int, float, bool))}
+        if bad:
+            raise CoordinatorError(f"the calibration resolved options the round plan cannot carry: {bad}")
+        self.options = {**self.options, **resolved}
+        self._calibrated = True
+        save_checkpoint(self.cfg.state_dir, Checkpoint(0, self.global_state, self.model.digest, self.identity(),
+                                                       dict(self.counters), dict(self.options)))
+        log.info("calibration resolved %s from %d report(s)", resolved, len(cal.reports))
+        if self.on_progress is not None:
+            self.on_progress("calibrated", {"resolved": resolved, "reports": len(cal.reports)})
+
     def _close_round(self, reason: str) -> None:
         rnd = self.open
         assert rnd is not None
@@ -386,13 +370,12 @@ class Coordinator:
         self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
         self.accepted_before[r] = set(rnd.accepted)
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
-                                                       dict(self.counters), dict(self.cfg.options)))
+                                                       dict(self.counters), dict(self.options)))
         record = rnd.stats.as_dict(self.clock(), reason, self.counters)
         self.metrics.write(record)
         self.history.append(record)
         prune_journals(self.journal_dir, r, self.fs.keep_journals)
-        self.collector.discard(k for k in self.collector.keys() if k[3] <= r)
-        self._answered = {k for k in self._answered if k[1] > r - 2}
+        self.inbox.round_closed(r)
         self.open = None
         log.info("round %d closed (%s): %d accepted", r, reason, record["accepted"])
         if self.on_round is not None:

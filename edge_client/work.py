@@ -22,23 +22,16 @@ from flayer.simulation import ClientEval, client_round
 from flayer.spec import ModelSpec
 from flayer.strategies import make_strategy
 from flayer.strategies.base import ClientState, LocalResult, RoundContext, Strategy
-from flayer.train import ClientData
+from flayer.state import save_model
+from flayer.train import ClientData, evaluate
 from flayer.update import Update, float_state
 from protocol import (
-    Kind,
-    Plan,
-    UpdateHeader,
-    UpdateOptions,
-    WireError,
-    WireLimits,
-    blob_digest,
-    chunk_blob,
-    decode_state,
-    encode_update,
+    Kind, Metrics, Plan, UpdateHeader, UpdateOptions, WireError, WireLimits, blob_digest, chunk_blob, decode_state,
+    encode_message, encode_update,
 )
 
 __all__ = ["EdgeError", "UpdateTooLarge", "Upload", "StrategyCache", "round_context", "train_and_encode",
-           "decode_global", "autocast_for", "check_data_fits"]
+           "decode_global", "autocast_for", "check_data_fits", "calibration_report", "save_personal"]
 
 
 class EdgeError(RuntimeError):
@@ -151,3 +144,30 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
     if worst > max_payload:  # chunk_blob guarantees it; checked again because the broker drops the link
         raise UpdateTooLarge(f"an update chunk of {worst} bytes exceeds the broker's max_payload {max_payload}")
     return Upload(plan.round, blob_digest(blob), blob, tuple(payloads), ev, result.state, result.metrics)
+
+
+def calibration_report(strategy: Strategy, plan: Plan, global_state: Mapping[str, torch.Tensor], data: ClientData,
+                       ctx: RoundContext, *, amp: bool, now: float, federation: str, sender: str) -> bytes:
+    """Round 0: the strategy's ``calibrate`` on the plan's model, as a Metrics payload (plus the
+    device's training-sample count, ``sample_weight``, which the coordinator weighs reports with)."""
+    calibrate = getattr(strategy, "calibrate", None)
+    if not callable(calibrate):
+        raise EdgeError(f"strategy {plan.strategy!r} has no calibration phase in this build")
+    with autocast_for(ctx.device, amp):
+        report = calibrate(global_state, data, ctx)
+    values = {str(k): float(v) for k, v in report.items()}
+    values["sample_weight"] = float(data.num_train)
+    return encode_message(Metrics(plan.round, now, values), federation, sender)
+
+
+def save_personal(strategy: Strategy, plan: Plan, global_state: Mapping[str, torch.Tensor], state: ClientState,
+                  data: ClientData, ctx: RoundContext, personal_file: Any, global_file: Any,
+                  meta: Mapping[str, Any]) -> float:
+    """After the federation: the strategy's personal model, saved (with the final global model) for
+    ``flayer export``; returns its test accuracy."""
+    model = strategy.personal_model(global_state, state, data, ctx)
+    correct, total, _ = evaluate(model, data.test, ctx.device)
+    meta = {"strategy": plan.strategy, "rounds": plan.rounds, "seed": plan.seed, **meta}
+    save_model(personal_file, float_state(model), strategy.spec, {**meta, "role": "personal"})
+    save_model(global_file, global_state, strategy.spec, {**meta, "role": "global"})
+    return correct / total if total else 0.0
