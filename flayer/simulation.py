@@ -61,8 +61,9 @@ def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int) 
 
 def initial_global_state(strategy: Strategy, seed: int) -> dict[str, torch.Tensor]:
     """The round-1 global model: the strategy's model initialised from ``seed``."""
-    torch.manual_seed(derive_seed(seed, "init"))
-    return float_state(strategy.new_model())
+    with torch.random.fork_rng(devices=[]):  # leaves the caller's global RNG state as it was
+        torch.manual_seed(derive_seed(seed, "init"))
+        return float_state(strategy.new_model())
 
 
 @dataclass(frozen=True)
