@@ -28,7 +28,7 @@ from flayer.data import load_dataset  # noqa: E402
 from flayer.partition import make_partition  # noqa: E402
 from flayer.simulation import initial_global_state  # noqa: E402
 from flayer.strategies import make_strategy  # noqa: E402
-from flayer.strategies.base import RoundContext  # noqa: E402
+from flayer.strategies.base import RoundContext, Strategy  # noqa: E402
 from flayer.train import client_data  # noqa: E402
 
 
@@ -41,7 +41,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=11, help="timed pairs (>= 5)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--strategy", default="flayer", choices=("flayer", "flayer-ref"))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a FLAYER option (TOML value)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a FLAYER option (TOML value)")
     args = p.parse_args()
     if args.repeats < 5:
         p.error("--repeats must be >= 5")
@@ -62,19 +63,22 @@ def main() -> int:
     ctx = RoundContext(round=1, client=cid, seed=0)
     steps = -(-data.num_train // train.batch_size)
 
-    def local(strategy) -> float:  # type: ignore[no-untyped-def]
+    def local(strategy: Strategy) -> float:
         model = strategy.model_from(g, ctx.device)
         t = time.perf_counter()
         strategy.local_round(model, g, strategy.initial_state(), data, ctx)
         return time.perf_counter() - t
 
-    def download(strategy) -> float:  # type: ignore[no-untyped-def]
+    def download(strategy: Strategy) -> float:
         t = time.perf_counter()
         strategy.receive(g, strategy.initial_state(), data, ctx)
         return time.perf_counter() - t
 
     local(sgd), local(fl)  # warm-up
-    t_sgd, t_fl, d_sgd, d_fl = [], [], [], []
+    t_sgd: list[float] = []
+    t_fl: list[float] = []
+    d_sgd: list[float] = []
+    d_fl: list[float] = []
     for r in range(args.repeats):
         order = ((sgd, t_sgd), (fl, t_fl)) if r % 2 == 0 else ((fl, t_fl), (sgd, t_sgd))
         for strategy, times in order:
@@ -82,8 +86,8 @@ def main() -> int:
         d_sgd.append(download(sgd))
         d_fl.append(download(fl))
     ms = lambda xs: 1000 * statistics.median(xs)  # noqa: E731
-    print(f"{args.dataset}, FedAvgCNN, client {cid}: {data.num_train} training samples, {steps} steps of batch "
-          f"{train.batch_size}, {args.threads} thread(s), median of {args.repeats} alternated runs")
+    print(f"{args.dataset}, FedAvgCNN, client {cid}: {data.num_train} training samples, {steps} steps "
+          f"of batch {train.batch_size}, {args.threads} thread(s), median of {args.repeats} alternated runs")
     print(f"{'':28}{'median ms':>10}{'min ms':>9}")
     print(f"{'plain SGD local round':28}{ms(t_sgd):10.1f}{1000 * min(t_sgd):9.1f}")
     print(f"{args.strategy + ' local round':28}{ms(t_fl):10.1f}{1000 * min(t_fl):9.1f}")
@@ -91,8 +95,10 @@ def main() -> int:
     pairwise = statistics.median(a / b for a, b in zip(t_fl, t_sgd))
     print(f"ratio {args.strategy} / SGD: {ratio:.3f} of the medians, {pairwise:.3f} median of the pairs "
           f"(target <= 1.10: {'met' if ratio <= 1.10 else 'NOT met'})")
-    print(f"download: FedAvg load {ms(d_sgd):.1f} ms; {args.strategy} PLA + head-only epoch {ms(d_fl):.1f} ms "
-          f"(whole client round ratio {(statistics.median(t_fl) + statistics.median(d_fl)) / (statistics.median(t_sgd) + statistics.median(d_sgd)):.3f})")
+    med = statistics.median
+    whole = (med(t_fl) + med(d_fl)) / (med(t_sgd) + med(d_sgd))
+    print(f"download: FedAvg load {ms(d_sgd):.1f} ms; {args.strategy} PLA + head-only epoch "
+          f"{ms(d_fl):.1f} ms (whole client round ratio {whole:.3f})")
     return 0
 
 

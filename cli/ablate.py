@@ -39,7 +39,8 @@ DEFAULT_BUDGET = {"samples": 12000, "rounds": 25, "threads": 1}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ablate", help="FLAYER without each mechanism, rule zero and flayer-ref on one partition")
+    p = sub.add_parser("ablate", help="FLAYER without each mechanism, rule zero and flayer-ref, "
+                                      "on one partition and seed")
     add_common_flags(p)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="A,B,...",
                    help=f"comma-separated, from: {', '.join(VARIANTS)} (default: all but fedavg)")
@@ -52,7 +53,8 @@ def parse_variants(text: str) -> list[str]:
     names = [v.strip() for v in text.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown or not names:
-        raise CliError(f"--variants: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(VARIANTS)}")
+        raise CliError(f"--variants: unknown {', '.join(unknown) or '(none given)'}; "
+                       f"choose from {', '.join(VARIANTS)}")
     return list(dict.fromkeys(names))
 
 
@@ -91,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--jobs must be >= 1, got {args.jobs}")
     cfg = run_config(_with_budget(args))
     configs = {n: variant_config(cfg, n) for n in names}
-    out = Path(cfg.out) if cfg.out else Path("runs") / f"ablate-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"ablate-{cfg.data.dataset}-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", dataclasses.asdict(cfg))
     samples = load_data(cfg).partition.summary.get("samples")  # fails fast on bad data, before any worker
@@ -113,23 +116,27 @@ def run(args: argparse.Namespace) -> int:
                 summaries[n] = fut.result()
                 print(f"  {n}: best acc {summaries[n]['best_acc']:.4f} ({summaries[n]['wall_seconds']:.0f}s)",
                       file=sys.stderr)
-    headers = ["variant", "changes", "final-round acc", "best acc", "personal acc", "upload fraction", "seconds"]
+    headers = ["variant", "changes", "final-round acc", "best acc", "personal acc", "upload fraction",
+               "seconds"]
     rows = [(n, VARIANTS[n][2], s["final_round_acc"], s["best_acc"], s["final_personal_acc"],
-             s["mean_upload_fraction"], round(s["wall_seconds"])) for n, s in ((n, summaries[n]) for n in names)]
+             s["mean_upload_fraction"], round(s["wall_seconds"])) for n, s in summaries.items()]
     s0 = summaries[names[0]]
-    title = (f"{cfg.data.dataset} {s0['partition']}, {s0['clients']} clients, {cfg.rounds} rounds, seed {cfg.seed}"
+    title = (f"{cfg.data.dataset} {s0['partition']}, {s0['clients']} clients, {cfg.rounds} rounds, "
+             f"seed {cfg.seed}"
              + (f", {samples} samples" if samples else ""))
-    command = "flayer " + " ".join(sys.argv[1:]) if sys.argv[1:] and sys.argv[1] == "ablate" else "flayer ablate"
+    argv = sys.argv[1:]
+    command = "flayer " + " ".join(argv) if argv and argv[0] == "ablate" else "flayer ablate"
     md = (f"# FLAYER ablation: {title}\n\n`{command}`\n\n" + table(headers, rows, markdown=True) + "\n\n"
-          "final-round acc: mean test accuracy (sample-weighted over all clients) after the download and PLA, "
-          "before local training, in the last round; best acc: the best such round or the final personal "
-          "models; personal acc: every client's personal model after the last round; upload fraction: "
-          "coordinates sent / coordinates of the uploaded tensors, mean over rounds.\n")
+          "final-round acc: mean test accuracy (sample-weighted over all clients) after the download and "
+          "PLA, before local training, in the last round; best acc: the best such round or the final "
+          "personal models; personal acc: every client's personal model after the last round; upload "
+          "fraction: coordinates sent / coordinates of the uploaded tensors, mean over rounds.\n")
     (out / "ablation.md").write_text(md)
     write_json(out / "summary.json", {"title": title, "command": command, "variants": summaries})
     line_plot(out / "accuracy.png", {n: summaries[n]["acc"] for n in names}, "round", "test accuracy",
               f"FLAYER ablation: {title}")
     print(table(headers, rows))
     print(f"\n{title}; {time.perf_counter() - t0:.0f}s in all")
-    print(f"outputs in {out}/ (ablation.md, accuracy.png, summary.json, <variant>/metrics.jsonl)", file=sys.stderr)
+    print(f"outputs in {out}/ (ablation.md, accuracy.png, summary.json, <variant>/metrics.jsonl)",
+          file=sys.stderr)
     return 0

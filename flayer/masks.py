@@ -24,8 +24,8 @@ import torch
 
 from .layers import LayerPlan
 
-__all__ = ["upload_fraction", "keep_count", "top_k_positions", "layer_masks", "ref_keep_fraction", "ref_prune_count",
-           "ref_masks", "mask_count"]
+__all__ = ["upload_fraction", "keep_count", "top_k_positions", "layer_masks", "ref_keep_fraction",
+           "ref_prune_count", "ref_masks", "mask_count"]
 
 Mask = torch.Tensor | None
 
@@ -33,7 +33,8 @@ Mask = torch.Tensor | None
 def upload_fraction(i: int, num_layers: int, floor: float = 0.1, cap: float = 1.0) -> float:
     """Eq. 5-9: ``UP_i = min(max(i / L, floor), cap)`` for layer i of L."""
     if num_layers < 1 or not 0.0 <= floor <= cap <= 1.0:
-        raise ValueError(f"need L >= 1 and 0 <= floor <= cap <= 1, got L={num_layers}, floor={floor}, cap={cap}")
+        raise ValueError(f"need L >= 1 and 0 <= floor <= cap <= 1, got L={num_layers}, floor={floor}, "
+                         f"cap={cap}")
     return min(max(i / num_layers, floor), cap)
 
 

@@ -61,7 +61,7 @@ class FlayerOptions:
     head_layers: int | None = None  # s: head layers (flayer) / tensors (flayer-ref); None = preset default
     layer_paths: tuple[str, ...] = ()  # override the layer plan with explicit module paths
     pla: bool = True  # Eq. 2 head init (off: the global head as is)
-    acc_source: Literal["trained", "received"] = "trained"  # A_l: after local training / on the received model
+    acc_source: Literal["trained", "received"] = "trained"  # A_l: after local training / received model
     head_epoch: bool = True  # one head-only epoch after PLA, before evaluation
     head_epoch_lr: float = 1.0  # its learning rate, as a multiple of the base lr
     lr_rule: bool = True  # Eq. 4 per-layer learning rates (off: the base lr everywhere)
@@ -81,7 +81,7 @@ class FlayerOptions:
         if not self.lr_eps > 0:
             raise ValueError(f"lr_eps must be > 0, got {self.lr_eps}")
         if self.lr_cap is not None and not self.lr_cap >= 1:
-            raise ValueError(f"lr_cap must be >= 1 (it caps a multiplier that starts at 1), got {self.lr_cap}")
+            raise ValueError(f"lr_cap must be >= 1 (it caps a multiplier >= 1), got {self.lr_cap}")
         if not 0 < self.mask_floor <= self.mask_cap <= 1:
             raise ValueError(f"need 0 < mask_floor <= mask_cap <= 1, got {self.mask_floor}, {self.mask_cap}")
 
@@ -166,7 +166,7 @@ class Flayer(Strategy):
                 p.requires_grad_(True)
 
     def _val_acc(self, model: nn.Module, data: ClientData, ctx: RoundContext) -> float:
-        """A_l: accuracy on the client's validation hold-out (0 without one: PLA then keeps the global head)."""
+        """A_l: accuracy on the client's validation hold-out (0 without one: PLA keeps the global head)."""
         correct, total, _ = evaluate(model, data.val, ctx.device)
         if total == 0 and not self._warned_no_val:
             log.warning("client %d has no validation samples: A_l = 0, so PLA keeps the global head "
@@ -194,8 +194,9 @@ class Flayer(Strategy):
         if o.masks:
             masks.update(self._masks({n: params[n].detach() - before[n] for n in before}))
         update = delta_update(local, global_state, masks, data.num_train, {"acc_val": acc})
+        participations = int(state.scalars.get("participations", 0)) + 1
         kept = ClientState({PERSONAL + n: local[n] for n in self.head},
-                           {"acc_val": acc, "participations": int(state.scalars.get("participations", 0)) + 1})
+                           {"acc_val": acc, "participations": participations})
         return LocalResult(update, kept, {"train_loss": loss, "acc_val": acc,
                                           "upload_fraction": update.sent / max(1, update.numel)})
 

@@ -29,7 +29,8 @@ def test_carry_and_zero_hand_computed():
     # carry: per coordinate, weighted mean over senders of (prev + delta); nobody -> prev
     assert carry.result()["w"].tolist() == pytest.approx([2.0, 2.0 + (30 * 1 + 10 * 4) / 40, 1.0, 4.0])
     # zero: every client counts, unsent = 0: sum_senders n_k (prev + delta_k) / sum_all n_k
-    assert zero.result()["w"].tolist() == pytest.approx([30 * 2.0 / 40, (30 * 3 + 10 * 6) / 40, 10 * 1.0 / 40, 0.0])
+    expected = [30 * 2.0 / 40, (30 * 3 + 10 * 6) / 40, 10 * 1.0 / 40, 0.0]
+    assert zero.result()["w"].tolist() == pytest.approx(expected)
 
 
 @settings(max_examples=50, deadline=None)

@@ -70,8 +70,7 @@ def test_local_round_masks_state_and_metrics(digits, clients, tmp_path):
         assert sent == math.ceil(min(max(layer.index / 4, 0.1), 1.0) * n)
     assert up.deltas["fc.weight"].indices is None
     acc = res.state.scalars["acc_val"]
-    correct = sum(int((model(data.val.prepare(data.val.x, torch.device("cpu"))).argmax(1) == data.val.y).sum())
-                  for _ in [0])
+    correct = int((model(data.val.prepare(data.val.x, torch.device("cpu"))).argmax(1) == data.val.y).sum())
     assert acc == pytest.approx(correct / len(data.val))  # A_l: validation accuracy after training
     assert set(res.state.tensors) == {"personal.fc.weight", "personal.fc.bias"}
     assert torch.equal(res.state.tensors["personal.fc.weight"], model.fc.weight.detach())
@@ -94,13 +93,15 @@ def test_flayer_ref_preset(digits, clients):
     s = make_strategy("flayer-ref", digits.model_spec(), TRAIN)
     assert s.head == ("fc.weight", "fc.bias") and s.server_rule() == "carry"
     rule = s._lr_rule()
-    assert (rule.kind, rule.every, rule.ref_num_layers, rule.ref_scale, rule.cap) == ("ref", "epoch", 3, 20.0, None)
+    got = (rule.kind, rule.every, rule.ref_num_layers, rule.ref_scale, rule.cap)
+    assert got == ("ref", "epoch", 3, 20.0, None)
     g = initial_global_state(s, 0)
     data = clients[2]
     model = s.receive(g, s.initial_state(), data, _ctx())
     correct = int((model(data.val.prepare(data.val.x, torch.device("cpu"))).argmax(1) == data.val.y).sum())
     res = s.local_round(model, g, s.initial_state(), data, _ctx())
-    assert res.state.scalars["acc_val"] == pytest.approx(correct / len(data.val))  # measured on the received model
+    # A_l measured on the received model, before training
+    assert res.state.scalars["acc_val"] == pytest.approx(correct / len(data.val))
     d = res.update.deltas
     assert d["fc1.0.weight"].indices is None and d["fc.weight"].indices is None
     assert d["conv1.0.weight"].indices is not None

@@ -12,17 +12,17 @@ from flayer.models import FastText, FedAvgCNN, ResNet18
 
 def test_fedavgcnn_plan():
     plan = layer_plan(FedAvgCNN(1, 10, 1024))
-    assert [l.name for l in plan.layers] == ["conv1", "conv2", "fc1", "fc"]
-    assert [l.index for l in plan.layers] == [1, 2, 3, 4]
+    assert [x.name for x in plan.layers] == ["conv1", "conv2", "fc1", "fc"]
+    assert [x.index for x in plan.layers] == [1, 2, 3, 4]
     assert plan.layers[0].params == ("conv1.0.weight", "conv1.0.bias")
-    assert [l.name for l in plan.head] == ["fc"] and plan.tensors(head=True) == ("fc.weight", "fc.bias")
+    assert [x.name for x in plan.head] == ["fc"] and plan.tensors(head=True) == ("fc.weight", "fc.bias")
 
 
 def test_resnet18_plan_and_buffers():
     model = ResNet18(3, 10)
     plan = layer_plan(model, head_layers=2)
-    assert [l.name for l in plan.layers] == ["conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc"]
-    assert [l.name for l in plan.head] == ["layer4", "fc"]
+    assert [x.name for x in plan.layers] == ["conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc"]
+    assert [x.name for x in plan.head] == ["layer4", "fc"]
     assert plan.layers[1].buffers == ("bn1.running_mean", "bn1.running_var")  # float buffers only
     # every parameter and float buffer belongs to exactly one layer; integer buffers to none
     floats = [n for n, v in model.state_dict().items() if v.is_floating_point()]
@@ -32,7 +32,7 @@ def test_resnet18_plan_and_buffers():
 
 def test_fasttext_plan():
     plan = layer_plan(FastText(50, 4, 8))
-    assert [l.name for l in plan.layers] == ["embedding", "fc1", "fc"]
+    assert [x.name for x in plan.layers] == ["embedding", "fc1", "fc"]
     assert plan.num_layers == 3 and plan.layer_of("fc1.bias").index == 2
 
 
@@ -48,12 +48,12 @@ class Custom(nn.Module):
 def test_generic_module_rule_and_override():
     m = Custom()
     plan = layer_plan(m)
-    assert [l.name for l in plan.layers] == ["", "enc", "out"]
+    assert [x.name for x in plan.layers] == ["", "enc", "out"]
     assert plan.layers[0].params == ("scale",)
     assert plan.layers[1].buffers == ("enc.1.running_mean", "enc.1.running_var")
     over = layer_plan(m, head_layers=2, paths=["", "enc.0", "enc.1", "out"])
-    assert [l.name for l in over.layers] == ["", "enc.0", "enc.1", "out"]
-    assert [l.name for l in over.head] == ["enc.1", "out"]
+    assert [x.name for x in over.layers] == ["", "enc.0", "enc.1", "out"]
+    assert [x.name for x in over.head] == ["enc.1", "out"]
 
 
 def test_plan_errors_name_the_problem():

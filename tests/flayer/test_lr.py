@@ -11,8 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flayer.layers import layer_plan
-from flayer.lr import (LrRule, eq4_multiplier, flayer_layer_lrs, layer_lr, layer_optimizer, lr_hook,
-                       ref_module_lrs, tensor_grad_norms)
+from flayer.lr import (
+    LrRule,
+    eq4_multiplier,
+    flayer_layer_lrs,
+    layer_lr,
+    layer_optimizer,
+    lr_hook,
+    ref_module_lrs,
+    tensor_grad_norms,
+)
 from flayer.models import FedAvgCNN
 
 

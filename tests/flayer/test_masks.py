@@ -13,8 +13,16 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from flayer.layers import layer_plan
-from flayer.masks import (keep_count, layer_masks, mask_count, ref_keep_fraction, ref_masks, ref_prune_count,
-                          top_k_positions, upload_fraction)
+from flayer.masks import (
+    keep_count,
+    layer_masks,
+    mask_count,
+    ref_keep_fraction,
+    ref_masks,
+    ref_prune_count,
+    top_k_positions,
+    upload_fraction,
+)
 from flayer.models import FedAvgCNN
 
 
@@ -86,7 +94,7 @@ def test_layer_masks_keep_ceil_up_n_largest_per_layer(a, b, c, seed, floor_cap):
         for p in layer.params:
             m = masks[p]
             flat = change[p].abs().reshape(-1)
-            sel = torch.ones_like(flat, dtype=torch.bool) if m is None else torch.zeros_like(flat, dtype=torch.bool)
+            sel = torch.full_like(flat, m is None, dtype=torch.bool)
             if m is not None:
                 assert m.dtype == torch.int64 and torch.all(m[1:] > m[:-1])
                 sel[m] = True
@@ -111,7 +119,7 @@ def test_layer_masks_cnn_fractions():
 
 
 def test_ref_keep_and_prune_rules():
-    assert ref_keep_fraction(0, 8) == 0.1 and ref_keep_fraction(4, 8) == 0.5 and ref_keep_fraction(7, 8) == 0.875
+    assert [ref_keep_fraction(t, 8) for t in (0, 4, 7)] == [0.1, 0.5, 0.875]
     assert ref_keep_fraction(19, 20) == 0.9
     # 5x5 kernel, keep 0.9 -> drop round(25 * 0.1) = round(2.4999...) = 2
     assert ref_prune_count(25, 1 - 0.9) == 2

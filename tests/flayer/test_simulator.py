@@ -26,7 +26,8 @@ def clients(digits):
 
 @pytest.mark.parametrize("name", ["fedavg", "flayer", "flayer-ref"])
 def test_same_seed_same_global_state(digits, clients, name):
-    runs = [simulate(make_strategy(name, digits.model_spec(), TRAIN), clients, rounds=2, seed=5) for _ in range(2)]
+    spec = digits.model_spec()
+    runs = [simulate(make_strategy(name, spec, TRAIN), clients, rounds=2, seed=5) for _ in range(2)]
     a, b = runs[0].global_state, runs[1].global_state
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r.acc for r in runs[0].rounds] == [r.acc for r in runs[1].rounds]
@@ -50,7 +51,7 @@ def test_simulate_and_ablate_commands(tmp_path, capsys):
     common = ["--dataset", "digits", "--clients", "3", "--rounds", "2", "--seed", "1", "--threads", "1"]
     assert main(["simulate", "--strategy", "flayer", *common, "--out", str(tmp_path / "sim")]) == 0
     lines = (tmp_path / "sim" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(l)["round"] for l in lines[:2]] == [1, 2] and "final_acc" in json.loads(lines[2])
+    assert [json.loads(line)["round"] for line in lines[:2]] == [1, 2] and "final_acc" in json.loads(lines[2])
     capsys.readouterr()
     assert main(["ablate", *common, "--variants", "flayer,zero", "--out", str(tmp_path / "abl")]) == 0
     out = capsys.readouterr().out
