@@ -116,10 +116,12 @@ def run(args: argparse.Namespace) -> int:
                 summaries[n] = fut.result()
                 print(f"  {n}: best acc {summaries[n]['best_acc']:.4f} ({summaries[n]['wall_seconds']:.0f}s)",
                       file=sys.stderr)
+    summaries = {n: summaries[n] for n in names}  # the order asked for, not the order of completion
     headers = ["variant", "changes", "final-round acc", "best acc", "personal acc", "upload fraction",
-               "seconds"]
+               "unsent", "seconds"]
     rows = [(n, VARIANTS[n][2], s["final_round_acc"], s["best_acc"], s["final_personal_acc"],
-             s["mean_upload_fraction"], round(s["wall_seconds"])) for n, s in summaries.items()]
+             s["mean_upload_fraction"], s["mean_unsent_fraction"], round(s["wall_seconds"]))
+            for n, s in summaries.items()]
     s0 = summaries[names[0]]
     title = (f"{cfg.data.dataset} {s0['partition']}, {s0['clients']} clients, {cfg.rounds} rounds, "
              f"seed {cfg.seed}"
@@ -130,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
           "final-round acc: mean test accuracy (sample-weighted over all clients) after the download and "
           "PLA, before local training, in the last round; best acc: the best such round or the final "
           "personal models; personal acc: every client's personal model after the last round; upload "
-          "fraction: coordinates sent / coordinates of the uploaded tensors, mean over rounds.\n")
+          "fraction: coordinates sent / coordinates of the uploaded tensors, mean over rounds; unsent: share of "
+          "the global model's coordinates that no client sent in a round (rule zero sets them to 0, rule carry "
+          "keeps them), mean over rounds.\n")
     (out / "ablation.md").write_text(md)
     write_json(out / "summary.json", {"title": title, "command": command, "variants": summaries})
     line_plot(out / "accuracy.png", {n: summaries[n]["acc"] for n in names}, "round", "test accuracy",

@@ -112,7 +112,8 @@ class Flayer(Strategy):
 
     def __init__(self, spec: ModelSpec, train: TrainConfig, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(spec, train, options)
-        model = self.new_model()
+        with torch.device("meta"):  # names and shapes only: no memory, no draws from the global RNG
+            model = self.new_model()
         o = self.options
         try:
             self.plan = layer_plan(model, self._plan_head_layers(), o.layer_paths or None)

@@ -47,6 +47,7 @@ def test_carry_leaves_uncontributed_bit_identical_and_zero_zeroes_them(n, client
         up = sparse((n,), idx, rng.normal(size=k).astype(np.float32), int(rng.integers(1, 100)))
         carry.fold(up)
         zero.fold(up)
+    assert carry.unsent() == zero.unsent() == int((~sent).sum())
     c, z = carry.result()["w"], zero.result()["w"]
     assert torch.equal(c[~torch.from_numpy(sent)], prev[~torch.from_numpy(sent)])
     assert torch.all(z[~torch.from_numpy(sent)] == 0)

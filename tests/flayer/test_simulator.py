@@ -44,6 +44,8 @@ def test_records_are_sample_weighted_and_count_uploads(digits, clients):
         assert rec.acc == pytest.approx(weighted)
         assert rec.selected == (0, 1, 2)
         assert 0 < rec.sent < rec.numel  # masked uploads
+        assert rec.coordinates == sum(v.numel() for v in res.global_state.values())
+        assert 0 <= rec.unsent < rec.coordinates
     assert res.states[0].scalars["participations"] == 2
 
 
