@@ -3,8 +3,9 @@
 Both start from the same global model and train one local epoch on the same shard in the same order
 (same seed); FLAYER adds the per-layer learning rates (Eq. 4, every step by default), the validation
 accuracy A_l and the layer-wise masks (Eq. 5-9) with a sparse upload; plain SGD is FedAvg's local round
-(dense upload). Runs alternate (A B, then B A) in one process; the medians are compared. Target:
-FLAYER / SGD <= 1.10. The download step is timed apart: FLAYER's PLA plus the head-only epoch vs
+(dense upload). Runs alternate (A B, then B A) in one process. Target: the median of the per-pair
+ratios FLAYER / SGD <= 1.10 (pairs cancel the drift of a shared machine's load; the ratios of the
+medians and of the minima are printed too). The download step is timed apart: FLAYER's PLA plus the head-only epoch vs
 FedAvg's plain load.
 
     python benchmarks/local_round.py                       # Fashion-MNIST, 20 clients, largest shard
@@ -93,8 +94,9 @@ def main() -> int:
     print(f"{args.strategy + ' local round':28}{ms(t_fl):10.1f}{1000 * min(t_fl):9.1f}")
     ratio = statistics.median(t_fl) / statistics.median(t_sgd)
     pairwise = statistics.median(a / b for a, b in zip(t_fl, t_sgd))
-    print(f"ratio {args.strategy} / SGD: {ratio:.3f} of the medians, {pairwise:.3f} median of the pairs "
-          f"(target <= 1.10: {'met' if ratio <= 1.10 else 'NOT met'})")
+    print(f"ratio {args.strategy} / SGD: median of the pairs {pairwise:.3f} (target <= 1.10: "
+          f"{'met' if pairwise <= 1.10 else 'NOT met'}); ratio of the medians {ratio:.3f}, of the minima "
+          f"{min(t_fl) / min(t_sgd):.3f}")
     med = statistics.median
     whole = (med(t_fl) + med(d_fl)) / (med(t_sgd) + med(d_sgd))
     print(f"download: FedAvg load {ms(d_sgd):.1f} ms; {args.strategy} PLA + head-only epoch "
