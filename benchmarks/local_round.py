@@ -5,8 +5,8 @@ Both start from the same global model and train one local epoch on the same shar
 accuracy A_l and the layer-wise masks (Eq. 5-9) with a sparse upload; plain SGD is FedAvg's local round
 (dense upload). Runs alternate (A B, then B A) in one process. Target: the median of the per-pair
 ratios FLAYER / SGD <= 1.10 (pairs cancel the drift of a shared machine's load; the ratios of the
-medians and of the minima are printed too). The download step is timed apart: FLAYER's PLA plus the head-only epoch vs
-FedAvg's plain load.
+medians and of the minima are printed too). The download step is timed apart: FLAYER's PLA plus
+the head-only epoch vs FedAvg's plain load.
 
     python benchmarks/local_round.py                       # Fashion-MNIST, 20 clients, largest shard
     python benchmarks/local_round.py --dataset digits --repeats 5

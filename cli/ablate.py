@@ -132,9 +132,9 @@ def run(args: argparse.Namespace) -> int:
           "final-round acc: mean test accuracy (sample-weighted over all clients) after the download and "
           "PLA, before local training, in the last round; best acc: the best such round or the final "
           "personal models; personal acc: every client's personal model after the last round; upload "
-          "fraction: coordinates sent / coordinates of the uploaded tensors, mean over rounds; unsent: share of "
-          "the global model's coordinates that no client sent in a round (rule zero sets them to 0, rule carry "
-          "keeps them), mean over rounds.\n")
+          "fraction: coordinates sent / coordinates of the uploaded tensors, mean over rounds; unsent: "
+          "share of the global model's coordinates that no client sent in a round (rule zero sets them "
+          "to 0, rule carry keeps them), mean over rounds.\n")
     (out / "ablation.md").write_text(md)
     write_json(out / "summary.json", {"title": title, "command": command, "variants": summaries})
     line_plot(out / "accuracy.png", {n: summaries[n]["acc"] for n in names}, "round", "test accuracy",

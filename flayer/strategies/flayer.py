@@ -145,7 +145,10 @@ class Flayer(Strategy):
         start: Mapping[str, torch.Tensor] = global_state
         local_head = state.prefixed(PERSONAL)
         if self.options.pla and local_head:
-            start = pla_state(global_state, local_head, self.head, float(state.scalars.get("acc_val", 0.0)))
+            acc = state.scalars.get("acc_val", 0.0)
+            if isinstance(acc, bool) or not isinstance(acc, (int, float)):
+                raise ValueError(f"client state: acc_val must be a number in [0, 1], got {acc!r}")
+            start = pla_state(global_state, local_head, self.head, float(acc))
         model = self.model_from(start, ctx.device)
         if self.options.head_epoch:
             self._head_epoch(model, data, ctx)

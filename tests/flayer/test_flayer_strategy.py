@@ -50,6 +50,9 @@ def test_pla_uses_kept_head_and_validation_accuracy(digits, clients):
     got = s.receive(g, state, clients[0], _ctx(2)).state_dict()
     for n in s.head:
         assert torch.allclose(got[n], 0.25 * local_head[n] + 0.75 * g[n])
+    for bad in ("0.3", 1.5):  # a state file from a device is input from outside: checked
+        with pytest.raises(ValueError, match="acc_val|A_l"):
+            s.receive(g, ClientState(state.tensors, {"acc_val": bad}), clients[0], _ctx(2))
     off = make_strategy("flayer", digits.model_spec(), TRAIN, {"head_epoch": False, "pla": False})
     got = off.receive(g, state, clients[0], _ctx(2)).state_dict()
     assert all(torch.equal(got[n], g[n]) for n in s.head)
