@@ -104,7 +104,9 @@ class Strategy(ABC):
         missing = set(k for k, v in model.state_dict().items() if v.is_floating_point()) - set(state)
         if missing:
             raise KeyError(f"state lacks tensors {sorted(missing)[:5]}")
-        model.load_state_dict(dict(state), strict=False)
+        unexpected = model.load_state_dict(dict(state), strict=False).unexpected_keys
+        if unexpected:
+            raise KeyError(f"state holds tensors the model does not have: {sorted(unexpected)[:5]}")
         return model.to(device)
 
     # ---- client side ------------------------------------------------------------------------
