@@ -91,7 +91,7 @@ class Strategy(ABC):
     def __init__(self, spec: ModelSpec, train: TrainConfig, options: Mapping[str, Any] | None = None) -> None:
         self.spec = spec
         self.train = train
-        self.options = from_mapping(self.options_type, options or {}, f"[strategy.{self.name}]")
+        self.options: Any = from_mapping(self.options_type, options or {}, f"[strategy.{self.name}]")
 
     # ---- shared helpers -------------------------------------------------------------------
     def new_model(self, device: torch.device | None = None) -> nn.Module:
