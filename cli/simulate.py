@@ -64,6 +64,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "clients": prepared.partition.num_clients, "rounds": cfg.rounds, "seed": cfg.seed,
         "final_round_acc": result.rounds[-1].acc, "best_acc": result.best_acc, "final_personal_acc": result.final_acc,
         "mean_upload_fraction": sum(r.upload_fraction for r in result.rounds) / len(result.rounds),
+        "mean_unsent_fraction": sum(r.unsent_fraction for r in result.rounds) / len(result.rounds),
         "wall_seconds": time.perf_counter() - t0,
         "acc": [r.acc for r in result.rounds], "final_client_acc": result.final_client_acc,
     }

@@ -124,6 +124,17 @@ class Aggregator:
         base = np.full(int(np.prod(self.shapes[name], dtype=np.int64)), self._w_dense[name])
         return base if ws is None else base + ws
 
+    def unsent(self) -> int:
+        """Coordinates of the global model that no folded update carried: what rule ``zero`` sets to 0
+        and rule ``carry`` keeps."""
+        total = 0
+        for name, shape in self.shapes.items():
+            if name not in self._sum:
+                total += int(np.prod(shape, dtype=np.int64))
+            elif self._w_dense[name] == 0:
+                total += int(np.count_nonzero(self._w_sparse[name] == 0))
+        return total
+
     def result(self) -> dict[str, torch.Tensor]:
         """The next global state (fp32). Nothing folded: the previous state, unchanged."""
         out: dict[str, torch.Tensor] = {}

@@ -61,8 +61,9 @@ def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int) 
 
 def initial_global_state(strategy: Strategy, seed: int) -> dict[str, torch.Tensor]:
     """The round-1 global model: the strategy's model initialised from ``seed``."""
-    torch.manual_seed(derive_seed(seed, "init"))
-    return float_state(strategy.new_model())
+    with torch.random.fork_rng(devices=[]):  # leaves the caller's global RNG state as it was
+        torch.manual_seed(derive_seed(seed, "init"))
+        return float_state(strategy.new_model())
 
 
 @dataclass(frozen=True)
@@ -77,16 +78,23 @@ class RoundRecord:
     upload_bytes: int  # wire bytes (0 when no sizer was given)
     seconds: float
     client_acc: tuple[float, ...]
+    unsent: int = 0  # coordinates of the global model no selected client sent (rule zero sets them to 0)
+    coordinates: int = 0  # coordinates of the global model
 
     @property
     def upload_fraction(self) -> float:
         return self.sent / self.numel if self.numel else 0.0
 
+    @property
+    def unsent_fraction(self) -> float:
+        return self.unsent / self.coordinates if self.coordinates else 0.0
+
     def as_dict(self) -> dict[str, object]:
         return {"round": self.round, "acc": self.acc, "loss": self.loss, "train_loss": self.train_loss,
                 "selected": list(self.selected), "sent": self.sent, "numel": self.numel,
                 "upload_fraction": self.upload_fraction, "upload_bytes": self.upload_bytes,
-                "seconds": self.seconds, "client_acc": list(self.client_acc)}
+                "seconds": self.seconds, "client_acc": list(self.client_acc), "unsent": self.unsent,
+                "unsent_fraction": self.unsent_fraction}
 
 
 @dataclass
@@ -142,10 +150,13 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
                 nbytes += sizer(result.update) if sizer is not None else 0
             if on_client is not None:
                 on_client(r, i + 1)
+        unsent = agg.unsent() if agg.contributors else 0
+        coordinates = sum(v.numel() for v in g.values())
         g = agg.result()
         acc, loss = _weighted(evals)
         rec = RoundRecord(r, acc, loss, float(np.mean(losses)) if losses else float("nan"), tuple(sorted(selected)),
-                          sent, numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals))
+                          sent, numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals),
+                          unsent, coordinates)
         records.append(rec)
         log.info("round %d: acc %.4f loss %.4f train_loss %.4f upload %.3f", r, acc, loss, rec.train_loss,
                  rec.upload_fraction)

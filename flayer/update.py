@@ -75,6 +75,6 @@ def delta_update(local: Mapping[str, torch.Tensor], global_state: Mapping[str, t
         if idx is None:
             deltas[name] = TensorDelta(tuple(local[name].shape), diff.numpy().copy())
         else:
-            idx = idx.to(torch.int64).reshape(-1)
+            idx = idx.to("cpu", torch.int64).reshape(-1)
             deltas[name] = TensorDelta(tuple(local[name].shape), diff[idx].numpy().copy(), idx.numpy().copy())
     return Update(deltas, int(num_samples), dict(info or {}))

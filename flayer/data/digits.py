@@ -17,8 +17,8 @@ def load_digits() -> Dataset:
     except ImportError as exc:
         raise DataError("digits: scikit-learn is not installed; pip install 'flayer-edge[digits]'") from exc
     bunch = _sk_load()
-    img = np.asarray(bunch.images, dtype=np.float64)  # (N, 8, 8), 0..16
-    img = np.kron(img, np.ones((2, 2)))  # (N, 16, 16)
-    x = np.clip(np.rint(img * (255.0 / 16.0)), 0, 255).astype(np.uint8)[:, None]
+    small = np.asarray(bunch.images, dtype=np.float64)  # (N, 8, 8), 0..16
+    big = np.kron(small, np.ones((2, 2)))  # (N, 16, 16)
+    x = np.clip(np.rint(big * (255.0 / 16.0)), 0, 255).astype(np.uint8)[:, None]
     return Dataset(name="digits", x=np.ascontiguousarray(x), y=np.asarray(bunch.target, dtype=np.int64),
                    num_classes=10)

@@ -8,12 +8,13 @@ from ..config import TrainConfig
 from ..models import ModelSpec
 from .base import ClientState, LocalResult, RoundContext, Strategy
 from .fedavg import FedAvg
+from .flayer import Flayer, FlayerRef
 
 __all__ = ["STRATEGIES", "make_strategy", "Strategy", "ClientState", "LocalResult", "RoundContext"]
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
-    for cls in (FedAvg,)
+    for cls in (FedAvg, Flayer, FlayerRef)
 }
 
 

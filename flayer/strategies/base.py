@@ -91,7 +91,7 @@ class Strategy(ABC):
     def __init__(self, spec: ModelSpec, train: TrainConfig, options: Mapping[str, Any] | None = None) -> None:
         self.spec = spec
         self.train = train
-        self.options = from_mapping(self.options_type, options or {}, f"[strategy.{self.name}]")
+        self.options: Any = from_mapping(self.options_type, options or {}, f"[strategy.{self.name}]")
 
     # ---- shared helpers -------------------------------------------------------------------
     def new_model(self, device: torch.device | None = None) -> nn.Module:
@@ -104,7 +104,9 @@ class Strategy(ABC):
         missing = set(k for k, v in model.state_dict().items() if v.is_floating_point()) - set(state)
         if missing:
             raise KeyError(f"state lacks tensors {sorted(missing)[:5]}")
-        model.load_state_dict(dict(state), strict=False)
+        unexpected = model.load_state_dict(dict(state), strict=False).unexpected_keys
+        if unexpected:
+            raise KeyError(f"state holds tensors the model does not have: {sorted(unexpected)[:5]}")
         return model.to(device)
 
     # ---- client side ------------------------------------------------------------------------
