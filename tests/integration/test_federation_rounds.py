@@ -42,6 +42,7 @@ def _assert_matches_simulator(state: dict[str, torch.Tensor], run) -> None:  # t
     assert set(state) == set(run.reference)
     worst = max(float((state[k] - run.reference[k]).abs().max()) for k in state)
     moved = max(float((run.reference[k]).abs().max()) for k in state)
+    print(f"{run.strategy}: max |MQTT - simulate| = {worst:.3g} (largest weight {moved:.3g})")
     assert worst <= 1e-6, f"MQTT run differs from flayer simulate by {worst:.3g}"
     assert moved > 0
 
