@@ -16,3 +16,13 @@ def digits():
     from flayer.data import load_dataset
 
     return load_dataset("digits")
+
+
+@pytest.fixture
+def one_torch_thread():  # type: ignore[no-untyped-def]
+    """Torch on one thread for the test: where several trainers share 2 busy cores, 2 threads each
+    run ~50x slower than 1 (spinning OpenMP threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

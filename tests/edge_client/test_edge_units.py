@@ -23,6 +23,8 @@ from protocol import Plan, UpdateHeader, WireLimits, decode_update
 
 from coordinator.publish import model_blob
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.fixture(scope="module")
 def shard(digits):  # type: ignore[no-untyped-def]

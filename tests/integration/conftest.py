@@ -27,14 +27,8 @@ class FmnistRun:
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():  # type: ignore[no-untyped-def]
-    """Several trainers share 2 busy cores here: torch with 2 threads each is ~50x slower than with 1."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _single_thread(one_torch_thread):  # type: ignore[no-untyped-def]
+    """Every federation test trains on one torch thread (see tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")
