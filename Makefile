@@ -50,6 +50,7 @@ bench: apt-data apt-broker $(VENV)/.stamp-all
 	$(BIN)/python benchmarks/local_round.py
 	$(BIN)/python benchmarks/codec.py
 	$(BIN)/python benchmarks/export_runtimes.py
+	$(BIN)/python benchmarks/transport.py
 
 clean-venv:
 	rm -rf $(VENV)
