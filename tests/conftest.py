@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-# Tests are small; keep torch from oversubscribing the 2 cores CI has.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# The suite's models are tiny and several trainers (edge processes, parallel runs) share 2 cores:
+# one torch thread each. With 2 threads per trainer on a busy 2-core machine, spinning OpenMP
+# threads made tests 10-50x slower (measured).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -16,13 +16,3 @@ def digits():
     from flayer.data import load_dataset
 
     return load_dataset("digits")
-
-
-@pytest.fixture
-def one_torch_thread():  # type: ignore[no-untyped-def]
-    """Torch on one thread for the test: where several trainers share 2 busy cores, 2 threads each
-    run ~50x slower than 1 (spinning OpenMP threads)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -9,10 +9,17 @@ import numpy as np
 import pytest
 import torch
 
+from coordinator.publish import model_blob
 from edge_client.config import load_device_config
 from edge_client.store import DeviceStore, StoredState, UploadRecord
 from edge_client.work import (
-    EdgeError, StrategyCache, UpdateTooLarge, check_data_fits, decode_global, round_context, train_and_encode,
+    EdgeError,
+    StrategyCache,
+    UpdateTooLarge,
+    check_data_fits,
+    decode_global,
+    round_context,
+    train_and_encode,
 )
 from flayer.config import ConfigError
 from flayer.partition import make_partition
@@ -20,10 +27,6 @@ from flayer.simulation import client_round, initial_global_state
 from flayer.strategies.base import ClientState
 from flayer.train import client_data
 from protocol import Plan, UpdateHeader, WireLimits, decode_update
-
-from coordinator.publish import model_blob
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

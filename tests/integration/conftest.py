@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -26,11 +25,6 @@ class FmnistRun:
     reference: dict[str, Any]  # simulate()'s final global state
 
 
-@pytest.fixture(autouse=True)
-def _single_thread(one_torch_thread):  # type: ignore[no-untyped-def]
-    """Every federation test trains on one torch thread (see tests/conftest.py)."""
-
-
 @pytest.fixture(scope="session")
 def fmnist_run(tmp_path_factory: pytest.TempPathFactory) -> FmnistRun:
     if not (FMNIST_DIR / "train-labels-idx1-ubyte.gz").exists() and not (FMNIST_DIR / "train-labels-idx1-ubyte").exists():
@@ -45,7 +39,6 @@ def fmnist_run(tmp_path_factory: pytest.TempPathFactory) -> FmnistRun:
     from flayer.strategies import make_strategy
     from flayer.train import client_data
 
-    torch.set_num_threads(1)
     ds = load_dataset("fmnist")
     part = make_partition(ds.y, ds.num_classes, 5, "dir0.5", seed=0, samples=3000,
                           meta={"dataset": ds.name, "dataset_fingerprint": ds.fingerprint()})
