@@ -9,9 +9,10 @@ re-folds a journal after a restart through the same validation.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -44,7 +45,7 @@ class OpenRound:
     @classmethod
     def begin(cls, number: int, selected: tuple[str, ...] | list[str], strategy: Strategy,
               global_state: Mapping[str, torch.Tensor], model_digest: str, fs: FederationSettings, federation: str,
-              limits: WireLimits, now: float) -> "OpenRound":
+              limits: WireLimits, now: float) -> OpenRound:
         agg = strategy.aggregator(global_state, fs.norm_bound)
         sel = frozenset(selected)
         ctx = IntakeContext(federation, number, model_digest, agg.shapes, limits, fs.max_update_bytes, fs.norm_bound,
@@ -61,8 +62,9 @@ class OpenRound:
         self.journal = Journal(folder, self.number)
         return self.journal
 
-    def fold(self, client: str, update: Update, clipped: bool = False) -> None:
-        self.aggregator.fold(update)
+    def fold(self, client: str, update: Update, clipped: bool = False, norm: float | None = None) -> None:
+        """Fold an update that :func:`coordinator.intake.validate` accepted (``norm``: its checked norm)."""
+        self.aggregator.fold(update, checked_norm=norm)
         self.accepted.add(client)
         self.stats.accepted += 1
         self.stats.clipped += int(clipped)
@@ -72,7 +74,7 @@ class OpenRound:
         """Journal (append + fsync), then fold: the caller acks only after this returns."""
         assert self.journal is not None and verdict.update is not None
         self.journal.append_update(client, self.number, blob)
-        self.fold(client, verdict.update, verdict.clipped)
+        self.fold(client, verdict.update, verdict.clipped, verdict.norm)
         if self.timer is not None:
             self.timer.accepted(len(self.accepted), now)
 
@@ -86,7 +88,7 @@ class OpenRound:
                 log.error("journal of round %d: the update of %s no longer validates (%s)", self.number,
                           rec.client, verdict.reason)
                 continue
-            self.fold(rec.client, verdict.update, verdict.clipped)
+            self.fold(rec.client, verdict.update, verdict.clipped, verdict.norm)
         return len(self.accepted)
 
     def close(self) -> dict[str, torch.Tensor]:

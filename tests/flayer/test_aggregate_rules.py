@@ -3,13 +3,15 @@ weights are training-sample counts; bad updates are refused by name."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flayer.aggregate import Aggregator, UpdateError
+from flayer.aggregate import Aggregator, UpdateError, check_update
 from flayer.update import TensorDelta, Update, delta_update
 
 
@@ -96,3 +98,27 @@ def test_delta_update_takes_explicit_positions_even_where_the_delta_is_zero():
     d = up.deltas["w"]
     assert d.indices.tolist() == [0, 1] and d.values.tolist() == [0.0, 3.0]  # a sent zero is still sent
     assert up.sent == 2 and up.numel == 3 and up.num_samples == 7
+
+
+def test_check_update_norm_of_huge_finite_values_and_nan_detection():
+    shapes = {"w": (4,)}
+    big = np.array([3e30, 4e30, 0, 0], dtype=np.float32)  # squares overflow float32
+    norm = check_update(Update({"w": TensorDelta((4,), big)}, 1), shapes)
+    assert math.isclose(norm, 5e30, rel_tol=1e-6)
+    with pytest.raises(UpdateError, match="norm"):
+        check_update(Update({"w": TensorDelta((4,), big)}, 1), shapes, max_norm=1e30)
+    for bad in (np.nan, np.inf, -np.inf):
+        vals = np.array([1, bad, 0, 0], dtype=np.float32)
+        with pytest.raises(UpdateError, match="non-finite"):
+            check_update(Update({"w": TensorDelta((4,), vals)}, 1), shapes)
+    with pytest.raises(UpdateError, match="strictly increasing"):
+        check_update(Update({"w": TensorDelta((4,), np.ones(2, np.float32), np.array([2, 2]))}, 1), shapes)
+
+
+def test_fold_with_checked_norm_skips_the_second_pass_but_folds_the_same():
+    g = {"w": torch.zeros(5)}
+    up = Update({"w": TensorDelta((5,), np.array([1.0, 2.0], np.float32), np.array([1, 3]))}, 2)
+    a, b = Aggregator(g), Aggregator(g)
+    a.fold(up)
+    b.fold(up, checked_norm=check_update(up, b.shapes))
+    assert torch.equal(a.result()["w"], b.result()["w"])
