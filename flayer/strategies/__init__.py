@@ -7,13 +7,21 @@ from typing import Any, Mapping
 from ..config import TrainConfig
 from ..models import ModelSpec
 from .base import ClientState, LocalResult, RoundContext, Strategy
+from .ditto import Ditto
+from .fedala import FedALA
 from .fedavg import FedAvg
+from .fedbabu import FedBABU
+from .fedper import FedPer
+from .fedrep import FedRep
+from .lgfedavg import LGFedAvg
+from .local import Local
+from .playerfl import PLayerFL
 
 __all__ = ["STRATEGIES", "make_strategy", "Strategy", "ClientState", "LocalResult", "RoundContext"]
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
-    for cls in (FedAvg,)
+    for cls in (FedAvg, Local, FedPer, FedRep, LGFedAvg, Ditto, FedALA, FedBABU, PLayerFL)
 }
 
 
