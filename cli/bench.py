@@ -133,7 +133,7 @@ def _execute(cmd: list[str], run_dir: Path, threads: int) -> tuple[int, float]:
     with open(run_dir / "log.txt", "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT).returncode
+        rc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT).returncode
     return rc, time.monotonic() - t0
 
 

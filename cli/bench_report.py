@@ -47,6 +47,7 @@ class RunResult:
     upload_bytes_per_round: float  # per client per round
     bytes_from_codec: bool
     calibration: Mapping[str, Any] = field(default_factory=dict)
+    cpu_seconds: float = math.nan  # process CPU time of the simulation (one thread: ~ wall time on a free core)
 
 
 def load_run(summary_path: Path, method: str, seed: int, rounds: int) -> RunResult | None:
@@ -62,7 +63,8 @@ def load_run(summary_path: Path, method: str, seed: int, rounds: int) -> RunResu
         return RunResult(method, seed, tuple(float(a) for a in s["acc"]), float(s["final_personal_acc"]),
                          float(s["final_round_acc"]), float(s["best_acc"]),
                          tuple(float(a) for a in s["final_client_acc"]), float(s["wall_seconds"]),
-                         total / uploads if uploads else 0.0, codec, dict(s.get("calibration") or {}))
+                         total / uploads if uploads else 0.0, codec, dict(s.get("calibration") or {}),
+                         float(s.get("cpu_seconds", math.nan)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -109,6 +111,7 @@ class MethodRow:
     upload_bytes: float
     bytes_from_codec: bool
     wall: tuple[float, float]
+    cpu: tuple[float, float]
     calibration: tuple[str, ...]
 
 
@@ -136,7 +139,7 @@ def aggregate(runs: Sequence[RunResult], methods: Sequence[str]) -> tuple[list[M
             _ms([r.final_round_acc for r in mine]), mean(reached) if reached else None, len(reached),
             _ms(conv_ok), sum(1 for r, c in zip(mine, conv) if c is not None and c >= len(r.acc)),
             mean(r.upload_bytes_per_round for r in mine), all(r.bytes_from_codec for r in mine),
-            _ms([r.wall_seconds for r in mine]),
+            _ms([r.wall_seconds for r in mine]), _ms([r.cpu_seconds for r in mine]),
             tuple(sorted({json.dumps(dict(r.calibration), sort_keys=True) for r in mine if r.calibration}))))
     return rows, per_run
 
@@ -147,7 +150,7 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
     cols = ["row", "method", "seed", "seeds", "final_acc", "final_acc_std", "best_acc", "best_acc_std",
             "final_round_acc", "final_round_acc_std", "rounds_to_fedavg_best", "seeds_reaching_fedavg_best",
             "convergence_round", "convergence_round_std", "upload_bytes_per_client_round", "bytes_source",
-            "wall_seconds", "wall_seconds_std", "calibration"]
+            "wall_seconds", "wall_seconds_std", "cpu_seconds", "cpu_seconds_std", "calibration"]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
@@ -160,7 +163,8 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
                         "convergence_round": d["convergence"] if d["convergence"] is not None else "",
                         "upload_bytes_per_client_round": round(r.upload_bytes_per_round, 1),
                         "bytes_source": "codec" if r.bytes_from_codec else "estimate",
-                        "wall_seconds": round(r.wall_seconds, 1), "calibration": json.dumps(dict(r.calibration))})
+                        "wall_seconds": round(r.wall_seconds, 1), "cpu_seconds": round(r.cpu_seconds, 1),
+                        "calibration": json.dumps(dict(r.calibration))})
         for m in rows:
             w.writerow({"row": "method", "method": m.method, "seed": "", "seeds": m.seeds,
                         "final_acc": m.final[0], "final_acc_std": m.final[1], "best_acc": m.best[0],
@@ -172,6 +176,7 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
                         "upload_bytes_per_client_round": round(m.upload_bytes, 1),
                         "bytes_source": "codec" if m.bytes_from_codec else "estimate",
                         "wall_seconds": round(m.wall[0], 1), "wall_seconds_std": round(m.wall[1], 1),
+                        "cpu_seconds": round(m.cpu[0], 1), "cpu_seconds_std": round(m.cpu[1], 1),
                         "calibration": " ".join(m.calibration)})
     return path
 
@@ -184,8 +189,9 @@ def markdown_table(rows: Sequence[MethodRow]) -> str:
     """The results table (accuracies in %, mean ± std over seeds)."""
     codec = all(m.bytes_from_codec for m in rows) and rows
     up = "upload KB/client/round" + ("" if codec else " (fp32 est.)")
-    lines = ["| method | seeds | final acc (%) | best acc (%) | rounds to FedAvg best | convergence round | "
-             f"{up} | wall s/run |", "|---|---|---|---|---|---|---|---|"]
+    header = ("| method | seeds | final acc (%) | best acc (%) | rounds to FedAvg best | convergence round | "
+              f"{up} | wall s/run | CPU s/run |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     for m in rows:
         if m.to_fedavg_best is None:
             reach = "-"
@@ -196,11 +202,11 @@ def markdown_table(rows: Sequence[MethodRow]) -> str:
             conv += "*"
         name = m.method + (f" ({', '.join(m.calibration)})" if m.calibration else "")
         lines.append(f"| {name} | {m.seeds} | {_pct(m.final)} | {_pct(m.best)} | {reach} | {conv} | "
-                     f"{m.upload_bytes / 1000:.1f} | {m.wall[0]:.0f} ± {m.wall[1]:.0f} |")
+                     f"{m.upload_bytes / 1000:.1f} | {m.wall[0]:.0f} ± {m.wall[1]:.0f} | {m.cpu[0]:.0f} |")
     return "\n".join(lines)
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> Any:
     from cli.plots import _pyplot as pp
 
     return pp()
@@ -212,12 +218,14 @@ def plot_accuracy(path: Path, runs: Sequence[RunResult], methods: Sequence[str],
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
-    for m in methods:
+    for k, m in enumerate(methods):
         series = [r.acc for r in runs if r.method == m]
         if not series:
             continue
         n = min(len(s) for s in series)
-        ax.plot(range(1, n + 1), [100 * mean(s[i] for s in series) for i in range(n)], label=m, linewidth=1.5)
+        # colours repeat after ten and identical curves would hide each other: vary the dash too
+        ax.plot(range(1, n + 1), [100 * mean(s[i] for s in series) for i in range(n)], label=m, linewidth=1.5,
+                color=f"C{k % 10}", linestyle=("-", "--", "-.", ":")[k % 4])
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%), mean over seeds")
     ax.set_title(title, fontsize=10)

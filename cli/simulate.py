@@ -41,7 +41,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
     clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
     metrics_path = out / "metrics.jsonl"
     progress = None if quiet else Progress(cfg.rounds * len(clients), label or f"{cfg.strategy}")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with open(metrics_path, "w") as mf:
         def on_round(rec: Any) -> None:
             mf.write(json.dumps(rec.as_dict()) + "\n")
@@ -66,6 +66,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "final_round_acc": result.rounds[-1].acc, "best_acc": result.best_acc, "final_personal_acc": result.final_acc,
         "mean_upload_fraction": sum(r.upload_fraction for r in result.rounds) / len(result.rounds),
         "wall_seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - c0,
         "acc": [r.acc for r in result.rounds], "final_client_acc": result.final_client_acc,
         "calibration": result.calibration,
         "uploads": sum(len(r.selected) for r in result.rounds),

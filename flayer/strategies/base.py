@@ -157,7 +157,8 @@ class Strategy(ABC):
 
     def options_dict(self) -> dict[str, Any]:
         """The current options as a plain mapping (what a round plan carries)."""
-        return dataclasses.asdict(self.options) if dataclasses.is_dataclass(self.options) else {}
+        opts = self.options
+        return dataclasses.asdict(opts) if dataclasses.is_dataclass(opts) and not isinstance(opts, type) else {}
 
     def with_options(self, updates: Mapping[str, Any]) -> "Strategy":
         """The same strategy with some options replaced (e.g. the calibration's decision)."""

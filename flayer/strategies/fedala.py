@@ -39,6 +39,7 @@ from .partial import PERSONAL, float_names, personal_state, upload
 
 ALA = "ala."
 STARTED = "ala_started"
+WEIGHTS_ATTR = "ala_weights"  # where receive() leaves the learned W on the model for local_round()
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class FedALA(Strategy):
         weights, _ = self.learn_weights(model, global_state, local, weights, data, ctx,
                                         start=not bool(state.scalars.get(STARTED, 0)))
         self._mix_into(model, global_state, local, weights)
-        model.ala_weights = weights
+        setattr(model, WEIGHTS_ATTR, weights)
         return model
 
     def _mix_into(self, model: nn.Module, global_state: Mapping[str, torch.Tensor],
@@ -154,7 +155,7 @@ class FedALA(Strategy):
         loss = sgd_epochs(model, data.train, opt, self.train.local_epochs, self.train.batch_size, ctx.device,
                           ctx.generator())
         kept = personal_state(model, self.names, state)
-        weights = getattr(model, "ala_weights", None)
+        weights = getattr(model, WEIGHTS_ATTR, None)
         if weights is not None:
             kept.tensors.update({ALA + n: w for n, w in weights.items()})
             kept.scalars[STARTED] = 1

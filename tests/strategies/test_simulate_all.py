@@ -58,7 +58,7 @@ def test_calibration_end_to_end(digits_spec, train_cfg, digits_clients):
     configured = strategy.with_options(resolved)
     assert not configured.needs_calibration() and configured.options.split == resolved["split"]
     # the simulator's round 0 reaches the same decision and runs the configured strategy
-    configured2, resolved2 = calibrate(strategy, digits_clients, g, seed=0)
+    _, resolved2 = calibrate(strategy, digits_clients, g, seed=0)
     assert resolved2 == resolved
     result = simulate(strategy, digits_clients, 2, seed=0)
     assert result.calibration == resolved

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flayer.strategies import STRATEGIES, make_strategy
-from flayer.strategies.base import ClientState, RoundContext
+from flayer.strategies.base import RoundContext
 from flayer.update import float_state
 
 CONV = {"conv1.0.weight", "conv1.0.bias", "conv2.0.weight", "conv2.0.bias"}
