@@ -181,12 +181,12 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
     return path
 
 
-def _pct(ms: tuple[float, float]) -> str:
-    return f"{100 * ms[0]:.2f} ± {100 * ms[1]:.2f}"
+def _pct(ms: tuple[float, float], n: int) -> str:
+    return f"{100 * ms[0]:.2f}" + (f" ± {100 * ms[1]:.2f}" if n > 1 else "")
 
 
 def markdown_table(rows: Sequence[MethodRow]) -> str:
-    """The results table (accuracies in %, mean ± std over seeds)."""
+    """The results table (accuracies in %, mean ± std over seeds; the std only with several seeds)."""
     codec = all(m.bytes_from_codec for m in rows) and rows
     up = "upload KB/client/round" + ("" if codec else " (fp32 est.)")
     header = ("| method | seeds | final acc (%) | best acc (%) | rounds to FedAvg best | convergence round | "
@@ -197,12 +197,14 @@ def markdown_table(rows: Sequence[MethodRow]) -> str:
             reach = "-"
         else:
             reach = f"{m.to_fedavg_best:.1f}" + ("" if m.reached == m.seeds else f" ({m.reached}/{m.seeds})")
-        conv = "-" if math.isnan(m.convergence[0]) else f"{m.convergence[0]:.1f} ± {m.convergence[1]:.1f}"
+        conv = "-" if math.isnan(m.convergence[0]) else (
+            f"{m.convergence[0]:.1f}" + (f" ± {m.convergence[1]:.1f}" if m.seeds > 1 else ""))
         if m.still_rising:
             conv += "*"
         name = m.method + (f" ({', '.join(m.calibration)})" if m.calibration else "")
-        lines.append(f"| {name} | {m.seeds} | {_pct(m.final)} | {_pct(m.best)} | {reach} | {conv} | "
-                     f"{m.upload_bytes / 1000:.1f} | {m.wall[0]:.0f} ± {m.wall[1]:.0f} | {m.cpu[0]:.0f} |")
+        wall = f"{m.wall[0]:.0f}" + (f" ± {m.wall[1]:.0f}" if m.seeds > 1 else "")
+        lines.append(f"| {name} | {m.seeds} | {_pct(m.final, m.seeds)} | {_pct(m.best, m.seeds)} | {reach} | {conv} | "
+                     f"{m.upload_bytes / 1000:.1f} | {wall} | {m.cpu[0]:.0f} |")
     return "\n".join(lines)
 
 
