@@ -54,3 +54,9 @@ bench: apt-data apt-broker $(VENV)/.stamp-all
 
 clean-venv:
 	rm -rf $(VENV)
+
+# the README's "Results" table: every method x 3 seeds (about 90 minutes on 2 cores); resumable
+.PHONY: bench-table
+bench-table: apt-data $(VENV)/.stamp-main
+	$(BIN)/flayer bench --dataset fmnist --partition dir0.1 --clients 20 --samples 12000 --rounds 50 \
+	    --seeds 0,1,2 --methods all --jobs 2 --out runs/bench-fmnist

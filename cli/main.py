@@ -12,6 +12,7 @@ from importlib import import_module
 SUBCOMMANDS = {
     "partition": "cli.partition",
     "simulate": "cli.simulate",
+    "bench": "cli.bench",
     "ablate": "cli.ablate",
     "broker": "cli.broker",
     "coordinator": "cli.coordinator",

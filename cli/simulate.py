@@ -27,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = None,
                    quiet: bool = False, save_models: bool = False) -> dict[str, Any]:
     """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary."""
+    from protocol import update_sizer
     from flayer.simulation import simulate
     from flayer.strategies import make_strategy
     from flayer.train import client_data, pick_device
@@ -40,7 +41,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
     clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
     metrics_path = out / "metrics.jsonl"
     progress = None if quiet else Progress(cfg.rounds * len(clients), label or f"{cfg.strategy}")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with open(metrics_path, "w") as mf:
         def on_round(rec: Any) -> None:
             mf.write(json.dumps(rec.as_dict()) + "\n")
@@ -53,12 +54,12 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
                 progress.update((r - 1) * len(clients) + done)
 
         result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device,
-                          on_round=on_round, on_client=on_client)
+                          on_round=on_round, on_client=on_client, sizer=update_sizer())
         mf.write(json.dumps({"final_acc": result.final_acc, "final_client_acc": result.final_client_acc}) + "\n")
     if progress is not None:
         progress.close()
     if save_models:
-        _save_models(strategy, result, clients, cfg, out / "models", device)
+        _save_models(strategy.with_options(result.calibration), result, clients, cfg, out / "models", device)
     summary = {
         "strategy": cfg.strategy, "dataset": cfg.data.dataset, "partition": prepared.partition.summary["partition"],
         "clients": prepared.partition.num_clients, "rounds": cfg.rounds, "seed": cfg.seed,
@@ -66,7 +67,13 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "mean_upload_fraction": sum(r.upload_fraction for r in result.rounds) / len(result.rounds),
         "mean_unsent_fraction": sum(r.unsent_fraction for r in result.rounds) / len(result.rounds),
         "wall_seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - c0,
         "acc": [r.acc for r in result.rounds], "final_client_acc": result.final_client_acc,
+        "calibration": result.calibration,
+        "uploads": sum(len(r.selected) for r in result.rounds),
+        "sent_total": sum(r.sent for r in result.rounds),
+        "indexed_total": sum(r.indexed for r in result.rounds),
+        "upload_bytes_total": sum(r.upload_bytes for r in result.rounds),
     }
     write_json(out / "summary.json", summary)
     return summary
@@ -101,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{cfg.strategy} on {cfg.data.dataset} {s['partition']}, {s['clients']} clients, {cfg.rounds} rounds: "
           f"final-round acc {s['final_round_acc']:.4f}, best {s['best_acc']:.4f}, personal models after the "
           f"last round {s['final_personal_acc']:.4f}, upload fraction {s['mean_upload_fraction']:.3f}, "
-          f"{s['wall_seconds']:.0f}s")
+          f"{s['wall_seconds']:.0f}s" + (f"; calibration chose {s['calibration']}" if s["calibration"] else ""))
     line_plot(out / "accuracy.png", {cfg.strategy: s["acc"]}, "round", "test accuracy",
               f"{cfg.strategy} on {cfg.data.dataset} {s['partition']}")
     bar_plot(out / "client_accuracy.png", [str(i) for i in range(len(s["final_client_acc"]))], s["final_client_acc"],

@@ -11,28 +11,26 @@ selected device reported, or at ``calibration_s``, it folds them with
 ``strategy.with_options(resolved)``. The resolved options travel in every later plan and are kept
 in the checkpoint, so a restarted coordinator does not calibrate again.
 
-The hook is looked up by name, so strategies without it (and builds whose Strategy base class does
-not have it yet) never enter this phase.
+Strategies without a calibration (``needs_calibration()`` is False, the base class default) never
+enter this phase.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-__all__ = ["Calibration", "CalibrationError", "needs_calibration", "WEIGHT_KEY"]
+from flayer.strategies.base import Strategy
+
+__all__ = ["WEIGHT_KEY", "Calibration", "CalibrationError"]
 
 WEIGHT_KEY = "sample_weight"
 
 
 class CalibrationError(RuntimeError):
     """The calibration cannot be resolved (no report came, or the strategy refused them)."""
-
-
-def needs_calibration(strategy: Any) -> bool:
-    hook = getattr(strategy, "needs_calibration", None)
-    return bool(hook()) if callable(hook) else False
 
 
 @dataclass
@@ -58,7 +56,7 @@ class Calibration:
     def complete(self, now: float) -> bool:
         return len(self.reports) >= len(self.selected) or now >= self.deadline
 
-    def resolve(self, strategy: Any) -> tuple[Any, dict[str, Any]]:
+    def resolve(self, strategy: Strategy) -> tuple[Strategy, dict[str, Any]]:
         """(the configured strategy, the resolved options)."""
         if not self.reports:
             raise CalibrationError("the calibration closed without a single report; check that the devices run "
@@ -70,7 +68,7 @@ class Calibration:
             configured = strategy.with_options(resolved)
         except ValueError as exc:
             raise CalibrationError(f"the calibration reports were refused: {exc}") from exc
-        if needs_calibration(configured):
+        if configured.needs_calibration():
             raise CalibrationError(f"the calibration resolved {resolved}, which does not settle what "
                                    f"{strategy.name} needs")
         return configured, resolved

@@ -39,7 +39,7 @@ from protocol import Kind, Metrics, Plan, Status, Topics, WireLimits, encode_mes
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
 from .inbox import CompleteUpdate, Inbox
-from .calibration import Calibration, CalibrationError, needs_calibration
+from .calibration import Calibration, CalibrationError
 from .journal import prune_journals
 from .metrics import MetricsLog
 from .open_round import OpenRound, journaled_round
@@ -269,7 +269,7 @@ class Coordinator:
                     self._resolve_calibration()
             elif self.done_round >= self.cfg.run.rounds:
                 self._finish()
-            elif len(online) >= self.fs.min_devices and not self._calibrated and needs_calibration(self.strategy):
+            elif len(online) >= self.fs.min_devices and not self._calibrated and self.strategy.needs_calibration():
                 self._open_calibration(online)
             elif len(online) >= self.fs.min_devices:
                 r = self.done_round + 1

@@ -150,11 +150,8 @@ def calibration_report(strategy: Strategy, plan: Plan, global_state: Mapping[str
                        ctx: RoundContext, *, amp: bool, now: float, federation: str, sender: str) -> bytes:
     """Round 0: the strategy's ``calibrate`` on the plan's model, as a Metrics payload (plus the
     device's training-sample count, ``sample_weight``, which the coordinator weighs reports with)."""
-    calibrate = getattr(strategy, "calibrate", None)
-    if not callable(calibrate):
-        raise EdgeError(f"strategy {plan.strategy!r} has no calibration phase in this build")
     with autocast_for(ctx.device, amp):
-        report = calibrate(global_state, data, ctx)
+        report = strategy.calibrate(global_state, data, ctx)
     values = {str(k): float(v) for k, v in report.items()}
     values["sample_weight"] = float(data.num_train)
     return encode_message(Metrics(plan.round, now, values), federation, sender)

@@ -4,7 +4,9 @@ The round loop is written once here. Per round: select clients (join ratio, seed
 runs :func:`client_round` -- download (``receive``), evaluate on its test split (PFLlib's protocol),
 and, if selected, local training and upload; the server folds the uploads into the next global
 model with the strategy's aggregator. After the last round each client's personal model is
-evaluated too.
+evaluated too. A strategy that ``needs_calibration()`` first runs :func:`calibrate` ("round 0": every
+client reports on the common initial model, the server resolves the reports into options), and the
+rounds run with the strategy those options configure.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -22,7 +24,7 @@ from .train import ClientData, evaluate
 from .update import Update, float_state
 
 __all__ = ["ClientEval", "client_round", "RoundRecord", "SimulationResult", "simulate", "select_clients",
-           "initial_global_state"]
+           "initial_global_state", "calibrate"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ class RoundRecord:
     client_acc: tuple[float, ...]
     unsent: int = 0  # coordinates of the global model no selected client sent (rule zero sets them to 0)
     coordinates: int = 0  # coordinates of the global model
+    indexed: int = 0  # explicit positions uploaded (sparse deltas), all selected clients together
 
     @property
     def upload_fraction(self) -> float:
@@ -94,7 +97,7 @@ class RoundRecord:
                 "selected": list(self.selected), "sent": self.sent, "numel": self.numel,
                 "upload_fraction": self.upload_fraction, "upload_bytes": self.upload_bytes,
                 "seconds": self.seconds, "client_acc": list(self.client_acc), "unsent": self.unsent,
-                "unsent_fraction": self.unsent_fraction}
+                "unsent_fraction": self.unsent_fraction, "indexed": self.indexed}
 
 
 @dataclass
@@ -104,6 +107,7 @@ class SimulationResult:
     final_client_acc: list[float]
     global_state: dict[str, torch.Tensor]
     states: list[ClientState] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)  # options resolved in round 0 (if any)
 
     @property
     def best_acc(self) -> float:
@@ -114,6 +118,27 @@ def _weighted(evals: Sequence[ClientEval]) -> tuple[float, float]:
     total = sum(e.total for e in evals)
     return (sum(e.correct for e in evals) / total if total else 0.0,
             sum(e.loss_sum for e in evals) / total if total else 0.0)
+
+
+def calibrate(strategy: Strategy, clients: Sequence[ClientData], global_state: Mapping[str, torch.Tensor],
+              seed: int, device: torch.device = torch.device("cpu")) -> tuple[Strategy, dict[str, Any]]:
+    """Round 0: every client calibrates on the common initial model, the server resolves the reports.
+
+    Returns the configured strategy (``strategy.with_options(resolved)``) and the resolved options.
+    The MQTT coordinator runs the same two halves over the wire: ``strategy.calibrate`` on each edge
+    client, ``strategy.resolve_calibration`` on the server.
+    """
+    reports = []
+    for i, data in enumerate(clients):
+        ctx = RoundContext(round=0, client=i, seed=seed, device=device)
+        reports.append(strategy.calibrate(global_state, data, ctx))
+    resolved = strategy.resolve_calibration(reports, [float(d.num_train) for d in clients])
+    configured = strategy.with_options(resolved)
+    if configured.needs_calibration():
+        raise ValueError(f"strategy {strategy.name!r}: the calibration resolved {resolved}, which does not "
+                         f"settle what it needs")
+    log.info("calibration of %s resolved %s", strategy.name, resolved)
+    return configured, resolved
 
 
 def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, seed: int,
@@ -128,6 +153,9 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     ``sizer(update)`` returns an update's size on the wire.
     """
     g = dict(global_state) if global_state is not None else initial_global_state(strategy, seed)
+    resolved: dict[str, Any] = {}
+    if strategy.needs_calibration():
+        strategy, resolved = calibrate(strategy, clients, g, seed, device)
     states = [strategy.initial_state() for _ in clients]
     records: list[RoundRecord] = []
     for r in range(1, rounds + 1):
@@ -136,7 +164,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         agg = strategy.aggregator(g)
         evals: list[ClientEval] = []
         losses: list[float] = []
-        sent = numel = nbytes = 0
+        sent = numel = nbytes = indexed = 0
         for i, data in enumerate(clients):
             ctx = RoundContext(round=r, client=i, seed=seed, device=device)
             ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected)
@@ -147,6 +175,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
                 losses.append(result.metrics.get("train_loss", float("nan")))
                 sent += result.update.sent
                 numel += result.update.numel
+                indexed += sum(d.count for d in result.update.deltas.values() if d.indices is not None)
                 nbytes += sizer(result.update) if sizer is not None else 0
             if on_client is not None:
                 on_client(r, i + 1)
@@ -156,7 +185,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         acc, loss = _weighted(evals)
         rec = RoundRecord(r, acc, loss, float(np.mean(losses)) if losses else float("nan"), tuple(sorted(selected)),
                           sent, numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals),
-                          unsent, coordinates)
+                          unsent, coordinates, indexed)
         records.append(rec)
         log.info("round %d: acc %.4f loss %.4f train_loss %.4f upload %.3f", r, acc, loss, rec.train_loss,
                  rec.upload_fraction)
@@ -168,4 +197,4 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         model = strategy.personal_model(g, states[i], data, ctx)
         finals.append(ClientEval(*evaluate(model, data.test, device)))
     final_acc, _ = _weighted(finals)
-    return SimulationResult(records, final_acc, [e.acc for e in finals], g, states)
+    return SimulationResult(records, final_acc, [e.acc for e in finals], g, states, resolved)

@@ -12,14 +12,23 @@ download, before local training):
 what the client keeps (explicit and serialisable, so a device can keep it on disk). The server side
 is ``strategy.aggregator(global_state)``: a streaming accumulator whose ``result()`` is the next
 global state. A transport (in-process, or MQTT) sits between the two sides; nothing here knows which.
+
+Some strategies decide part of their configuration from the clients' data before round 1 (PLayer-FL's
+split, FLAYER's ``head = auto``). That is a *calibration* phase ("round 0"), transport-neutral like the
+rest: when ``needs_calibration()``, every client runs ``calibrate(global_state, data, ctx)`` on the
+common initial model and reports a flat ``{name: float}`` mapping; the server folds all reports with
+``resolve_calibration(reports, weights)`` into strategy *option* updates (plain JSON values), and the
+federation then runs ``strategy.with_options(resolved)`` -- i.e. ``type(strategy)(spec, train,
+{**options, **resolved})`` -- so the decision travels in the round plan as ordinary options.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -130,6 +139,32 @@ class Strategy(ABC):
         """The model this client would deploy after the federation ends. Default: :meth:`receive`
         of the final global model (FedBABU, e.g., fine-tunes here)."""
         return self.receive(global_state, state, data, ctx)
+
+    # ---- calibration ("round 0", optional) ---------------------------------------------------
+    def needs_calibration(self) -> bool:
+        """True when this configuration must be calibrated on the clients' data before round 1."""
+        return False
+
+    def calibrate(self, global_state: Mapping[str, torch.Tensor], data: ClientData,
+                  ctx: RoundContext) -> dict[str, float]:
+        """Client side of the calibration: a flat report of finite floats (serialisable as JSON).
+        ``global_state`` is the common initial model; ``ctx.round`` is 0."""
+        raise NotImplementedError(f"strategy {self.name!r} has no calibration phase")
+
+    def resolve_calibration(self, reports: Sequence[Mapping[str, float]],
+                            weights: Sequence[float]) -> dict[str, Any]:
+        """Server side of the calibration: fold the clients' reports (``weights``: their training
+        sample counts) into option updates for :meth:`with_options`. Raises ValueError on bad reports."""
+        return {}
+
+    def options_dict(self) -> dict[str, Any]:
+        """The current options as a plain mapping (what a round plan carries)."""
+        opts = self.options
+        return dataclasses.asdict(opts) if dataclasses.is_dataclass(opts) and not isinstance(opts, type) else {}
+
+    def with_options(self, updates: Mapping[str, Any]) -> "Strategy":
+        """The same strategy with some options replaced (e.g. the calibration's decision)."""
+        return type(self)(self.spec, self.train, {**self.options_dict(), **dict(updates)})
 
     # ---- server side ------------------------------------------------------------------------
     def server_rule(self) -> str:

@@ -24,8 +24,9 @@ client keeps its head and A_l (``personal.<tensor>``, ``acc_val``). Server side:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -36,11 +37,12 @@ from ..lr import LrRule, layer_optimizer, lr_hook
 from ..masks import layer_masks, ref_masks
 from ..models import ModelSpec
 from ..pla import pla_state
+from ..sensitivity import DEFAULT_THRESHOLD, aggregate_curves, auto_head_layers, calibration_report
 from ..train import ClientData, evaluate, sgd_epochs
 from ..update import delta_update, float_state
 from .base import ClientState, LocalResult, RoundContext, Strategy
 
-__all__ = ["FlayerOptions", "FlayerRefOptions", "Flayer", "FlayerRef", "REF_MODEL_CONSTANTS"]
+__all__ = ["REF_MODEL_CONSTANTS", "Flayer", "FlayerOptions", "FlayerRef", "FlayerRefOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,12 @@ REF_MODEL_CONSTANTS: dict[str, tuple[int, int, float]] = {
 class FlayerOptions:
     """``[strategy.flayer]`` / ``--set flayer.KEY=VALUE``. Each switch is one ablation row."""
 
-    head_layers: int | None = None  # s: head layers (flayer) / tensors (flayer-ref); None = preset default
+    # s: head layers (flayer) / tensors (flayer-ref); None = preset default; "auto" = chosen before
+    # round 1 from PLayer-FL's federation-sensitivity curve (a calibration round, flayer.sensitivity)
+    head_layers: int | Literal["auto"] | None = None
+    auto_threshold: float = DEFAULT_THRESHOLD  # "auto": the jump ratio that places the split
+    calibration_epochs: int = 1  # "auto": independent local epochs before measuring sensitivity
+    sensitivity_batch: int = 128  # "auto": size of the one random batch the metric uses
     layer_paths: tuple[str, ...] = ()  # override the layer plan with explicit module paths
     pla: bool = True  # Eq. 2 head init (off: the global head as is)
     acc_source: Literal["trained", "received"] = "trained"  # A_l: after local training / received model
@@ -74,8 +81,10 @@ class FlayerOptions:
     server_rule: Literal["carry", "zero"] = "carry"
 
     def __post_init__(self) -> None:
-        if self.head_layers is not None and self.head_layers < 1:
-            raise ValueError(f"head_layers must be >= 1, got {self.head_layers}")
+        if self.head_layers != "auto" and self.head_layers is not None and self.head_layers < 1:
+            raise ValueError(f"head_layers must be >= 1 or \"auto\", got {self.head_layers}")
+        if not self.auto_threshold > 1.0 or self.calibration_epochs < 1 or self.sensitivity_batch < 1:
+            raise ValueError("need auto_threshold > 1, calibration_epochs >= 1 and sensitivity_batch >= 1")
         if not self.head_epoch_lr > 0:
             raise ValueError(f"head_epoch_lr must be > 0, got {self.head_epoch_lr}")
         if not self.lr_eps > 0:
@@ -125,7 +134,8 @@ class Flayer(Strategy):
 
     # ---- the rules the two presets differ in -----------------------------------------------------------
     def _plan_head_layers(self) -> int:
-        return self.options.head_layers or 1
+        h = self.options.head_layers
+        return 1 if h is None or h == "auto" else h  # "auto": provisional until the calibration
 
     def _head(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(state tensors PLA mixes and the client keeps, parameters the head-only epoch trains)."""
@@ -137,6 +147,27 @@ class Flayer(Strategy):
 
     def _masks(self, change: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
         return layer_masks(change, self.plan, self.options.mask_floor, self.options.mask_cap)
+
+    # ---- head = auto: PLayer-FL's sensitivity curve picks s (round 0) -----------------------------------
+    def needs_calibration(self) -> bool:
+        return self.options.head_layers == "auto"
+
+    def calibrate(self, global_state: Mapping[str, torch.Tensor], data: ClientData,
+                  ctx: RoundContext) -> dict[str, float]:
+        plan = self.plan.with_head(0)
+        return calibration_report(self.model_from(global_state, ctx.device), plan, data.train, self.train.lr,
+                                  self.train.batch_size, self.options.calibration_epochs,
+                                  self.options.sensitivity_batch, ctx.device, ctx.generator("calibrate"))
+
+    def resolve_calibration(self, reports: Sequence[Mapping[str, float]],
+                            weights: Sequence[float]) -> dict[str, Any]:
+        """The sample-weighted mean curve decides how many layers stay local (the head)."""
+        curve = aggregate_curves(reports, weights, self.plan.num_layers)
+        return {"head_layers": self._head_setting(auto_head_layers(curve, self.options.auto_threshold))}
+
+    def _head_setting(self, layers: int) -> int:
+        """``head_layers`` for a head of ``layers`` layers (flayer counts layers)."""
+        return max(1, layers)
 
     # ---- client side -----------------------------------------------------------------------------------
     def receive(self, global_state: Mapping[str, torch.Tensor], state: ClientState, data: ClientData,
@@ -221,8 +252,13 @@ class FlayerRef(Flayer):
     def _plan_head_layers(self) -> int:
         return 1  # the plan only groups modules here; the head is counted in tensors (_head)
 
+    def _head_setting(self, layers: int) -> int:
+        """flayer-ref counts its head in parameter tensors: those of the last ``layers`` layers."""
+        return len(self.plan.with_head(max(1, layers)).params(head=True))
+
     def _head(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        s = self.options.head_layers or self._constants()[0]
+        h = self.options.head_layers
+        s = self._constants()[0] if h is None or h == "auto" else h
         if s > len(self.param_names):
             raise ValueError(f"head_layers {s} exceeds the model's {len(self.param_names)} parameter tensors")
         head = self.param_names[-s:]

@@ -85,3 +85,39 @@ def test_calibration_round(tmp_path: Path, digits, monkeypatch: pytest.MonkeyPat
         for c in clients:
             c.stop()
         fb.broker.stop()
+
+
+def test_playerfl_calibration_over_the_broker_matches_the_simulator(tmp_path: Path, digits) -> None:  # type: ignore[no-untyped-def]
+    """The real PLayer-FL: round 0 over MQTT resolves the same split as flayer.simulation.calibrate."""
+    from flayer.config import TrainConfig
+    from flayer.simulation import calibrate, initial_global_state
+
+    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b"])
+    part = make_partition(digits.y, digits.num_classes, 2, "dir0.5", 0)
+    shards = [client_data(digits, c) for c in part.clients]
+    clients: list[EdgeClient] = []
+    try:
+        path = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
+                               tmp_path / "coord", strategy="playerfl", rounds=1, dataset="digits", quorum=2,
+                               min_devices=2)
+        cfg = load_coordinator_config(path)
+        coord = Coordinator(cfg, fb.coordinator)
+        thread = coord.start()
+        for i, name in enumerate(["dev-a", "dev-b"]):
+            settings = EdgeSettings(state_dir=str(tmp_path / name), client_index=i, device="cpu", heartbeat_s=2.0)
+            clients.append(EdgeClient(settings, fb.devices[name], shards[i]))
+            clients[-1].start()
+        thread.join(180)
+        result = coord._thread_result
+        assert not isinstance(result, BaseException) and result is not None and result.finished, result
+        sim = strategies.make_strategy("playerfl", digits.model_spec(), coord.strategy.train)
+        assert isinstance(coord.strategy.train, TrainConfig)
+        _, resolved = calibrate(sim, shards, initial_global_state(sim, cfg.run.seed), cfg.run.seed)
+        assert "split" in resolved and coord.options["split"] == resolved["split"]
+        for c in clients:
+            assert c.wait(30) and c.error is None and c.plan is not None
+            assert c.plan.options["split"] == resolved["split"]
+    finally:
+        for c in clients:
+            c.stop()
+        fb.broker.stop()

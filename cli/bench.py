@@ -1,0 +1,192 @@
+"""``flayer bench``: every method x every seed on one saved partition, in parallel processes,
+resumable, then one results table (CSV + markdown) and two plots.
+
+Layout of ``--out``::
+
+    bench.json            the settings (a later call with other settings is refused)
+    partition.npz         the partition every run reads (the seeds vary the training only)
+    runs/<method>/seed<s>/  one ``flayer simulate`` run each: log.txt, metrics.jsonl, summary.json
+    results.csv results.md accuracy_vs_round.png client_spread.png
+
+A run whose ``summary.json`` is complete is never re-run, so an interrupted bench continues where
+it stopped and a finished one only re-aggregates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from cli.common import CliError, add_common_flags, load_data, run_config, write_json
+from cli.progress import Progress
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run every method x seed on one partition and tabulate the results",
+                       description="Runs each (method, seed) as its own 'flayer simulate' process on one saved "
+                                   "partition, skips runs already finished in --out, and writes results.csv, "
+                                   "results.md, accuracy_vs_round.png and client_spread.png. --seed is the "
+                                   "partition's seed; --seeds are the training seeds.")
+    add_common_flags(p, rounds=True, strategy=False)
+    g = p.add_argument_group("bench")
+    g.add_argument("--methods", default="all", help="comma-separated strategy names, or 'all' (default)")
+    g.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
+    g.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="runs in parallel (default: the number of CPU cores)")
+    g.add_argument("--threads-per-job", type=int, default=1, help="torch threads per run (default 1)")
+    g.add_argument("--lr", type=float, help="base learning rate")
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--local-epochs", type=int)
+    g.add_argument("--device", help="auto, cpu (default), cuda, cuda:N or mps")
+    g.add_argument("--set", action="append", default=[], metavar="STRATEGY.KEY=VALUE",
+                   help="a strategy option passed to every run, e.g. --set ditto.mu=0.5")
+    p.set_defaults(func=run)
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--{what} {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not out or len(set(out)) != len(out):
+        raise CliError(f"--{what} {text!r}: expected distinct integers, e.g. 0,1,2")
+    return out
+
+
+def _methods(text: str) -> list[str]:
+    from flayer.config import STRATEGY_NAMES
+
+    if text.strip() == "all":
+        return list(STRATEGY_NAMES)
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in STRATEGY_NAMES]
+    if bad or not names:
+        raise CliError(f"--methods: unknown {', '.join(bad) or 'empty list'}; choose from all, "
+                       f"{', '.join(STRATEGY_NAMES)}")
+    return list(dict.fromkeys(names))
+
+
+def _settings(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
+    """What the runs' results depend on (a resumed bench must match it)."""
+    return {"dataset": cfg.data.dataset, "data_dir": cfg.data.data_dir, "samples": cfg.data.samples,
+            "partition": cfg.data.partition, "clients": cfg.data.clients, "partition_seed": cfg.seed,
+            "partition_file": cfg.data.partition_file, "model": cfg.data.model, "rounds": cfg.rounds,
+            "join_ratio": cfg.join_ratio, "lr": args.lr, "batch_size": args.batch_size,
+            "local_epochs": args.local_epochs, "device": args.device, "set": list(args.set),
+            "config": Path(args.config).read_text() if args.config else None}
+
+
+def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path) -> Path:
+    """Write or check bench.json; make or reuse the saved partition. Returns the partition file."""
+    from flayer.partition import save_partition
+
+    settings = _settings(args, cfg)
+    sfile = out / "bench.json"
+    if sfile.is_file():
+        try:
+            old = json.loads(sfile.read_text())
+        except ValueError:
+            raise CliError(f"{sfile} is not valid JSON; remove it or use another --out") from None
+        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        if diff:
+            raise CliError(f"{out} holds a bench with other settings ({', '.join(diff)} differ); "
+                           f"use another --out or the same flags")
+    part_file = out / "partition.npz"
+    if not part_file.is_file():
+        prepared = load_data(cfg)
+        save_partition(prepared.partition, part_file)
+    write_json(sfile, settings)
+    return part_file
+
+
+def _run_command(args: argparse.Namespace, cfg: Any, method: str, seed: int, part_file: Path,
+                 run_dir: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "cli.main", "simulate", "--strategy", method, "--seed", str(seed),
+           "--rounds", str(cfg.rounds), "--join-ratio", str(cfg.join_ratio), "--dataset", cfg.data.dataset,
+           "--clients", str(cfg.data.clients), "--partition-file", str(part_file.resolve()),
+           "--threads", str(args.threads_per_job), "--device", args.device or "cpu", "--out", str(run_dir.resolve())]
+    if args.config:
+        cmd += ["--config", str(Path(args.config).resolve())]
+    for flag, value in (("--data-dir", cfg.data.data_dir), ("--model", cfg.data.model), ("--lr", args.lr),
+                        ("--batch-size", args.batch_size), ("--local-epochs", args.local_epochs)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    for item in args.set:
+        cmd += ["--set", item]
+    return cmd
+
+
+def _execute(cmd: list[str], run_dir: Path, threads: int) -> tuple[int, float]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    t0 = time.monotonic()
+    with open(run_dir / "log.txt", "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        rc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT).returncode
+    return rc, time.monotonic() - t0
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli import bench_report as rep
+
+    if args.jobs < 1 or args.threads_per_job < 1:
+        raise CliError("--jobs and --threads-per-job must be >= 1")
+    methods = _methods(args.methods)
+    seeds = _int_list(args.seeds, "seeds")
+    cfg = run_config(argparse.Namespace(**{**vars(args), "strategy": None}))
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"bench-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    part_file = _prepare_out(args, cfg, out)
+
+    def run_dir(m: str, s: int) -> Path:
+        return out / "runs" / m / f"seed{s}"
+
+    todo = [(m, s) for s in seeds for m in methods
+            if rep.load_run(run_dir(m, s) / "summary.json", m, s, cfg.rounds) is None]
+    done_before = len(methods) * len(seeds) - len(todo)
+    print(f"flayer bench: {len(methods)} methods x {len(seeds)} seeds = {len(methods) * len(seeds)} runs; "
+          f"{done_before} already done in {out}, {len(todo)} to run, {min(args.jobs, max(1, len(todo)))} at a time",
+          file=sys.stderr)
+    failed: list[str] = []
+    if todo:
+        progress = Progress(len(todo), "bench")
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {pool.submit(_execute, _run_command(args, cfg, m, s, part_file, run_dir(m, s)), run_dir(m, s),
+                                   args.threads_per_job): (m, s) for m, s in todo}
+            for n, fut in enumerate(as_completed(futures), 1):
+                m, s = futures[fut]
+                rc, secs = fut.result()
+                if rc != 0:
+                    failed.append(f"{m} seed {s} (exit {rc}, see {run_dir(m, s) / 'log.txt'})")
+                progress.update(n, f"{m} seed{s} {'done' if rc == 0 else 'FAILED'} in {secs:.0f}s")
+        progress.close()
+    runs = [r for s in seeds for m in methods
+            if (r := rep.load_run(run_dir(m, s) / "summary.json", m, s, cfg.rounds)) is not None]
+    if not runs:
+        raise CliError(f"no run finished; see the log.txt files under {out / 'runs'}")
+    rows, per_run = rep.aggregate(runs, methods)
+    rep.write_csv(out / "results.csv", runs, per_run, rows)
+    title = (f"{cfg.data.dataset} {cfg.data.partition}, {cfg.data.clients} clients, "
+             f"{cfg.data.samples or 'all'} samples, {cfg.rounds} rounds, seeds {','.join(map(str, seeds))}")
+    table = rep.markdown_table(rows)
+    (out / "results.md").write_text(f"{title}\n\n{table}\n")
+    rep.plot_accuracy(out / "accuracy_vs_round.png", runs, methods, title)
+    rep.plot_client_spread(out / "client_spread.png", runs, methods, title)
+    print(title + "\n")
+    print(table)
+    print(f"\noutputs in {out}/ (results.csv, results.md, accuracy_vs_round.png, client_spread.png, runs/)",
+          file=sys.stderr)
+    if failed:
+        raise CliError(f"{len(failed)} run(s) failed: {'; '.join(failed)}")
+    return 0

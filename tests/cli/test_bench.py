@@ -1,0 +1,64 @@
+"""``flayer bench``: real runs (subprocesses) on digits, resumed without re-running; the table's measures."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from cli.bench_report import convergence_round, rounds_to_reach
+from cli.main import main
+
+ARGS = ["bench", "--dataset", "digits", "--clients", "3", "--partition", "iid", "--rounds", "2", "--seeds", "0",
+        "--methods", "fedavg,local,flayer", "--jobs", "2", "--lr", "0.05"]
+
+
+def test_bench_runs_then_resumes_without_rerunning(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(ARGS + ["--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "3 to run" in err
+    summaries = {m: out / "runs" / m / "seed0" / "summary.json" for m in ("fedavg", "local", "flayer")}
+    stamps = {m: (p.stat().st_mtime_ns, (p.parent / "log.txt").stat().st_mtime_ns) for m, p in summaries.items()}
+    table = (out / "results.md").read_text()
+    (out / "results.md").unlink()
+
+    assert main(ARGS + ["--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "3 already done" in captured.err and "0 to run" in captured.err
+    assert {m: (p.stat().st_mtime_ns, (p.parent / "log.txt").stat().st_mtime_ns)
+            for m, p in summaries.items()} == stamps  # nothing re-ran
+    assert (out / "results.md").read_text() == table  # the table is written again, the same
+    assert "| fedavg | 1 |" in table and "| local | 1 |" in table and "| fedavg |" in captured.out
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["row"], r["method"]) for r in rows} == {(kind, m) for kind in ("run", "method")
+                                                     for m in ("fedavg", "local", "flayer")}
+    per_round = {r["method"]: float(r["upload_bytes_per_client_round"]) for r in rows if r["row"] == "run"}
+    assert 0 < per_round["local"] < 200  # an empty update: the codec's header only
+    numel = json.loads(summaries["fedavg"].read_text())["sent_total"] / 6  # 3 clients x 2 rounds
+    # the wire codec's bytes: fp32 values plus headers and tensor names (well under 1% here)
+    assert 4 * numel < per_round["fedavg"] < 4 * numel * 1.01
+    assert per_round["flayer"] < per_round["fedavg"]  # masked, sparse uploads
+    for png in ("accuracy_vs_round.png", "client_spread.png"):
+        assert (out / png).stat().st_size > 1000
+
+    # other settings in the same folder are refused
+    assert main(ARGS[:8] + ["3"] + ARGS[9:] + ["--out", str(out)]) == 2
+    assert "other settings (rounds differ)" in capsys.readouterr().err
+
+
+def test_rounds_to_reach():
+    assert rounds_to_reach([0.1, 0.5, 0.7, 0.9], 0.7) == 3
+    assert rounds_to_reach([0.1, 0.5], 0.7) is None
+
+
+@pytest.mark.parametrize("acc,expected", [
+    ([0.2, 0.4, 0.6, 0.7, 0.8] + [0.8] * 7, 9),  # moving average flat from round 9 on
+    ([0.1 * i for i in range(1, 11)], 10),  # still rising at the end: the last round
+    ([0.5, 0.6, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7004, 0.7], 7),  # a rise within 0.1 points is not a rise
+    ([0.5, 0.6, 0.7], None),  # fewer rounds than the window
+])
+def test_convergence_round(acc, expected):
+    assert convergence_round(acc) == expected
