@@ -11,6 +11,7 @@ fleet failed (its log is shown); 130 after Ctrl-C (everything it started is stop
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -182,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
                                           f"{time.strftime('%Y%m%d-%H%M%S')}")
     opts = LaunchOptions(cfg, out, shard, shards, args.broker, Path(args.broker_state) if args.broker_state else None,
                          args.verbose)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # unwinds through the launcher, which stops what it started
+
+    old = signal.signal(signal.SIGTERM, on_term)
     try:
         result = run_fleet(opts, _Display(run_cfg.rounds))
     except (ConfigError, DataError, PartitionError, BrokerConfigError, BrokerError) as exc:
@@ -189,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
     except EmulatorError as exc:
         print(f"flayer emulate: {exc}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, old)
     rows = result.rows
     if rows:
         print()
@@ -204,10 +212,15 @@ def run(args: argparse.Namespace) -> int:
                   p["mean_final_acc"] if p["mean_final_acc"] is not None else "-") for p in prof]))
     t = result.progress.totals()
     accs = [d["final_acc"] for d in devices if d["final_acc"] is not None]
-    last = f"final round acc {rows[-1]['acc']:.4f}" if rows and rows[-1]["acc"] is not None else "no round closed"
-    print(f"\n{len(rows)}/{run_cfg.rounds} rounds in {result.run_s:.0f}s (setup {result.setup_s:.0f}s): {last}, "
-          f"personal models {sum(accs) / len(accs):.4f} mean over {len(accs)} devices" if accs else
-          f"\n{len(rows)}/{run_cfg.rounds} rounds in {result.run_s:.0f}s: {last}")
+    personal = f"personal models {sum(accs) / len(accs):.4f} mean over {len(accs)} devices" if accs else \
+        "no personal model saved"
+    if shard == 0:
+        last = f"final round acc {rows[-1]['acc']:.4f}" if rows and rows[-1]["acc"] is not None else "no round closed"
+        print(f"\n{len(rows)}/{run_cfg.rounds} rounds in {result.run_s:.0f}s (setup {result.setup_s:.0f}s): {last}, "
+              f"{personal}")
+    else:
+        print(f"\nshard {shard}/{shards}: followed the federation to its end in {result.run_s:.0f}s (setup "
+              f"{result.setup_s:.0f}s; shard 0 reports the rounds): {personal}")
     print(f"{t['crashes']} crashes, {t['offline_events']} times a device went offline, "
           f"{t['trained_updates']} updates trained, {t['errors']} device errors")
     plots = _plots(result, devices)

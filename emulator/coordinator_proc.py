@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         events.write("done", finished=False, error=str(exc))
         raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a late SIGTERM must not kill the interpreter's exit
     events.write("done", finished=result.finished, rounds=result.rounds_done, counters=result.counters,
                  digest=result.model_digest)
     events.close()

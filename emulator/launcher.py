@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,8 +260,9 @@ class _Launch:
             self.on_event(kind, ev)
 
     def shutdown(self) -> dict[str, int | None]:
-        """Stop what this launcher started, by PID (Ctrl-C is ignored meanwhile)."""
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        """Stop what this launcher started, by PID (Ctrl-C and SIGTERM are ignored meanwhile)."""
+        main = threading.current_thread() is threading.main_thread()  # signals can be set there only
+        old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
         exits: dict[str, int | None] = {}
         try:
             for w in self.workers:
@@ -272,7 +274,8 @@ class _Launch:
             if self.broker is not None:
                 self.broker.stop()
         finally:
-            signal.signal(signal.SIGINT, old)
+            for s, h in old.items():
+                signal.signal(s, h)
         return exits
 
 

@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         counts = host.run()
     finally:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):  # a late signal must not kill the interpreter's exit
+            signal.signal(sig, signal.SIG_IGN)   # (Python puts SIG_DFL back for its own handlers there)
         if network is not None:
             network.close()
         events.close()
