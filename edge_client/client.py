@@ -171,8 +171,12 @@ class EdgeClient:
 
     def _next_event(self) -> Any:
         now = self.clock()
-        due = [self._heartbeat_at, now + 1.0]
-        if self._pending is not None and self._pending.due is not None:
+        due = [now + 1.0]
+        # timers that can fire now only: a heartbeat needs the link (Connected is an event), a re-send waits
+        # for the job in progress (its end is an event); a past timer that cannot fire would spin this loop
+        if self.link.connected.is_set():
+            due.append(self._heartbeat_at)
+        if self._pending is not None and self._pending.due is not None and not self._busy:
             due.append(self._pending.due)
         if self._download is not None:
             due.append(self._download.due(self.settings.download_stall_s))

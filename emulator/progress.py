@@ -45,6 +45,7 @@ class FleetProgress:
         self.online_now = 0
         self.waiting: dict[str, Any] | None = None
         self.accepted_live: dict[int, int] = {}
+        self.workers: dict[str, dict[str, Any]] = {}  # worker -> its start event (pid, devices, memory before)
 
     def device(self, dev: str) -> DeviceView:
         return self.devices.setdefault(dev, DeviceView())
@@ -71,6 +72,8 @@ class FleetProgress:
             self.coordinator_done = dict(ev)
         elif kind == "bytes":
             self.bytes[str(ev["worker"])] = ev["by_round"]
+        elif kind == "worker":
+            self.workers[str(ev["worker"])] = dict(ev)
         elif kind == "stats":
             w = str(ev["worker"])
             self.stats[w] = dict(ev)

@@ -66,8 +66,10 @@ def build_host(spec: FleetSpec, worker: int, *, dataset: Any = None, network: An
                                       client_data(ds, part.clients[i]), events, counter, pool, network))
         trace = spec.trace.get(dev_id) if spec.trace is not None and dev_id in spec.trace else None
         timelines.append(device_timeline(profile, spec.seed, dev_id, trace))
+    from .host import process_memory
+
     events.write("worker", worker=f"{spec.shard}-{worker}", pid=os.getpid(), devices=[d.id for d in devices],
-                 network=spec.network)
+                 network=spec.network, **{f"base_{k}": round(v, 1) for k, v in process_memory().items()})
     return FleetHost(devices, timelines, events, counter, pool, name=f"{spec.shard}-{worker}"), events
 
 

@@ -171,3 +171,30 @@ def test_crash_during_the_local_round_saves_and_sends_nothing(tmp_path: Path, di
     finally:
         server.close()
         tb.broker.stop()
+
+
+def test_a_disconnected_client_does_not_spin(tmp_path: Path, digits) -> None:  # type: ignore[no-untyped-def]
+    """With no broker to talk to, a device's worker waits (a due heartbeat it cannot send must not turn
+    its loop into a busy one: with hundreds of emulated devices connecting, that starved the network)."""
+    import socket
+
+    from flayer.partition import make_partition
+    from flayer.train import client_data
+    from mqtt_broker import Credentials
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    creds = Credentials("etest", "device", "dev-a", "pw", "127.0.0.1", port, 1 << 20)
+    shard = client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[0])
+    client = EdgeClient(EdgeSettings(state_dir=str(tmp_path / "dev-a"), device="cpu"), creds, shard)
+    client.start()
+    try:
+        time.sleep(0.5)
+        c0, t0 = time.process_time(), time.monotonic()
+        time.sleep(2.0)
+        busy = (time.process_time() - c0) / (time.monotonic() - t0)
+        assert not client.link.connected.is_set()
+        assert busy < 0.2, f"the process used {busy:.0%} of a core while its only client waited for a broker"
+    finally:
+        client.stop(timeout=2)
