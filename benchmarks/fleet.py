@@ -4,7 +4,8 @@ Runs ``flayer emulate`` (FedAvg, FedAvgCNN on Fashion-MNIST, an iid partition of
 samples per device, every device always on and unshaped, so the host's speed is all that limits it)
 for each ``DEVICES:SELECTED`` of ``--configs``, and prints per fleet: round wall time, devices that
 reported per round, peak memory per worker process and per device (above the worker's memory before
-its devices started), the broker's established connections (counted from /proc/net/tcp on the broker
+its devices started, up to the end of the last round; "end" includes every device saving its personal
+model after the federation), the broker's established connections (counted from /proc/net/tcp on the broker
 port, sampled every half second), setup time, and whether every round completed.
 
 Then, unless ``--skip-limit``, the connection limit of one process: N bare device connections with
@@ -103,16 +104,17 @@ def run_fleet_once(devices: int, selected: int, rounds: int, per_device: int, wo
     if result is None:
         return row
     prog = result.progress
-    peaks = prog.peak_rss_mb
     base = {w: float(e.get("base_rss_mb", 0.0)) for w, e in prog.workers.items()}
-    per_worker = {w: len(e.get("devices", [])) for w, e in prog.workers.items()}
+    rounds_peak = {w: float(e.get("peak_rss_mb", 0.0)) for w, e in prog.wrap_up.items()}  # VmHWM at wrap-up
+    hosted = sum(len(e.get("devices", [])) for e in prog.workers.values())
     row.update({
         "network": result.spec.network, "workers": result.spec.workers, "setup_s": result.setup_s,
         "rounds_done": len(result.rows), "finished": result.finished,
         "reported": [r["reported"] for r in result.rows],
         "round_s": [r["wall_s"] for r in result.rows],
-        "worker_peak_mb": max(peaks.values()) if peaks else 0.0,
-        "per_device_mb": sum(peaks[w] - base.get(w, 0.0) for w in peaks) / max(1, sum(per_worker.values())),
+        "worker_peak_rounds_mb": max(rounds_peak.values(), default=0.0),
+        "worker_peak_mb": max(prog.peak_rss_mb.values(), default=0.0),
+        "per_device_mb": sum(rounds_peak[w] - base.get(w, 0.0) for w in rounds_peak) / max(1, hosted),
         "max_connected": sum(prog.max_connected.values()),
         "coordinator_mb_in": [round(r["coordinator_mb_in"], 1) for r in result.rows],
     })
@@ -178,10 +180,10 @@ def main() -> int:
         rows.append(run_fleet_once(devices, selected, args.rounds, args.samples_per_device, args.workers,
                                    args.network, out / f"fleet-{devices}"))
     (out / "fleet.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"\nFedAvg, FedAvgCNN (878,538 parameters, 3.5 MB) on Fashion-MNIST iid, {args.samples_per_device} samples "
+    print(f"\nFedAvg, FedAvgCNN (582,026 parameters, 2.3 MB at 28x28) on Fashion-MNIST iid, {args.samples_per_device} samples "
           f"per device, {args.rounds} rounds, every device always on and unshaped; {os.cpu_count()} cores\n")
     print("| devices | selected/round | workers x network | setup s | round wall s (each) | reported/round "
-          "| peak RSS per worker | per device | broker connections | rounds completed |")
+          "| peak RSS per worker: rounds (end) | per device | broker connections | rounds completed |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.get("error") and "rounds_done" not in r:
@@ -190,7 +192,8 @@ def main() -> int:
             continue
         print(f"| {r['devices']} | {r['selected']} | {r['workers']} x {r['network']} | {r['setup_s']:.0f} | "
               f"{', '.join(f'{s:.1f}' for s in r['round_s'])} | {', '.join(map(str, r['reported']))} | "
-              f"{r['worker_peak_mb']:.0f} MB | {r['per_device_mb']:.1f} MB | {r['connections_peak']} | "
+              f"{r['worker_peak_rounds_mb']:.0f} MB ({r['worker_peak_mb']:.0f} MB) | {r['per_device_mb']:.1f} MB | "
+              f"{r['connections_peak']} | "
               f"{'yes' if r['finished'] else 'no'} ({r['rounds_done']}/{r['rounds_asked']}) |")
     if not args.skip_limit:
         print(f"\nOne process, {args.limit_n} device connections (bare links, connected within 20 s):\n")

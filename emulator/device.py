@@ -184,6 +184,10 @@ class EmulatedDevice:
                 self.log.write("error", device=self.id, error=str(client.error))
             else:
                 self.state = "finished" if client.finished else "offline"
+            if self.state in ("finished", "failed"):  # done for good: let its memory go
+                client.jobs.shutdown(wait=False)
+                self.rounds_trained += client.rounds_trained
+                self.client = None
         return self.state
 
     def connected(self) -> bool:

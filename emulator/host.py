@@ -7,7 +7,8 @@ whose client stopped by itself (finished after the final plan, or failed) and wr
 counters; every few seconds a ``stats`` event (memory, threads, connections).
 
 ``wrap_up()`` (the federation is over): timelines stop, and every device that has not finished
-comes online once, to fetch the final model and save its personal model. The host returns from
+comes online once, to fetch the final model and save its personal model -- ``wrap_batch`` at a time,
+so a large fleet does not hold every final model in memory at once. The host returns from
 :meth:`run` when every device finished or failed, or after :meth:`stop`.
 """
 
@@ -47,10 +48,11 @@ def process_memory() -> dict[str, float]:
 class FleetHost:
     def __init__(self, devices: Sequence[EmulatedDevice], timelines: Sequence[Iterator[tuple[float, str]]],
                  log_: EventLog, counter: ByteCounter, pool: ThreadPoolExecutor, name: str = "worker",
-                 stats_every_s: float = 5.0) -> None:
+                 stats_every_s: float = 5.0, wrap_batch: int = 32) -> None:
         self.devices, self.timelines = list(devices), list(timelines)
         self.log, self.counter, self.pool, self.name = log_, counter, pool, name
         self.stats_every_s = stats_every_s
+        self.wrap_batch = wrap_batch
         self._stop = threading.Event()
         self._wrap = threading.Event()
         self._wrapped = False
@@ -75,15 +77,20 @@ class FleetHost:
         for i in range(len(self.devices)):
             self._push_next(i)
         next_poll = next_stats = 0.0
+        waiting: list[EmulatedDevice] = []
         try:
             while not self._stop.is_set():
                 now = time.monotonic() - t0
                 if self._wrap.is_set() and not self._wrapped:
                     self._wrapped = True
                     self._heap.clear()
-                    self.log.write("wrap_up", worker=self.name)
-                    for d in self.devices:
-                        d.post("online")
+                    self.log.write("wrap_up", worker=self.name, **{k: round(v, 1) for k, v in process_memory().items()})
+                    waiting = [d for d in self.devices if d.state in ("offline", "crashed")]
+                if self._wrapped and waiting:
+                    busy = sum(d.state == "online" for d in self.devices)
+                    for _ in range(max(0, self.wrap_batch - busy)):
+                        if waiting:
+                            waiting.pop(0).post("online")
                 while self._heap and self._heap[0][0] <= now:
                     _, _, i, event = heapq.heappop(self._heap)
                     self.devices[i].post(event)

@@ -46,6 +46,7 @@ class FleetProgress:
         self.waiting: dict[str, Any] | None = None
         self.accepted_live: dict[int, int] = {}
         self.workers: dict[str, dict[str, Any]] = {}  # worker -> its start event (pid, devices, memory before)
+        self.wrap_up: dict[str, dict[str, Any]] = {}  # worker -> its wrap-up event (memory after the rounds)
 
     def device(self, dev: str) -> DeviceView:
         return self.devices.setdefault(dev, DeviceView())
@@ -74,6 +75,8 @@ class FleetProgress:
             self.bytes[str(ev["worker"])] = ev["by_round"]
         elif kind == "worker":
             self.workers[str(ev["worker"])] = dict(ev)
+        elif kind == "wrap_up":
+            self.wrap_up[str(ev["worker"])] = dict(ev)
         elif kind == "stats":
             w = str(ev["worker"])
             self.stats[w] = dict(ev)
