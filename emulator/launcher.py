@@ -31,8 +31,8 @@ from .procs import Child
 from .profiles import assign_profiles, load_profiles, parse_mix
 from .progress import FleetProgress
 from .setup import (
-    ensure_credentials, make_partition_file, monitor_id, parse_broker_url, prepare_out, wait_accepted,
-    write_federation_toml,
+    clear_round_plan, ensure_credentials, make_partition_file, monitor_id, parse_broker_url, prepare_out,
+    wait_accepted, write_federation_toml,
 )
 
 __all__ = ["LaunchOptions", "FleetResult", "EmulatorError", "run_fleet"]
@@ -139,6 +139,9 @@ class _Launch:
                                 "mix": dict(profiles.mix)})
         spec.save(self.out / "fleet.json")
         if o.shard == 0:
+            if o.broker_state is not None:  # a broker that may have served this federation before
+                coord = load_credentials(state, "coordinator")
+                clear_round_plan(coord if host is None or port is None else dataclasses.replace(coord, host=host, port=port))
             fed = federation_table(cfg, n)
             write_federation_toml(self.out / "federation.toml", fed, cfg.run, state / "credentials/coordinator.toml",
                                   self.out / "coordinator")

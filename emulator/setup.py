@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 from flayer.config import ConfigError, RunConfig
 
 __all__ = ["prepare_out", "make_partition_file", "ensure_credentials", "write_federation_toml", "parse_broker_url",
-           "monitor_id", "wait_accepted", "OWNED"]
+           "monitor_id", "wait_accepted", "clear_round_plan", "OWNED"]
 
 log = logging.getLogger(__name__)
 
@@ -179,3 +179,27 @@ def wait_accepted(creds: Any, timeout: float = 15.0) -> None:
         time.sleep(0.2)
     raise ConfigError(f"the broker at {creds.host}:{creds.port} does not accept {creds.username}'s credentials "
                       f"({last}); does it read this state folder's password file?")
+
+
+def clear_round_plan(coordinator: Any, timeout: float = 10.0) -> None:
+    """Empty the retained round plan (as the coordinator, before it starts): on a broker that served this
+    federation before, the last run's ``final`` plan would tell every device the federation is over."""
+    import queue
+
+    from mqtt_broker.credentials import mqtt_connect_settings
+    from mqtt_broker.link import Connected, MqttLink
+    from protocol import Topics
+
+    events: queue.Queue[Any] = queue.Queue()
+    link = MqttLink(mqtt_connect_settings(coordinator), events.put, clean_session=True)
+    link.start()
+    try:
+        ev = events.get(timeout=timeout)
+        if not (isinstance(ev, Connected) and ev.ok):
+            raise ConfigError(f"the broker refused the coordinator's credentials ({ev})")
+        if not link.wait_published([link.publish(Topics(coordinator.federation).round(), b"", retain=True)], timeout):
+            raise ConfigError("the broker did not acknowledge clearing the retained round plan")
+    except queue.Empty:
+        raise ConfigError(f"no answer from the broker at {coordinator.host}:{coordinator.port}") from None
+    finally:
+        link.stop(timeout=1.0)
