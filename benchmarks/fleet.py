@@ -70,7 +70,8 @@ def run_fleet_once(devices: int, selected: int, rounds: int, per_device: int, wo
     profiles.write_text("[profile.host]\n[mix]\nhost = 1\n")  # always on, unshaped, the host's own speed
     cfg = load_emulate_config(None, {
         "run": {"strategy": "fedavg", "rounds": rounds, "seed": 0},
-        "data": {"dataset": "fmnist", "partition": "iid", "clients": devices, "samples": devices * per_device},
+        "data": {"dataset": "fmnist", "partition": "iid", "clients": devices,
+                 "samples": devices * per_device},
         "train": {"lr": 0.01},
         "federation": {"quorum": selected, "over_selection": 1.0, "min_devices": devices, "deadline_s": 600.0,
                        "grace_s": 0.0, "stale_after_s": 300.0},
@@ -148,7 +149,8 @@ def connection_limit(n: int, mode: str, state: Path) -> tuple[int, float]:
                 done_at = time.monotonic() - t0
                 break
             time.sleep(0.2)
-        return sum(link.connected.is_set() for link in links), (done_at if done_at is not None else float("nan"))
+        up = sum(link.connected.is_set() for link in links)
+        return up, (done_at if done_at is not None else float("nan"))
     finally:
         for link in links:
             link.stop(timeout=0.2)
@@ -167,9 +169,9 @@ def main() -> int:
     p.add_argument("--out", default="runs/bench-fleet")
     p.add_argument("--skip-limit", action="store_true", help="skip the per-process connection limit")
     p.add_argument("--limit-n", type=int, default=600)
-    p.add_argument("--keep", action="store_true", help="keep the devices' and the coordinator's state folders "
-                                                       "(about 4.6 MB per device: each saves its personal and "
-                                                       "the final global model)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the devices' and the coordinator's state folders (about 4.6 MB per device: "
+                        "each saves its personal and the final global model)")
     args = p.parse_args()
     import logging
 
@@ -186,8 +188,9 @@ def main() -> int:
             for heavy in ("devices", "coordinator"):
                 shutil.rmtree(out / f"fleet-{devices}" / heavy, ignore_errors=True)
     (out / "fleet.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"\nFedAvg, FedAvgCNN (582,026 parameters, 2.3 MB at 28x28) on Fashion-MNIST iid, {args.samples_per_device} samples "
-          f"per device, {args.rounds} rounds, every device always on and unshaped; {os.cpu_count()} cores\n")
+    print(f"\nFedAvg, FedAvgCNN (582,026 parameters, 2.3 MB at 28x28) on Fashion-MNIST iid, "
+          f"{args.samples_per_device} samples per device, {args.rounds} rounds, every device always on and "
+          f"unshaped; {os.cpu_count()} cores\n")
     print("| devices | selected/round | workers x network | setup s | round wall s (each) | reported/round "
           "| peak RSS per worker: rounds (end) | per device | broker connections | rounds completed |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -198,7 +201,8 @@ def main() -> int:
             continue
         print(f"| {r['devices']} | {r['selected']} | {r['workers']} x {r['network']} | {r['setup_s']:.0f} | "
               f"{', '.join(f'{s:.1f}' for s in r['round_s'])} | {', '.join(map(str, r['reported']))} | "
-              f"{r['worker_peak_rounds_mb']:.0f} MB ({r['worker_peak_mb']:.0f} MB) | {r['per_device_mb']:.1f} MB | "
+              f"{r['worker_peak_rounds_mb']:.0f} MB ({r['worker_peak_mb']:.0f} MB) | "
+              f"{r['per_device_mb']:.1f} MB | "
               f"{r['connections_peak']} | "
               f"{'yes' if r['finished'] else 'no'} ({r['rounds_done']}/{r['rounds_asked']}) |")
     if not args.skip_limit:
@@ -207,10 +211,9 @@ def main() -> int:
         print("|---|---|---|")
         for mode in ("thread", "shared"):
             up, secs = connection_limit(args.limit_n, mode, out / f"limit-{mode}")
-            print(f"| {'paho thread per client (loop_start)' if mode == 'thread' else 'one shared thread (epoll)'} "
-                  f"| {up}/{args.limit_n} | {secs:.1f} |" if secs == secs else
-                  f"| {'paho thread per client (loop_start)' if mode == 'thread' else 'one shared thread (epoll)'} "
-                  f"| {up}/{args.limit_n} | not all within 20 s |", flush=True)
+            side = "paho thread per client (loop_start)" if mode == "thread" else "one shared thread (epoll)"
+            took = f"{secs:.1f}" if secs == secs else "not all within 20 s"
+            print(f"| {side} | {up}/{args.limit_n} | {took} |", flush=True)
     print(f"\nraw results: {out / 'fleet.json'}", file=sys.stderr)
     return 0
 

@@ -26,27 +26,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_common_flags(p)
     g = p.add_argument_group("fleet (flags override the config's [emulator], [federation] and [edge] tables)")
     g.add_argument("--profiles", metavar="FILE.toml", help="device profiles and [mix] (built-ins without it)")
-    g.add_argument("--mix", metavar="NAME=SHARE,...", help="share of the fleet per profile, e.g. laptop=0.5,phone-4g=0.5")
-    g.add_argument("--trace", metavar="FILE.csv", help="availability trace: device_id,start_s,end_s online intervals")
+    g.add_argument("--mix", metavar="NAME=SHARE,...",
+                   help="share of the fleet per profile, e.g. laptop=0.5,phone-4g=0.5")
+    g.add_argument("--trace", metavar="FILE.csv",
+                   help="availability trace: device_id,start_s,end_s online intervals")
     g.add_argument("--trace-scale", type=float, metavar="X", help="trace seconds per second of the run")
-    g.add_argument("--workers", type=int, metavar="W", help="processes hosting the devices (default: one per core)")
+    g.add_argument("--workers", type=int, metavar="W",
+                   help="processes hosting the devices (default: one per core)")
     g.add_argument("--network", choices=("auto", "thread", "shared"),
-                   help="a paho thread per device, or one shared network thread per worker (auto: shared above "
+                   help="a paho thread per device, or one shared network thread per worker (auto: shared "
+                        "above "
                         "250 devices per worker)")
-    g.add_argument("--shard", metavar="i/n", default="0/1", help="host devices k with k %% n == i (shard 0 runs the "
-                                                               "broker and the coordinator)")
-    g.add_argument("--broker", metavar="mqtt://HOST:PORT", help="connect to this broker (with --broker-state)")
-    g.add_argument("--broker-state", metavar="DIR", help="state folder of a running broker: credentials are there")
+    g.add_argument("--shard", metavar="i/n", default="0/1",
+                   help="host devices k with k %% n == i (shard 0 runs the broker and the coordinator)")
+    g.add_argument("--broker", metavar="mqtt://HOST:PORT",
+                   help="connect to this broker (with --broker-state)")
+    g.add_argument("--broker-state", metavar="DIR",
+                   help="state folder of a running broker: credentials are there")
     g.add_argument("--broker-kind", choices=("auto", "mosquitto", "embedded"),
                    help="the broker the emulator starts (auto: mosquitto when installed)")
     g.add_argument("--federation", metavar="NAME", help="federation name on the broker (default emu)")
-    g.add_argument("--quorum", type=int, metavar="N", help="updates that close a round (default: half the fleet)")
-    g.add_argument("--over-selection", type=float, metavar="F", help="select ceil(F x quorum) online devices (1.3)")
-    g.add_argument("--min-devices", type=int, metavar="N", help="devices online before a round starts (quorum)")
+    g.add_argument("--quorum", type=int, metavar="N",
+                   help="updates that close a round (default: half the fleet)")
+    g.add_argument("--over-selection", type=float, metavar="F",
+                   help="select ceil(F x quorum) online devices (1.3)")
+    g.add_argument("--min-devices", type=int, metavar="N",
+                   help="devices online before a round starts (quorum)")
     g.add_argument("--deadline", type=float, metavar="SECONDS", help="a round closes at its deadline (120)")
-    g.add_argument("--grace", type=float, metavar="SECONDS", help="after the quorum, stragglers get this long (3)")
+    g.add_argument("--grace", type=float, metavar="SECONDS",
+                   help="after the quorum, stragglers get this long (3)")
     g.add_argument("--heartbeat", type=float, metavar="SECONDS", help="devices' status interval (5)")
-    g.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long (default: never)")
+    g.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="give up after this long (default: never)")
     p.set_defaults(func=run)
 
 
@@ -56,7 +67,8 @@ def _config(args: argparse.Namespace) -> Any:
     from flayer.config import ConfigError
 
     if args.join_ratio is not None:
-        raise CliError("--join-ratio does not apply to emulate: the coordinator selects ceil(over-selection x quorum) "
+        raise CliError("--join-ratio does not apply to emulate: the coordinator selects "
+                       "ceil(over-selection x quorum) "
                        "online devices (--quorum, --over-selection)")
     overrides = {
         "run": {"strategy": args.strategy, "rounds": args.rounds, "seed": args.seed},
@@ -65,12 +77,13 @@ def _config(args: argparse.Namespace) -> Any:
                  "partition_file": args.partition_file},
         "train": {"lr": args.lr, "batch_size": args.batch_size, "local_epochs": args.local_epochs},
         "strategy": parse_set(args.set or []),
-        "federation": {"quorum": args.quorum, "over_selection": args.over_selection, "min_devices": args.min_devices,
-                       "deadline_s": args.deadline, "grace_s": args.grace},
+        "federation": {"quorum": args.quorum, "over_selection": args.over_selection,
+                       "min_devices": args.min_devices, "deadline_s": args.deadline, "grace_s": args.grace},
         "edge": {"heartbeat_s": args.heartbeat, "device": args.device, "threads": args.threads},
         "emulator": {"profiles": _abs(args.profiles), "mix": args.mix, "trace": _abs(args.trace),
                      "trace_scale": args.trace_scale, "workers": args.workers, "network": args.network,
-                     "federation": args.federation, "broker_kind": args.broker_kind, "timeout_s": args.timeout},
+                     "federation": args.federation, "broker_kind": args.broker_kind,
+                     "timeout_s": args.timeout},
     }
     try:
         return load_emulate_config(args.config, overrides)
@@ -108,17 +121,20 @@ class _Display:
             self._waiting_at = time.monotonic()
             print(f"waiting for devices: {info['online']} online, {info['needed']} needed", file=sys.stderr)
         elif kind == "open":
-            print(f"round {info['round']:>{w}}/{self.rounds} open: {info['selected']} selected of {info['online']} online",
+            print(f"round {info['round']:>{w}}/{self.rounds} open: {info['selected']} selected of "
+                  f"{info['online']} online",
                   file=sys.stderr)
         elif kind == "plan":
-            print(f"round {info['round']:>{w}}/{self.rounds}: {info['selected']} selected, {info['here']} on this shard",
+            print(f"round {info['round']:>{w}}/{self.rounds}: {info['selected']} selected, {info['here']} on "
+                  f"this shard",
                   file=sys.stderr)
         elif kind == "round" and "selected" in info:
             acc = f"{info['acc']:.4f}" if info["acc"] is not None else "-"
             refused = ", ".join(f"{n} {k}" for k, n in sorted(info["rejected"].items()))
             print(f"round {info['round']:>{w}}/{self.rounds}: {info['reported']}/{info['selected']} reported"
                   f"{f' ({refused})' if refused else ''}, {info['online_close']} online, "
-                  f"up {info['mb_up']:.1f} MB, down {info['mb_down']:.1f} MB, acc {acc}, {info['wall_s']:.1f}s "
+                  f"up {info['mb_up']:.1f} MB, down {info['mb_down']:.1f} MB, acc {acc}, "
+                  f"{info['wall_s']:.1f}s "
                   f"({info['closed']})", flush=True)
         elif kind in ("crash", "restart"):
             what = "crashed (no goodbye: the broker sends its last will)" if kind == "crash" else \
@@ -127,7 +143,8 @@ class _Display:
         elif kind == "error":
             print(f"  {info['device']}: error: {info['error']}", file=sys.stderr)
         elif kind == "wrap_up":
-            print("federation finished: every device comes online to save its personal model", file=sys.stderr)
+            print("federation finished: every device comes online to save its personal model",
+                  file=sys.stderr)
 
 
 def _plots(result: Any, devices: list[dict[str, Any]]) -> list[str]:
@@ -135,13 +152,15 @@ def _plots(result: Any, devices: list[dict[str, Any]]) -> list[str]:
 
     out, rows = result.out, result.rows
     made = []
-    if rows and line_plot(out / "accuracy.png", {"mean device test acc": [r["acc"] or 0.0 for r in rows]}, "round",
+    if rows and line_plot(out / "accuracy.png", {"mean device test acc": [r["acc"] or 0.0 for r in rows]},
+                          "round",
                           "test accuracy", f"{result.spec.extra.get('strategy')}: {len(result.spec.devices)} "
                           f"emulated devices", x=[r["round"] for r in rows]):
         made.append("accuracy.png")
     if rows and line_plot(out / "bytes.png", {"up (updates)": [r["mb_up"] for r in rows],
                                               "down (model)": [r["mb_down"] for r in rows]},
-                          "round", "MB over the emulated links", "bytes per round", x=[r["round"] for r in rows]):
+                          "round", "MB over the emulated links", "bytes per round",
+                          x=[r["round"] for r in rows]):
         made.append("bytes.png")
     plt = _pyplot()
     with_acc = [d for d in devices if d["final_acc"] is not None]
@@ -149,10 +168,12 @@ def _plots(result: Any, devices: list[dict[str, Any]]) -> list[str]:
         names = sorted({d["profile"] for d in with_acc})
         colors = {n: plt.get_cmap("tab10")(i) for i, n in enumerate(names)}
         fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(with_acc) + 2), 4), dpi=110)
-        ax.bar(range(len(with_acc)), [d["final_acc"] for d in with_acc], color=[colors[d["profile"]] for d in with_acc])
+        ax.bar(range(len(with_acc)), [d["final_acc"] for d in with_acc],
+               color=[colors[d["profile"]] for d in with_acc])
         if len(with_acc) <= 60:
             ax.set_xticks(range(len(with_acc)), [d["device"] for d in with_acc], rotation=90, fontsize=7)
-        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in names], labels=names, fontsize=8)
+        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in names], labels=names,
+                  fontsize=8)
         ax.set_ylabel("test accuracy")
         ax.set_title("personal model accuracy per device after the federation")
         ax.grid(alpha=0.3, axis="y")
@@ -181,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
     run_cfg = cfg.run
     out = Path(args.out or run_cfg.out or f"runs/emulate-{run_cfg.strategy}-{run_cfg.data.dataset}-"
                                           f"{time.strftime('%Y%m%d-%H%M%S')}")
-    opts = LaunchOptions(cfg, out, shard, shards, args.broker, Path(args.broker_state) if args.broker_state else None,
+    opts = LaunchOptions(cfg, out, shard, shards, args.broker,
+                         Path(args.broker_state) if args.broker_state else None,
                          args.verbose)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -215,8 +237,10 @@ def run(args: argparse.Namespace) -> int:
     personal = f"personal models {sum(accs) / len(accs):.4f} mean over {len(accs)} devices" if accs else \
         "no personal model saved"
     if shard == 0:
-        last = f"final round acc {rows[-1]['acc']:.4f}" if rows and rows[-1]["acc"] is not None else "no round closed"
-        print(f"\n{len(rows)}/{run_cfg.rounds} rounds in {result.run_s:.0f}s (setup {result.setup_s:.0f}s): {last}, "
+        closed = rows and rows[-1]["acc"] is not None
+        last = f"final round acc {rows[-1]['acc']:.4f}" if closed else "no round closed"
+        print(f"\n{len(rows)}/{run_cfg.rounds} rounds in {result.run_s:.0f}s (setup {result.setup_s:.0f}s): "
+              f"{last}, "
               f"{personal}")
     else:
         print(f"\nshard {shard}/{shards}: followed the federation to its end in {result.run_s:.0f}s (setup "
@@ -224,7 +248,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{t['crashes']} crashes, {t['offline_events']} times a device went offline, "
           f"{t['trained_updates']} updates trained, {t['errors']} device errors")
     plots = _plots(result, devices)
-    files = ["rounds.jsonl", "devices.jsonl", "summary.json", *plots, "coordinator/metrics.jsonl" if shard == 0 else "",
+    files = ["rounds.jsonl", "devices.jsonl", "summary.json", *plots,
+             "coordinator/metrics.jsonl" if shard == 0 else "",
              "logs/"]
     print(f"outputs in {result.out}/ ({', '.join(f for f in files if f)})", file=sys.stderr)
     return 0 if result.finished else 1

@@ -111,7 +111,8 @@ def _device_key(text: str, ids: Mapping[str, int], n: int, where: str) -> str:
         if i < n:
             return next(k for k, v in ids.items() if v == i)
         raise ConfigError(f"{where}: device index {i} is not in the fleet (0..{n - 1})")
-    raise ConfigError(f"{where}: unknown device {text!r} (give a device id such as {next(iter(ids), 'dev-0')!r} "
+    example = next(iter(ids), "dev-0")
+    raise ConfigError(f"{where}: unknown device {text!r} (give a device id such as {example!r} "
                       f"or its index)")
 
 
@@ -125,7 +126,8 @@ def _number(text: str, what: str, where: str) -> float:
     return v
 
 
-def load_trace(path: str | Path, device_ids: Sequence[str], time_scale: float = 1.0) -> dict[str, list[Interval]]:
+def load_trace(path: str | Path, device_ids: Sequence[str],
+               time_scale: float = 1.0) -> dict[str, list[Interval]]:
     """The online intervals per device of a trace file (see module docstring), sorted, touching
     intervals merged; overlapping ones, unknown devices, bad numbers are errors naming the line."""
     path = Path(path)
@@ -158,7 +160,8 @@ def load_trace(path: str | Path, device_ids: Sequence[str], time_scale: float = 
         for s, e in spans[1:]:
             ps, pe = merged[-1]
             if s < pe:
-                raise ConfigError(f"{path}: intervals of {dev} overlap ([{ps * time_scale:g}, {pe * time_scale:g}) "
+                raise ConfigError(f"{path}: intervals of {dev} overlap "
+                                  f"([{ps * time_scale:g}, {pe * time_scale:g}) "
                                   f"and [{s * time_scale:g}, {e * time_scale:g}))")
             if s == pe:
                 merged[-1] = (ps, e)

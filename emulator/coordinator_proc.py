@@ -54,7 +54,8 @@ class CoordinatorEvents:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m emulator.coordinator_proc", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m emulator.coordinator_proc",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, type=Path)
     p.add_argument("--events", required=True, type=Path)
     p.add_argument("--host", help="broker address (overrides the credentials file)")

@@ -63,8 +63,8 @@ class ByteCounter:
 
 
 class EmulatedDevice:
-    def __init__(self, index: int, device_id: str, profile: DeviceProfile, settings: EdgeSettings, creds: Credentials,
-                 data: ClientData, log_: EventLog, counter: ByteCounter, pool: Executor,
+    def __init__(self, index: int, device_id: str, profile: DeviceProfile, settings: EdgeSettings,
+                 creds: Credentials, data: ClientData, log_: EventLog, counter: ByteCounter, pool: Executor,
                  network: NetworkDriver | None = None,
                  client_factory: Callable[..., EdgeClient] = EdgeClient) -> None:
         self.index, self.id, self.profile = index, device_id, profile

@@ -42,7 +42,8 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         i, n = int(a), int(b)
     except ValueError:
-        raise ConfigError(f"--shard {text!r}: expected i/n, e.g. 0/2 (this machine hosts shard i of n)") from None
+        raise ConfigError(f"--shard {text!r}: expected i/n, e.g. 0/2 (this machine hosts shard i of n)") \
+            from None
     if not sep or n < 1 or not 0 <= i < n:
         raise ConfigError(f"--shard {text!r}: need 0 <= i < n")
     return i, n

@@ -84,7 +84,8 @@ class FleetHost:
                 if self._wrap.is_set() and not self._wrapped:
                     self._wrapped = True
                     self._heap.clear()
-                    self.log.write("wrap_up", worker=self.name, **{k: round(v, 1) for k, v in process_memory().items()})
+                    self.log.write("wrap_up", worker=self.name,
+                                   **{k: round(v, 1) for k, v in process_memory().items()})
                     waiting = [d for d in self.devices if d.state in ("offline", "crashed")]
                 if self._wrapped and waiting:
                     busy = sum(d.state == "online" for d in self.devices)

@@ -93,9 +93,11 @@ class _Launch:
         o, cfg, emu = self.opts, self.cfg, self.cfg.emulator
         if o.shard > 0 and o.broker_state is None:
             raise ConfigError("a shard other than 0 joins shard 0's broker: give --broker-state (shard 0's "
-                              "OUT/broker on this machine, or a copy of it) and --broker URL if it is elsewhere")
+                              "OUT/broker on this machine, or a copy of it) and --broker URL if it is "
+                              "elsewhere")
         if o.broker_url is not None and o.broker_state is None:
-            raise ConfigError("--broker URL needs --broker-state DIR: the folder holding the credentials files")
+            raise ConfigError("--broker URL needs --broker-state DIR: the folder holding the credentials "
+                              "files")
         profiles = load_profiles(emu.profiles)
         if emu.mix:
             profiles = profiles.with_mix(parse_mix(emu.mix, profiles.profiles))
@@ -113,12 +115,15 @@ class _Launch:
             raise ConfigError(f"shard {o.shard}/{o.shards} of a {n}-device fleet hosts no device")
         workers = min(emu.workers or os.cpu_count() or 1, len(mine))
         per_worker = -(-len(mine) // workers)
-        network = emu.network if emu.network != "auto" else ("thread" if per_worker <= THREAD_MODE_LIMIT else "shared")
+        network = emu.network
+        if network == "auto":
+            network = "thread" if per_worker <= THREAD_MODE_LIMIT else "shared"
         host = port = None
         if o.broker_url is not None:
             host, port = parse_broker_url(o.broker_url)
         state = self._broker(o)
-        users = [(ids[k], "device") for k in (range(n) if o.shard == 0 else mine)] + [(monitor_id(o.shard), "device")]
+        hosted_users = range(n) if o.shard == 0 else mine  # shard 0 makes everyone's credentials
+        users = [(ids[k], "device") for k in hosted_users] + [(monitor_id(o.shard), "device")]
         t = time.monotonic()
         made = ensure_credentials(state, users, self.broker, self.note)
         from mqtt_broker import load_credentials
@@ -130,24 +135,29 @@ class _Launch:
         if made:
             self.note(f"credentials: {made} users added in {time.monotonic() - t:.1f}s")
         spec = FleetSpec(
-            federation=probe.federation, devices=tuple(ids), profile_of=tuple(assigned), profiles=profiles.profiles,
+            federation=probe.federation, devices=tuple(ids), profile_of=tuple(assigned),
+            profiles=profiles.profiles,
             seed=cfg.run.seed, dataset=cfg.run.data.dataset, data_dir=cfg.run.data.data_dir,
             partition_file=str(part_file), credentials_dir=str(state / "credentials"),
             state_root=str(self.out / "devices"), events_dir=str(self.out / "events"), edge=cfg.edge,
-            shard=o.shard, shards=o.shards, workers=workers, network=network, broker_host=host, broker_port=port,
+            shard=o.shard, shards=o.shards, workers=workers, network=network, broker_host=host,
+            broker_port=port,
             trace=trace, extra={"rounds": cfg.run.rounds, "strategy": cfg.run.strategy,
                                 "mix": dict(profiles.mix)})
         spec.save(self.out / "fleet.json")
         if o.shard == 0:
             if o.broker_state is not None:  # a broker that may have served this federation before
                 coord = load_credentials(state, "coordinator")
-                clear_round_plan(coord if host is None or port is None else dataclasses.replace(coord, host=host, port=port))
+                if host is not None and port is not None:
+                    coord = dataclasses.replace(coord, host=host, port=port)
+                clear_round_plan(coord)
             fed = federation_table(cfg, n)
-            write_federation_toml(self.out / "federation.toml", fed, cfg.run, state / "credentials/coordinator.toml",
+            write_federation_toml(self.out / "federation.toml", fed, cfg.run,
+                                  state / "credentials/coordinator.toml",
                                   self.out / "coordinator")
             from coordinator.config import load_coordinator_config
 
-            load_coordinator_config(self.out / "federation.toml")  # refuse a bad config before starting anything
+            load_coordinator_config(self.out / "federation.toml")  # a bad config fails before anything starts
         return spec
 
     def _broker(self, o: LaunchOptions) -> Path:
@@ -157,7 +167,8 @@ class _Launch:
             self.broker_desc = f"broker of {o.broker_state}" + (f" at {o.broker_url}" if o.broker_url else "")
             return o.broker_state.resolve()
         state = self.out / "broker"
-        self.broker = start_broker(BrokerConfig(federation=self.cfg.emulator.federation, persistence=False), state,
+        self.broker = start_broker(BrokerConfig(federation=self.cfg.emulator.federation, persistence=False),
+                                   state,
                                    kind=self.cfg.emulator.broker_kind, timeout=30)
         self.broker_desc = f"{self.broker.kind} broker pid {self.broker.pid} on 127.0.0.1:{self.broker.port}"
         return state
@@ -168,10 +179,12 @@ class _Launch:
         logs = self.out / "logs"
         verbose = ["-v"] * o.verbose
         if o.shard == 0:
-            args = ["--config", str(self.out / "federation.toml"), "--events", str(self.out / "coordinator/events.jsonl")]
+            args = ["--config", str(self.out / "federation.toml"), "--events",
+                    str(self.out / "coordinator/events.jsonl")]
             if spec.broker_host is not None:
                 args += ["--host", spec.broker_host, "--port", str(spec.broker_port)]
-            self.coordinator = Child("coordinator", "emulator.coordinator_proc", args + verbose, logs / "coordinator.log")
+            self.coordinator = Child("coordinator", "emulator.coordinator_proc", args + verbose,
+                                     logs / "coordinator.log")
         for w in range(spec.workers):
             self.workers.append(Child(f"worker {w}", "emulator.worker",
                                       ["--fleet", str(self.out / "fleet.json"), "--worker", str(w), *verbose],
@@ -241,8 +254,10 @@ class _Launch:
             for w in self.workers:
                 rc = w.poll()
                 if rc not in (None, 0) and not self.wrapped:
-                    raise EmulatorError(f"{w.name} exited with status {rc}; its log ({w.log_file}):\n{w.tail()}")
-            if all(w.poll() is not None for w in self.workers) and (coord_rc is not None or not self.coordinator):
+                    raise EmulatorError(f"{w.name} exited with status {rc}; its log ({w.log_file}):\n"
+                                        f"{w.tail()}")
+            workers_done = all(w.poll() is not None for w in self.workers)
+            if workers_done and (coord_rc is not None or not self.coordinator):
                 for tail in tails:  # the last words
                     for ev in tail.read():
                         progress.feed(ev)
@@ -302,9 +317,12 @@ def run_fleet(opts: LaunchOptions, on_event: OnEvent = lambda kind, info: None) 
     finally:
         exits = launch.shutdown()
     t2 = time.monotonic()
-    finished = bool(progress.coordinator_done and progress.coordinator_done.get("finished")) if opts.shard == 0 \
-        else all(rc == 0 for rc in exits.values())
-    result = FleetResult(launch.out, spec, progress, progress.rows(), t1 - t0, t2 - t1, launch.broker_desc, finished,
+    if opts.shard == 0:
+        finished = bool(progress.coordinator_done and progress.coordinator_done.get("finished"))
+    else:
+        finished = all(rc == 0 for rc in exits.values())
+    result = FleetResult(launch.out, spec, progress, progress.rows(), t1 - t0, t2 - t1, launch.broker_desc,
+                         finished,
                          exits)
     write_outputs(result)
     return result

@@ -255,7 +255,8 @@ class SharedNetwork:
                 self._io(entry, mask)
             self._drain_requests()
             now = time.monotonic()
-            for entry in [e for e in self._entries.values() if e.reconnect_at is not None and e.reconnect_at <= now]:
+            for entry in [e for e in self._entries.values() if e.reconnect_at is not None
+                          and e.reconnect_at <= now]:
                 self._connect(entry, now)
             if now >= self._misc_at:
                 self._misc_at = now + self.misc_interval

@@ -101,7 +101,8 @@ def load_emulate_config(path: str | Path | None, overrides: Mapping[str, Mapping
         extra = overrides.get(table, {})
         if table == "strategy":
             for name, opts in extra.items():
-                run_tables["strategy"] = {**run_tables["strategy"], name: {**run_tables["strategy"].get(name, {}), **opts}}
+                run_tables["strategy"] = {**run_tables["strategy"],
+                                          name: {**run_tables["strategy"].get(name, {}), **opts}}
         else:
             run_tables[table] = {**run_tables[table], **{k: v for k, v in extra.items() if v is not None}}
     try:
@@ -136,7 +137,8 @@ def federation_table(cfg: EmulateConfig, n_devices: int) -> dict[str, Any]:
     fed.setdefault("deadline_s", 120.0)
     fed.setdefault("grace_s", 3.0)
     if fed["min_devices"] > n_devices:
-        raise ConfigError(f"[federation] min_devices {fed['min_devices']} exceeds the fleet ({n_devices} devices)")
+        raise ConfigError(f"[federation] min_devices {fed['min_devices']} exceeds the fleet "
+                          f"({n_devices} devices)")
     return fed
 
 

@@ -37,7 +37,8 @@ class Child:
         self.log_file = log_file
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "ab") as fh:
-            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL, stdout=fh,
+            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL,
+                                         stdout=fh,
                                          stderr=subprocess.STDOUT, env=python_env(threads), cwd=str(ROOT),
                                          start_new_session=True)
         self.pid = self.proc.pid
@@ -56,7 +57,8 @@ class Child:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", self.name, self.pid, timeout)
+                log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", self.name, self.pid,
+                            timeout)
                 self.proc.kill()
                 self.proc.wait(10)
         return int(self.proc.returncode)

@@ -69,7 +69,8 @@ class DeviceProfile:
             raise ConfigError(f"profile {self.name!r}: slowdown must be > 0, got {self.slowdown}")
         for key in ("up_mbps", "down_mbps", "up_latency_ms", "down_latency_ms", "burst_kb"):
             if finite(key) < 0:
-                raise ConfigError(f"profile {self.name!r}: {key} must be >= 0 (0 = not shaped), got {getattr(self, key)}")
+                raise ConfigError(f"profile {self.name!r}: {key} must be >= 0 (0 = not shaped), got "
+                                  f"{getattr(self, key)}")
         if not finite("step_s") > 0 or not finite("restart_s") >= 0:
             raise ConfigError(f"profile {self.name!r}: step_s must be > 0 and restart_s >= 0")
         for key in ("p_off", "p_on", "crash_prob"):
@@ -86,9 +87,15 @@ class DeviceProfile:
         def rate(mbps: float) -> str:
             return f"{mbps:g} Mbit/s" if mbps > 0 else "unshaped"
 
-        avail = "always on" if self.p_off == 0 else (
-            f"on ~{self.step_s / self.p_off:.0f}s / off ~{self.step_s / self.p_on:.0f}s" if self.p_on > 0 else "goes off for good")
-        crash = f", crash p={self.crash_prob:g}/step, reboot {self.restart_s:g}s" if self.crash_prob > 0 else ""
+        if self.p_off == 0:
+            avail = "always on"
+        elif self.p_on > 0:
+            avail = f"on ~{self.step_s / self.p_off:.0f}s / off ~{self.step_s / self.p_on:.0f}s"
+        else:
+            avail = "goes off for good"
+        crash = ""
+        if self.crash_prob > 0:
+            crash = f", crash p={self.crash_prob:g}/step, reboot {self.restart_s:g}s"
         return (f"x{self.slowdown:g} compute, up {rate(self.up_mbps)} +{self.up_latency_ms:g} ms, "
                 f"down {rate(self.down_mbps)} +{self.down_latency_ms:g} ms, {avail}{crash}")
 
@@ -98,13 +105,16 @@ BUILTIN_PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (
     DeviceProfile("jetson-orin", slowdown=0.5, up_mbps=50.0, down_mbps=100.0, up_latency_ms=5.0,
                   down_latency_ms=5.0),
     # a laptop on Wi-Fi: the host's own speed, closed now and then
-    DeviceProfile("laptop", slowdown=1.0, up_mbps=20.0, down_mbps=50.0, up_latency_ms=20.0, down_latency_ms=20.0,
+    DeviceProfile("laptop", slowdown=1.0, up_mbps=20.0, down_mbps=50.0, up_latency_ms=20.0,
+                  down_latency_ms=20.0,
                   step_s=10.0, p_off=0.01, p_on=0.2),
     # a phone on 4G: slow uplink, a third of the host's speed, often away
-    DeviceProfile("phone-4g", slowdown=3.0, up_mbps=5.0, down_mbps=20.0, up_latency_ms=60.0, down_latency_ms=60.0,
+    DeviceProfile("phone-4g", slowdown=3.0, up_mbps=5.0, down_mbps=20.0, up_latency_ms=60.0,
+                  down_latency_ms=60.0,
                   step_s=10.0, p_off=0.05, p_on=0.25),
     # a field sensor on a poor radio link: 1 Mbit/s up, long latency, flaps, crashes and reboots
-    DeviceProfile("flaky-field", slowdown=2.0, up_mbps=1.0, down_mbps=4.0, up_latency_ms=300.0, down_latency_ms=300.0,
+    DeviceProfile("flaky-field", slowdown=2.0, up_mbps=1.0, down_mbps=4.0, up_latency_ms=300.0,
+                  down_latency_ms=300.0,
                   step_s=10.0, p_off=0.1, p_on=0.2, crash_prob=0.05, restart_s=15.0),
 )}
 
@@ -129,7 +139,8 @@ def check_mix(mix: Mapping[str, float], profiles: Mapping[str, DeviceProfile], w
     for name, share in mix.items():
         if name not in profiles:
             raise ConfigError(f"{where}: unknown profile {name!r}; known: {', '.join(sorted(profiles))}")
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not (math.isfinite(share) and share >= 0):
+        number = isinstance(share, (int, float)) and not isinstance(share, bool)
+        if not number or not (math.isfinite(share) and share >= 0):
             raise ConfigError(f"{where}: the share of {name!r} must be a number >= 0, got {share!r}")
     if sum(mix.values()) <= 0:
         raise ConfigError(f"{where}: the shares add up to 0")
@@ -151,7 +162,8 @@ def load_profiles(path: str | Path | None = None) -> ProfileSet:
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: [profile.{name}] must be a table")
         if "name" in values:
-            raise ConfigError(f"{path}: [profile.{name}]: the table's name is the profile's name; drop 'name'")
+            raise ConfigError(f"{path}: [profile.{name}]: the table's name is the profile's name; "
+                              f"drop 'name'")
         profiles[name] = from_mapping(DeviceProfile, {"name": name, **values}, f"{path} [profile.{name}]")
     mix = raw.get("mix", DEFAULT_MIX)
     if not isinstance(mix, dict):
@@ -168,7 +180,8 @@ def parse_mix(text: str, profiles: Mapping[str, DeviceProfile]) -> dict[str, flo
         try:
             mix[name.strip()] = float(share) if sep else 1.0
         except ValueError:
-            raise ConfigError(f"--mix {text!r}: {share!r} is not a number (expected NAME=SHARE,...)") from None
+            raise ConfigError(f"--mix {text!r}: {share!r} is not a number (expected NAME=SHARE,...)") \
+                from None
     check_mix(mix, profiles, f"--mix {text!r}")
     return mix
 

@@ -45,7 +45,8 @@ class FleetProgress:
         self.online_now = 0
         self.waiting: dict[str, Any] | None = None
         self.accepted_live: dict[int, int] = {}
-        self.workers: dict[str, dict[str, Any]] = {}  # worker -> its start event (pid, devices, memory before)
+        # worker -> its start event (pid, devices, memory before)
+        self.workers: dict[str, dict[str, Any]] = {}
         self.wrap_up: dict[str, dict[str, Any]] = {}  # worker -> its wrap-up event (memory after the rounds)
 
     def device(self, dev: str) -> DeviceView:
@@ -118,7 +119,8 @@ class FleetProgress:
         return up, down
 
     def rows(self) -> list[dict[str, Any]]:
-        return [round_row(r, self.records[r], self.opens.get(r, {}), self.online_at_close.get(r), self.link_bytes(r))
+        return [round_row(r, self.records[r], self.opens.get(r, {}), self.online_at_close.get(r),
+                          self.link_bytes(r))
                 for r in sorted(self.records)]
 
     def totals(self) -> dict[str, Any]:

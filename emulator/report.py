@@ -58,7 +58,8 @@ def profile_rows(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_outputs(result: FleetResult) -> dict[str, Path]:
     out = result.out
-    files = {"rounds": out / "rounds.jsonl", "devices": out / "devices.jsonl", "summary": out / "summary.json"}
+    files = {"rounds": out / "rounds.jsonl", "devices": out / "devices.jsonl",
+             "summary": out / "summary.json"}
     with open(files["rounds"], "w") as fh:
         for row in result.rows:
             fh.write(json.dumps(row, sort_keys=True) + "\n")
@@ -69,10 +70,12 @@ def write_outputs(result: FleetResult) -> dict[str, Path]:
     prog, spec = result.progress, result.spec
     summary = {
         "devices": len(spec.devices), "hosted_here": len(spec.mine()), "shard": f"{spec.shard}/{spec.shards}",
-        "workers": spec.workers, "network": spec.network, "broker": result.broker, "strategy": spec.extra.get("strategy"),
+        "workers": spec.workers, "network": spec.network, "broker": result.broker,
+        "strategy": spec.extra.get("strategy"),
         "rounds": len(result.rows), "finished": result.finished, "setup_s": round(result.setup_s, 1),
         "run_s": round(result.run_s, 1), "totals": prog.totals(), "profiles": profile_rows(devices),
-        "mix": spec.extra.get("mix"), "profile_table": {k: dataclasses.asdict(v) for k, v in spec.profiles.items()},
+        "mix": spec.extra.get("mix"),
+        "profile_table": {k: dataclasses.asdict(v) for k, v in spec.profiles.items()},
         "peak_rss_mb_per_worker": prog.peak_rss_mb, "max_connected_per_worker": prog.max_connected,
         "final_acc": result.rows[-1]["acc"] if result.rows else None, "exits": result.exits,
         "coordinator": prog.coordinator_done,

@@ -25,14 +25,16 @@ from typing import Any, Iterable, Mapping
 
 from flayer.config import ConfigError, RunConfig
 
-__all__ = ["prepare_out", "make_partition_file", "ensure_credentials", "write_federation_toml", "parse_broker_url",
+__all__ = ["prepare_out", "make_partition_file", "ensure_credentials", "write_federation_toml",
+           "parse_broker_url",
            "monitor_id", "wait_accepted", "clear_round_plan", "OWNED"]
 
 log = logging.getLogger(__name__)
 
 # what a previous emulator run leaves in its output folder (removed before a new run there)
 OWNED = ("fleet.json", "partition.npz", "federation.toml", "rounds.jsonl", "devices.jsonl", "summary.json",
-         "accuracy.png", "bytes.png", "device_accuracy.png", "broker", "coordinator", "devices", "events", "logs")
+         "accuracy.png", "bytes.png", "device_accuracy.png", "broker", "coordinator", "devices", "events",
+         "logs")
 
 
 def monitor_id(shard: int) -> str:
@@ -119,7 +121,8 @@ def ensure_credentials(state_dir: Path, users: Iterable[tuple[str, str]], manage
             managed.reload()
         elif reload_recorded(state_dir) is None:
             log.warning("added %d device(s) to %s but no broker is recorded there: make its broker re-read "
-                        "its password file (SIGHUP, or 'flayer broker add-device' does it)", len(missing), state_dir)
+                        "its password file (SIGHUP, or 'flayer broker add-device' does it)", len(missing),
+                        state_dir)
     return len(missing)
 
 
@@ -141,12 +144,14 @@ def write_federation_toml(path: Path, fed: Mapping[str, Any], run: RunConfig, cr
     lines = ["# written by flayer emulate: the coordinator of this emulated fleet", "[federation]",
              f"credentials = {_toml_value(str(credentials))}", f"state_dir = {_toml_value(str(state_dir))}"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in fed.items() if v is not None]
-    lines += ["", "[run]", f"strategy = {_toml_value(run.strategy)}", f"rounds = {run.rounds}", f"seed = {run.seed}",
+    lines += ["", "[run]", f"strategy = {_toml_value(run.strategy)}", f"rounds = {run.rounds}",
+              f"seed = {run.seed}",
               "", "[data]", f"dataset = {_toml_value(run.data.dataset)}"]
     if run.data.model:
         lines.append(f"model = {_toml_value(run.data.model)}")
     t = run.train
-    lines += ["", "[train]", f"lr = {t.lr!r}", f"batch_size = {t.batch_size}", f"local_epochs = {t.local_epochs}"]
+    lines += ["", "[train]", f"lr = {t.lr!r}", f"batch_size = {t.batch_size}",
+              f"local_epochs = {t.local_epochs}"]
     for name, opts in run.strategy_options.items():
         if opts:
             lines += ["", f"[strategy.{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in opts.items()]
@@ -177,7 +182,8 @@ def wait_accepted(creds: Any, timeout: float = 15.0) -> None:
         if isinstance(last, Connected) and last.ok:
             return
         time.sleep(0.2)
-    raise ConfigError(f"the broker at {creds.host}:{creds.port} does not accept {creds.username}'s credentials "
+    raise ConfigError(f"the broker at {creds.host}:{creds.port} does not accept {creds.username}'s "
+                      f"credentials "
                       f"({last}); does it read this state folder's password file?")
 
 
@@ -197,7 +203,8 @@ def clear_round_plan(coordinator: Any, timeout: float = 10.0) -> None:
         ev = events.get(timeout=timeout)
         if not (isinstance(ev, Connected) and ev.ok):
             raise ConfigError(f"the broker refused the coordinator's credentials ({ev})")
-        if not link.wait_published([link.publish(Topics(coordinator.federation).round(), b"", retain=True)], timeout):
+        if not link.wait_published([link.publish(Topics(coordinator.federation).round(), b"", retain=True)],
+                                   timeout):
             raise ConfigError("the broker did not acknowledge clearing the retained round plan")
     except queue.Empty:
         raise ConfigError(f"no answer from the broker at {coordinator.host}:{coordinator.port}") from None

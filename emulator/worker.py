@@ -53,7 +53,8 @@ def build_host(spec: FleetSpec, worker: int, *, dataset: Any = None, network: An
     ds = dataset if dataset is not None else load_dataset(spec.dataset, spec.data_dir)
     part = load_partition(spec.partition_file, len(ds), ds.fingerprint())
     if part.num_clients != len(spec.devices):
-        raise ValueError(f"{spec.partition_file} holds {part.num_clients} clients for {len(spec.devices)} devices")
+        raise ValueError(f"{spec.partition_file} holds {part.num_clients} clients for {len(spec.devices)} "
+                         f"devices")
     events = EventLog(spec.events_file(worker))
     counter = ByteCounter()
     pool = ThreadPoolExecutor(pool_threads, thread_name_prefix=f"emu-ops-{worker}")

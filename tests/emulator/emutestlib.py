@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mqtt_broker import BrokerConfig, Credentials, ManagedBroker, add_device, load_credentials, mosquitto_available
-from mqtt_broker import start_broker
+from mqtt_broker import (
+    BrokerConfig, Credentials, ManagedBroker, add_device, load_credentials, mosquitto_available, start_broker,
+)
 from mqtt_broker.credentials import mqtt_connect_settings
 from mqtt_broker.link import Connected, MqttLink, Received
 
@@ -32,7 +33,8 @@ class TestBroker:
 
 def start_test_broker(tmp: Path, users: list[str], federation: str = "etest") -> TestBroker:
     state = tmp / "broker"
-    broker = start_broker(BrokerConfig(federation=federation, persistence=False), state, kind=KIND, timeout=30)
+    broker = start_broker(BrokerConfig(federation=federation, persistence=False), state, kind=KIND,
+                          timeout=30)
     try:
         creds = {u: add_device(state, u) for u in users}
         broker.reload()
@@ -107,7 +109,8 @@ def emulate(args: list[str], log: Path, env_extra: dict[str, str] | None = None)
     """``python -m cli.main emulate ARGS`` in its own session, output to ``log``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env_extra or {})}
     with open(log, "wb") as fh:
-        return subprocess.Popen([sys.executable, "-m", "cli.main", "emulate", *args], cwd=ROOT, env=env, stdout=fh,
+        return subprocess.Popen([sys.executable, "-m", "cli.main", "emulate", *args], cwd=ROOT, env=env,
+                                stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ from edge_client.config import EdgeSettings
 pytestmark = pytest.mark.integration
 
 
-def test_crashed_device_rejoins_and_resumes_from_disk(tmp_path: Path, digits) -> None:  # type: ignore[no-untyped-def]
+def test_crashed_device_rejoins_and_resumes_from_disk(tmp_path: Path, digits: Any) -> None:
     from coordinator.config import load_coordinator_config
     from coordinator.server import Coordinator
     from flayer.partition import make_partition, save_partition
@@ -42,7 +43,8 @@ def test_crashed_device_rejoins_and_resumes_from_disk(tmp_path: Path, digits) ->
                    f'[data]\ndataset = "digits"\n[train]\nlr = 0.05\n')
     coord = Coordinator(load_coordinator_config(fed), tb.coordinator)
     spec = FleetSpec(federation="etest", devices=tuple(ids), profile_of=("fast",) * 3,
-                     profiles={"fast": DeviceProfile("fast", up_mbps=50.0, down_mbps=50.0)}, seed=0, dataset="digits",
+                     profiles={"fast": DeviceProfile("fast", up_mbps=50.0, down_mbps=50.0)}, seed=0,
+                     dataset="digits",
                      partition_file=str(part_file), credentials_dir=str(tb.state / "credentials"),
                      state_root=str(tmp_path / "devices"), events_dir=str(tmp_path / "events"),
                      edge=EdgeSettings(**{**DEFAULT_EDGE, "heartbeat_s": 1.0, "ack_timeout_s": 5.0}))
@@ -85,7 +87,8 @@ def test_crashed_device_rejoins_and_resumes_from_disk(tmp_path: Path, digits) ->
         assert not host_thread.is_alive()
         evs = events_of(tmp_path)
         assert [e["done_round"] for e in evs if e["kind"] == "restart" and e["device"] == "dev-001"] == [2]
-        assert sorted(e["round"] for e in evs if e["kind"] == "trained" and e["device"] == "dev-001") == [1, 2, 3]
+        rounds = sorted(e["round"] for e in evs if e["kind"] == "trained" and e["device"] == "dev-001")
+        assert rounds == [1, 2, 3]
         assert victim.crashes == 1 and victim.instances == 2 and victim.final_acc is not None
         assert all(d.state == "finished" for d in host.devices)
     finally:

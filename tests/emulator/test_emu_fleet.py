@@ -26,15 +26,18 @@ down_latency_ms = 20.0
 jetson-orin = 0.5
 steady = 0.5
 """
-COMMON = ["--dataset", "digits", "--strategy", "fedavg", "--partition", "iid", "--lr", "0.05", "--timeout", "240"]
+COMMON = ["--dataset", "digits", "--strategy", "fedavg", "--partition", "iid", "--lr", "0.05", "--timeout",
+          "240"]
 
 
 def test_ten_devices_run_two_rounds(tmp_path: Path) -> None:
     profiles = tmp_path / "profiles.toml"
     profiles.write_text(PROFILES)
     out = tmp_path / "run"
-    proc = emulate([*COMMON, "--clients", "10", "--rounds", "2", "--profiles", str(profiles), "--quorum", "10",
-                    "--over-selection", "1.0", "--min-devices", "10", "--federation", "fleet10", "--out", str(out)],
+    proc = emulate([*COMMON, "--clients", "10", "--rounds", "2", "--profiles", str(profiles), "--quorum",
+                    "10",
+                    "--over-selection", "1.0", "--min-devices", "10", "--federation", "fleet10", "--out",
+                    str(out)],
                    tmp_path / "emulate.log")
     rc = finish(proc, 300)
     log = (tmp_path / "emulate.log").read_text()
@@ -56,7 +59,8 @@ def test_ten_devices_run_two_rounds(tmp_path: Path) -> None:
     assert len(compute) == 20
     for e in compute:
         factor = 20.0 if profile[e["device"]] == "steady" else 0.5
-        assert e["waited_s"] == pytest.approx(max(0.0, factor * e["cpu_s"] - e["wall_s"]), abs=(factor + 2) * 1e-4)
+        assert e["waited_s"] == pytest.approx(max(0.0, factor * e["cpu_s"] - e["wall_s"]),
+                                              abs=(factor + 2) * 1e-4)
     assert any(e["waited_s"] > 0 for e in compute if profile[e["device"]] == "steady")
     for name in ("accuracy.png", "bytes.png", "device_accuracy.png", "summary.json"):
         assert (out / name).stat().st_size > 0
@@ -71,8 +75,10 @@ def test_devices_marked_offline_are_never_selected(tmp_path: Path) -> None:
     rows += ["dev-007,1000000,1000001", "8,1000000,inf", "dev-009,12,inf"]  # 7 and 8 offline; 9 joins at 12 s
     trace.write_text("\n".join(rows) + "\n")
     out = tmp_path / "run"
-    proc = emulate([*COMMON, "--clients", "10", "--rounds", "4", "--mix", "jetson-orin", "--trace", str(trace),
-                    "--quorum", "4", "--over-selection", "1.5", "--min-devices", "6", "--federation", "offline",
+    proc = emulate([*COMMON, "--clients", "10", "--rounds", "4", "--mix", "jetson-orin", "--trace",
+                    str(trace),
+                    "--quorum", "4", "--over-selection", "1.5", "--min-devices", "6", "--federation",
+                    "offline",
                     "--out", str(out)], tmp_path / "emulate.log")
     rc = finish(proc, 300)
     assert rc == 0, (tmp_path / "emulate.log").read_text()[-4000:]
@@ -97,7 +103,8 @@ def test_devices_marked_offline_are_never_selected(tmp_path: Path) -> None:
 
 
 def test_two_shards_on_one_machine_form_one_fleet(tmp_path: Path) -> None:
-    args = [*COMMON, "--clients", "6", "--rounds", "2", "--mix", "jetson-orin", "--quorum", "6", "--over-selection",
+    args = [*COMMON, "--clients", "6", "--rounds", "2", "--mix", "jetson-orin", "--quorum", "6",
+            "--over-selection",
             "1.0", "--min-devices", "6", "--workers", "1", "--federation", "sharded"]
     a, b = tmp_path / "shard0", tmp_path / "shard1"
     p0 = emulate([*args, "--shard", "0/2", "--out", str(a)], tmp_path / "shard0.log")

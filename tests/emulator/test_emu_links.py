@@ -75,9 +75,11 @@ def _will_and_clean(tb: Any, network: SharedNetwork | None, ids: list[str]) -> N
             links[d] = MqttLink(mqtt_connect_settings(tb.users[d]), queues[d].put, will=(T.status(d), will),
                                 network=network)
             links[d].start()
-        wait_until(lambda: all(link.connected.is_set() for link in links.values()), 30, "every link to connect")
+        wait_until(lambda: all(link.connected.is_set() for link in links.values()), 30,
+                   "every link to connect")
         for d, link in links.items():  # each publishes (from this thread) and is heard
-            link.publish(T.status(d), encode_message(Status(1, "online", time.time(), {}), "etest", d), retain=True)
+            link.publish(T.status(d), encode_message(Status(1, "online", time.time(), {}), "etest", d),
+                         retain=True)
         wait_until(lambda: {m.topic for _, m in rec.pump()} >= {T.status(d) for d in ids}, 15, "every status")
         half = len(ids) // 2
         for d in ids[:half]:
@@ -121,7 +123,7 @@ def test_shared_network_drives_many_links_from_one_thread(tmp_path: Path) -> Non
         tb.broker.stop()
 
 
-def test_crash_during_the_local_round_saves_and_sends_nothing(tmp_path: Path, digits) -> None:  # type: ignore[no-untyped-def]
+def test_crash_during_the_local_round_saves_and_sends_nothing(tmp_path: Path, digits: Any) -> None:
     from coordinator.config import load_coordinator_config
     from coordinator.publish import Publisher, make_plan, model_blob
     from flayer.partition import make_partition
@@ -139,16 +141,23 @@ def test_crash_during_the_local_round_saves_and_sends_nothing(tmp_path: Path, di
     def after_compute(kind: str, wall: float, cpu: float) -> None:
         computed.append((kind, wall, cpu))
         assert client is not None
-        threading.Thread(target=lambda: (client.crash(), crashed.set())).start()  # type: ignore[func-returns-value]
+        def crash() -> None:
+            assert client is not None
+            client.crash()
+            crashed.set()
+
+        threading.Thread(target=crash).start()
         assert crashed.wait(15)
 
     try:
         fed = tmp_path / "f.toml"
         fed.write_text(f'[federation]\ncredentials = "{tb.state}/credentials/coordinator.toml"\nstate_dir = '
-                       f'"{tmp_path}/coord"\n[run]\nstrategy = "fedavg"\nrounds = 1\n[data]\ndataset = "digits"\n')
+                       f'"{tmp_path}/coord"\n[run]\nstrategy = "fedavg"\nrounds = 1\n'
+                       f'[data]\ndataset = "digits"\n')
         cfg = load_coordinator_config(fed)
         model = model_blob(initial_global_state(make_strategy("fedavg", cfg.spec, cfg.run.train, {}), 0))
-        pub = Publisher(server.link, T, "coordinator", tb.coordinator.max_payload, tmp_path, 30, lambda: False)
+        pub = Publisher(server.link, T, "coordinator", tb.coordinator.max_payload, tmp_path, 30,
+                        lambda: False)
         chunks, _ = pub.model(model, 1)
         pub.plan(make_plan(cfg, "fedavg", {}, 1, ["dev-a"], time.time() + 300, model, chunks))
         settings = EdgeSettings(state_dir=str(tmp_path / "dev-a"), device="cpu", heartbeat_s=1.0)
@@ -160,7 +169,7 @@ def test_crash_during_the_local_round_saves_and_sends_nothing(tmp_path: Path, di
         kind, wall, cpu = computed[0]
         assert kind == "train" and 0 < cpu <= wall * 1.05 + 0.01
         stored = DeviceStore(settings.state_dir).load()
-        assert stored.done_round == 0 and stored.upload is None, "a crashed round must leave the disk as it was"
+        assert stored.done_round == 0 and stored.upload is None, "a crashed round leaves the disk as it was"
         assert not (tmp_path / "dev-a" / "upload.bin").exists()
         time.sleep(1.0)
         msgs = [m for _, m in server.pump()]
@@ -173,7 +182,7 @@ def test_crash_during_the_local_round_saves_and_sends_nothing(tmp_path: Path, di
         tb.broker.stop()
 
 
-def test_a_disconnected_client_does_not_spin(tmp_path: Path, digits) -> None:  # type: ignore[no-untyped-def]
+def test_a_disconnected_client_does_not_spin(tmp_path: Path, digits: Any) -> None:
     """With no broker to talk to, a device's worker waits (a due heartbeat it cannot send must not turn
     its loop into a busy one: with hundreds of emulated devices connecting, that starved the network)."""
     import socket

@@ -135,7 +135,8 @@ def test_always_on_never_on_and_crash_only_inside_intervals() -> None:
 def test_trace_file(tmp_path: Path) -> None:
     ids = [f"dev-{i:03d}" for i in range(4)]
     f = tmp_path / "t.csv"
-    f.write_text("# availability\ndevice_id,start_s,end_s\ndev-000,0,60\ndev-000,60,90\n2,100,inf\ndev-000,120,130\n")
+    f.write_text("# availability\ndevice_id,start_s,end_s\ndev-000,0,60\ndev-000,60,90\n2,100,inf\n"
+                 "dev-000,120,130\n")
     tr = load_trace(f, ids, time_scale=10.0)
     assert tr == {"dev-000": [(0.0, 9.0), (12.0, 13.0)], "dev-002": [(10.0, math.inf)]}  # merged, scaled
     p = DeviceProfile("a")
