@@ -157,12 +157,21 @@ def _plots(result: Any, devices: list[dict[str, Any]]) -> list[str]:
                           "test accuracy", f"{result.spec.extra.get('strategy')}: {len(result.spec.devices)} "
                           f"emulated devices", x=[r["round"] for r in rows]):
         made.append("accuracy.png")
-    if rows and line_plot(out / "bytes.png", {"up (updates)": [r["mb_up"] for r in rows],
-                                              "down (model)": [r["mb_down"] for r in rows]},
-                          "round", "MB over the emulated links", "bytes per round",
-                          x=[r["round"] for r in rows]):
-        made.append("bytes.png")
     plt = _pyplot()
+    if plt is not None and rows:
+        xs = [r["round"] for r in rows]
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        ax.bar([x - 0.2 for x in xs], [r["mb_down"] for r in rows], width=0.4, label="down (model chunks)")
+        ax.bar([x + 0.2 for x in xs], [r["mb_up"] for r in rows], width=0.4, label="up (update chunks)")
+        ax.set_xlabel("round")
+        ax.set_ylabel("MB over the emulated links")
+        ax.set_title("bytes per round, all devices")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "bytes.png")
+        plt.close(fig)
+        made.append("bytes.png")
     with_acc = [d for d in devices if d["final_acc"] is not None]
     if plt is not None and with_acc:
         names = sorted({d["profile"] for d in with_acc})
