@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-OUT ?= runs/demo
+OUT ?= runs/demo-fleet
 
 .PHONY: demo test test-all bench apt-data apt-broker clean-venv
 
@@ -35,8 +35,9 @@ apt-broker:
 	@command -v mosquitto >/dev/null 2>&1 && command -v mosquitto_passwd >/dev/null 2>&1 || \
 	  ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq mosquitto mosquitto-clients)
 
+# 20 emulated devices with mixed profiles over a real broker (mosquitto when installed, else the embedded one)
 demo: apt-data $(VENV)/.stamp-main
-	$(BIN)/flayer simulate --config configs/demo.toml --out $(OUT)
+	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT)
 
 test: apt-data apt-broker $(VENV)/.stamp-all
 	@$(BIN)/python -m pytest; rc=$$?; \

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "broker": "cli.broker",
     "coordinator": "cli.coordinator",
     "edge": "cli.edge",
+    "emulate": "cli.emulate",
     "export": "cli.export",
 }
 

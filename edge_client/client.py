@@ -5,7 +5,12 @@ worker thread owns all state and reacts to events (plan, model chunk, ack, timer
 runs what takes long -- the local round, publishing and waiting for PUBACKs -- and reports back
 with an event. Many clients can live in one process (the emulator): each has its own connection,
 threads and state folder, an injectable ``clock``/``sleep`` and a link ``shaper(nbytes, direction)``
-that returns the delay to impose on each chunk ("up" or "down").
+that returns the delay to impose on each chunk ("up" or "down"). More emulator hooks: ``after_compute``
+(called on the job thread after each local computation with its wall and thread CPU seconds, before
+anything is saved or sent: the emulator stretches a slow device's compute time there), ``network``
+(a :class:`mqtt_broker.link.NetworkDriver` driving this client's connection instead of a paho thread)
+and :meth:`EdgeClient.crash` (a power loss: no offline status, no DISCONNECT; the broker publishes the
+last will, and the next instance over the same state folder resumes from disk).
 
 Per round, when selected: fetch the model from its retained chunks (:class:`ModelDownload`) ->
 local round -> encode and size check -> persist state and upload -> publish the chunks (QoS 1,
@@ -31,7 +36,7 @@ import torch
 
 from flayer.train import ClientData, pick_device
 from mqtt_broker.credentials import Credentials, mqtt_connect_settings
-from mqtt_broker.link import Connected, Disconnected, MqttLink, Received
+from mqtt_broker.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 from protocol import (
     Ack, Kind, Plan, Status, TopicError, Topics, WireError, WireLimits, chunk_blob, decode_envelope,
     decode_message, encode_message,
@@ -45,11 +50,12 @@ from .work import (
     save_personal, train_and_encode,
 )
 
-__all__ = ["EdgeClient", "EdgeError", "LinkShaper"]
+__all__ = ["EdgeClient", "EdgeError", "LinkShaper", "ComputeHook"]
 
 log = logging.getLogger(__name__)
 
 LinkShaper = Callable[[int, str], float]  # (bytes, "up" | "down") -> seconds of delay
+ComputeHook = Callable[[str, float, float], None]  # (kind: train | calibrate, wall s, thread CPU s)
 
 
 @dataclass(frozen=True)
@@ -69,12 +75,14 @@ class EdgeClient:
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  shaper: LinkShaper | None = None, limits: WireLimits | None = None,
                  rng: random.Random | None = None,
-                 on_progress: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 on_progress: Callable[[str, dict[str, Any]], None] | None = None,
+                 after_compute: ComputeHook | None = None, network: NetworkDriver | None = None) -> None:
         if creds.role != "device":
             raise EdgeError(f"credentials of {creds.username!r} are a {creds.role}'s, not a device's")
         self.settings, self.creds, self.data = settings, creds, data
         self.id = creds.username
         self.clock, self.sleep, self.shaper = clock, sleep, shaper
+        self.after_compute = after_compute
         self.limits = limits or WireLimits()
         self.rng = rng or random.Random(f"{creds.federation}/{self.id}")
         self.on_progress = on_progress  # called on the worker thread: trained, calibrated, ack, finished
@@ -87,7 +95,8 @@ class EdgeClient:
         self.events: queue.Queue[Any] = queue.Queue()
         will = encode_message(Status(0, "offline", clock(), {}), creds.federation, self.id)
         self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=False,
-                             will=(self.topics.status(self.id), will), keepalive=settings.keepalive_s)
+                             will=(self.topics.status(self.id), will), keepalive=settings.keepalive_s,
+                             network=network)
         self.jobs = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"edge-{self.id}-job")
         self.plan: Plan | None = None
         self.error: BaseException | None = None
@@ -101,6 +110,7 @@ class EdgeClient:
         self._pending: Pending | None = None  # sent, not acknowledged yet
         self._heartbeat_at = 0.0
         self._state_name = "online"
+        self._crashed = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -110,6 +120,17 @@ class EdgeClient:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the worker, publish a retained ``offline`` status and disconnect cleanly."""
+        self.events.put(_Stop())
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def crash(self, timeout: float = 10.0) -> None:
+        """Emulate a power loss: the connection drops without a DISCONNECT or an ``offline`` status
+        (the broker publishes the last will) and the worker stops. A local round under way finishes
+        computing but saves and sends nothing. A new instance over the same ``state_dir`` is the
+        rebooted device: it resumes from what is on disk."""
+        self._crashed = True
+        self.link.abort()
         self.events.put(_Stop())
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -139,17 +160,23 @@ class EdgeClient:
                 self._handle(ev)
                 self._timers()
         except BaseException as exc:  # noqa: BLE001 -- reported through self.error / run()
-            log.error("%s: %s", self.id, exc)
-            self.error = exc
+            if not self._crashed:  # after crash() the link is gone: nothing to report
+                log.error("%s: %s", self.id, exc)
+                self.error = exc
         finally:
-            self.link.stop(final=(self.topics.status(self.id), self._status_payload("offline"), True))
+            if not self._crashed:
+                self.link.stop(final=(self.topics.status(self.id), self._status_payload("offline"), True))
             self.jobs.shutdown(wait=False, cancel_futures=True)
             self._stopped.set()
 
     def _next_event(self) -> Any:
         now = self.clock()
-        due = [self._heartbeat_at, now + 1.0]
-        if self._pending is not None and self._pending.due is not None:
+        due = [now + 1.0]
+        # timers that can fire now only: a heartbeat needs the link (Connected is an event), a re-send waits
+        # for the job in progress (its end is an event); a past timer that cannot fire would spin this loop
+        if self.link.connected.is_set():
+            due.append(self._heartbeat_at)
+        if self._pending is not None and self._pending.due is not None and not self._busy:
             due.append(self._pending.due)
         if self._download is not None:
             due.append(self._download.due(self.settings.download_stall_s))
@@ -275,10 +302,12 @@ class EdgeClient:
     def _train_job(self, strategy: Any, plan: Plan, global_state: Any, state: Any) -> Upload:
         limits = [x for x in (plan.max_update_bytes, self.settings.max_update_bytes) if x > 0]
         ctx = round_context(plan, self.settings.client_index, self.device)
+        t0, c0 = time.perf_counter(), time.thread_time()
         upload = train_and_encode(strategy, plan, global_state, state, self.data, ctx,
                                   federation=self.creds.federation, sender=self.id,
                                   max_payload=self.creds.max_payload, max_update_bytes=min(limits) if limits else 0,
                                   amp=self.settings.amp)
+        self._computed("train", t0, c0)
         self.store.save_upload(upload.blob)  # upload, then the state that names it: before publishing
         record = UploadRecord(plan.round, upload.digest, len(upload.blob))
         self.store.save(StoredState(upload.state, plan.round, record, False, self.stored.extra))
@@ -287,11 +316,21 @@ class EdgeClient:
 
     def _calibrate_job(self, strategy: Any, plan: Plan, global_state: Any) -> Pending:
         ctx = round_context(plan, self.settings.client_index, self.device)
+        t0, c0 = time.perf_counter(), time.thread_time()
         payload = calibration_report(strategy, plan, global_state, self.data, ctx, amp=self.settings.amp,
                                      now=self.clock(), federation=self.creds.federation, sender=self.id)
+        self._computed("calibrate", t0, c0)
         items = [(self.topics.metrics(self.id), payload, False)]
         self._publish(items)
         return Pending("calibration", plan.round, decode_envelope(payload).digest, items, model=plan.model_digest)
+
+    def _computed(self, kind: str, t0: float, c0: float) -> None:
+        """After a local computation (job thread): the ``after_compute`` hook, then nothing more if
+        the device crashed meanwhile."""
+        if self.after_compute is not None:
+            self.after_compute(kind, time.perf_counter() - t0, time.thread_time() - c0)
+        if self._crashed:
+            raise EdgeError(f"{self.id} crashed during its {kind} computation; nothing saved or sent")
 
     def _update_items(self, payloads: tuple[bytes, ...], round_: int) -> list[tuple[str, bytes, bool]]:
         return [(self.topics.update_chunk(self.id, round_, i), p, False) for i, p in enumerate(payloads)]
@@ -305,6 +344,8 @@ class EdgeClient:
     def _finish_job(self, strategy: Any, plan: Plan, global_state: Any, state: Any) -> float:
         ctx = round_context(plan, self.settings.client_index, self.device)
         meta = {"client": self.id, "client_index": self.settings.client_index}
+        if self._crashed:
+            raise EdgeError(f"{self.id} crashed before saving its personal model")
         return save_personal(strategy, plan, global_state, state, self.data, ctx, self.store.personal_file,
                              self.store.global_file, meta)
 

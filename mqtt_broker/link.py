@@ -16,14 +16,15 @@ re-sends it on every reconnect).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Protocol, Sequence, Union
 
 from mqtt_broker.credentials import ConnectSettings, make_client
 
-__all__ = ["Connected", "Disconnected", "Received", "LinkEvent", "LinkError", "MqttLink"]
+__all__ = ["Connected", "Disconnected", "Received", "LinkEvent", "LinkError", "MqttLink", "NetworkDriver"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,17 @@ class LinkError(RuntimeError):
     """A publish could not be queued, or the link was used after stop()."""
 
 
+class NetworkDriver(Protocol):
+    """Runs the network side of many paho clients instead of one ``loop_start()`` thread each (the
+    emulator's shared loop, :class:`emulator.netloop.SharedNetwork`). ``attach`` connects a client
+    whose ``connect_async`` was called and keeps it connected; ``detach`` forgets it: after its
+    DISCONNECT went out, or at once without one (``abrupt``: the broker publishes the last will)."""
+
+    def attach(self, client: Any) -> None: ...
+
+    def detach(self, client: Any, abrupt: bool = False, timeout: float = 3.0) -> None: ...
+
+
 def _published(info: Any) -> bool:
     """Whether the broker acknowledged ``info``'s message. paho's ``is_published()`` raises for a
     message published while disconnected (rc NO_CONN) even though paho keeps it queued and sends it
@@ -67,15 +79,17 @@ class MqttLink:
 
     ``clean_session=False`` keeps the broker-side session (subscriptions and queued QoS 1 messages)
     across reconnects; ``will`` = (topic, payload) is published retained by the broker when the link
-    dies without a clean disconnect.
+    dies without a clean disconnect. ``network``: a :class:`NetworkDriver` that runs this client's
+    network side (default: paho's own thread, ``loop_start``).
     """
 
     def __init__(self, settings: ConnectSettings, post: Callable[[LinkEvent], None], *, clean_session: bool = False,
                  will: tuple[str, bytes] | None = None, keepalive: int = 30,
-                 reconnect_delay: tuple[float, float] = (0.5, 30.0)) -> None:
+                 reconnect_delay: tuple[float, float] = (0.5, 30.0), network: NetworkDriver | None = None) -> None:
         self.settings = settings
         self._post = post
         self._keepalive = keepalive
+        self._network = network
         self._stopped = False
         self.connected = threading.Event()
         self.client = make_client(settings, clean_session=clean_session)
@@ -105,7 +119,10 @@ class MqttLink:
     def start(self) -> None:
         """Connect in the background (paho's network thread); a Connected event follows."""
         self.client.connect_async(self.settings.host, self.settings.port, keepalive=self._keepalive)
-        self.client.loop_start()
+        if self._network is not None:
+            self._network.attach(self.client)
+        else:
+            self.client.loop_start()
 
     def subscribe(self, filters: Iterable[str]) -> None:
         topics = [(f, 1) for f in filters]
@@ -166,4 +183,26 @@ class MqttLink:
             log.debug("final publish failed: %s", exc)
         self._stopped = True
         self.client.disconnect()
-        self.client.loop_stop()
+        if self._network is not None:
+            self._network.detach(self.client, abrupt=False, timeout=timeout)
+        else:
+            self.client.loop_stop()
+
+    def abort(self) -> None:
+        """Drop the connection without a DISCONNECT, as a power loss or a cut cable would (the
+        emulator's crashes): the network side stops, the socket is closed, and the broker publishes
+        the last will. Messages not yet sent are lost. The link cannot be used afterwards."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.connected.clear()
+        if self._network is not None:
+            self._network.detach(self.client, abrupt=True)
+            return
+        sock = self.client.socket()
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # paho's thread sees the loss and waits >= 1 s to reconnect...
+            except OSError:
+                pass
+        self.client.loop_stop()  # ...while this stops it (it checks at least once a second)

@@ -1,0 +1,264 @@
+"""``flayer emulate``: a whole fleet on this machine -- broker, coordinator and N edge clients with
+device profiles -- running the same code real devices run.
+
+Shows each round as it closes (devices reported of selected, devices online, MB up and down over the
+emulated links, accuracy), device crashes as they happen, then a table per round and per profile,
+and writes rounds.jsonl, devices.jsonl, summary.json and PNG plots under the output folder it names
+at the end. Exit status 0 when every round ran; 2 for a configuration error; 1 when a process of the
+fleet failed (its log is shown); 130 after Ctrl-C (everything it started is stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cli.common import CliError, add_common_flags
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("emulate", help="run an emulated fleet of edge devices over a real broker",
+                       description=__doc__.splitlines()[0])
+    add_common_flags(p)
+    g = p.add_argument_group("fleet (flags override the config's [emulator], [federation] and [edge] tables)")
+    g.add_argument("--profiles", metavar="FILE.toml", help="device profiles and [mix] (built-ins without it)")
+    g.add_argument("--mix", metavar="NAME=SHARE,...",
+                   help="share of the fleet per profile, e.g. laptop=0.5,phone-4g=0.5")
+    g.add_argument("--trace", metavar="FILE.csv",
+                   help="availability trace: device_id,start_s,end_s online intervals")
+    g.add_argument("--trace-scale", type=float, metavar="X", help="trace seconds per second of the run")
+    g.add_argument("--workers", type=int, metavar="W",
+                   help="processes hosting the devices (default: one per core)")
+    g.add_argument("--network", choices=("auto", "thread", "shared"),
+                   help="a paho thread per device, or one shared network thread per worker (auto: shared "
+                        "above "
+                        "250 devices per worker)")
+    g.add_argument("--shard", metavar="i/n", default="0/1",
+                   help="host devices k with k %% n == i (shard 0 runs the broker and the coordinator)")
+    g.add_argument("--broker", metavar="mqtt://HOST:PORT",
+                   help="connect to this broker (with --broker-state)")
+    g.add_argument("--broker-state", metavar="DIR",
+                   help="state folder of a running broker: credentials are there")
+    g.add_argument("--broker-kind", choices=("auto", "mosquitto", "embedded"),
+                   help="the broker the emulator starts (auto: mosquitto when installed)")
+    g.add_argument("--federation", metavar="NAME", help="federation name on the broker (default emu)")
+    g.add_argument("--quorum", type=int, metavar="N",
+                   help="updates that close a round (default: half the fleet)")
+    g.add_argument("--over-selection", type=float, metavar="F",
+                   help="select ceil(F x quorum) online devices (1.3)")
+    g.add_argument("--min-devices", type=int, metavar="N",
+                   help="devices online before a round starts (quorum)")
+    g.add_argument("--deadline", type=float, metavar="SECONDS", help="a round closes at its deadline (120)")
+    g.add_argument("--grace", type=float, metavar="SECONDS",
+                   help="after the quorum, stragglers get this long (3)")
+    g.add_argument("--heartbeat", type=float, metavar="SECONDS", help="devices' status interval (5)")
+    g.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="give up after this long (default: never)")
+    p.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from cli.common import parse_set
+    from emulator.options import load_emulate_config
+    from flayer.config import ConfigError
+
+    if args.join_ratio is not None:
+        raise CliError("--join-ratio does not apply to emulate: the coordinator selects "
+                       "ceil(over-selection x quorum) "
+                       "online devices (--quorum, --over-selection)")
+    overrides = {
+        "run": {"strategy": args.strategy, "rounds": args.rounds, "seed": args.seed},
+        "data": {"dataset": args.dataset, "data_dir": args.data_dir, "samples": args.samples,
+                 "partition": args.partition, "clients": args.clients, "model": args.model,
+                 "partition_file": args.partition_file},
+        "train": {"lr": args.lr, "batch_size": args.batch_size, "local_epochs": args.local_epochs},
+        "strategy": parse_set(args.set or []),
+        "federation": {"quorum": args.quorum, "over_selection": args.over_selection,
+                       "min_devices": args.min_devices, "deadline_s": args.deadline, "grace_s": args.grace},
+        "edge": {"heartbeat_s": args.heartbeat, "device": args.device, "threads": args.threads},
+        "emulator": {"profiles": _abs(args.profiles), "mix": args.mix, "trace": _abs(args.trace),
+                     "trace_scale": args.trace_scale, "workers": args.workers, "network": args.network,
+                     "federation": args.federation, "broker_kind": args.broker_kind,
+                     "timeout_s": args.timeout},
+    }
+    try:
+        return load_emulate_config(args.config, overrides)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _abs(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+class _Display:
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.t0 = time.monotonic()
+        self._waiting_at = 0.0
+
+    def __call__(self, kind: str, info: dict[str, Any]) -> None:
+        from emulator.profiles import describe_fleet
+
+        w = len(str(self.rounds))
+        if kind == "setup":
+            spec = info["spec"]
+            here = spec.mine()
+            print(f"fleet: {len(spec.devices)} devices ({describe_fleet(spec.profile_of)}); this is shard "
+                  f"{spec.shard}/{spec.shards} hosting {len(here)} in {spec.workers} worker process(es), "
+                  f"{spec.network} network", file=sys.stderr)
+            print(f"broker: {info['broker']}; output folder {info['out']}", file=sys.stderr)
+        elif kind == "started":
+            coord = f"coordinator pid {info['coordinator']}, " if info["coordinator"] else ""
+            print(f"{coord}worker pids {', '.join(map(str, info['workers']))}", file=sys.stderr)
+        elif kind == "note":
+            print(info["text"], file=sys.stderr)
+        elif kind == "waiting" and time.monotonic() - self._waiting_at > 5:
+            self._waiting_at = time.monotonic()
+            print(f"waiting for devices: {info['online']} online, {info['needed']} needed", file=sys.stderr)
+        elif kind == "open":
+            print(f"round {info['round']:>{w}}/{self.rounds} open: {info['selected']} selected of "
+                  f"{info['online']} online",
+                  file=sys.stderr)
+        elif kind == "plan":
+            print(f"round {info['round']:>{w}}/{self.rounds}: {info['selected']} selected, {info['here']} on "
+                  f"this shard",
+                  file=sys.stderr)
+        elif kind == "round" and "selected" in info:
+            acc = f"{info['acc']:.4f}" if info["acc"] is not None else "-"
+            refused = ", ".join(f"{n} {k}" for k, n in sorted(info["rejected"].items()))
+            print(f"round {info['round']:>{w}}/{self.rounds}: {info['reported']}/{info['selected']} reported"
+                  f"{f' ({refused})' if refused else ''}, {info['online_close']} online, "
+                  f"up {info['mb_up']:.1f} MB, down {info['mb_down']:.1f} MB, acc {acc}, "
+                  f"{info['wall_s']:.1f}s "
+                  f"({info['closed']})", flush=True)
+        elif kind in ("crash", "restart"):
+            what = "crashed (no goodbye: the broker sends its last will)" if kind == "crash" else \
+                f"rebooted, resuming from its disk (last trained round {info.get('done_round', '?')})"
+            print(f"  {info['device']} {what}", file=sys.stderr)
+        elif kind == "error":
+            print(f"  {info['device']}: error: {info['error']}", file=sys.stderr)
+        elif kind == "wrap_up":
+            print("federation finished: every device comes online to save its personal model",
+                  file=sys.stderr)
+
+
+def _plots(result: Any, devices: list[dict[str, Any]]) -> list[str]:
+    from cli.plots import _pyplot, line_plot
+
+    out, rows = result.out, result.rows
+    made = []
+    if rows and line_plot(out / "accuracy.png", {"mean device test acc": [r["acc"] or 0.0 for r in rows]},
+                          "round",
+                          "test accuracy", f"{result.spec.extra.get('strategy')}: {len(result.spec.devices)} "
+                          f"emulated devices", x=[r["round"] for r in rows]):
+        made.append("accuracy.png")
+    plt = _pyplot()
+    if plt is not None and rows:
+        xs = [r["round"] for r in rows]
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        ax.bar([x - 0.2 for x in xs], [r["mb_down"] for r in rows], width=0.4, label="down (model chunks)")
+        ax.bar([x + 0.2 for x in xs], [r["mb_up"] for r in rows], width=0.4, label="up (update chunks)")
+        ax.set_xlabel("round")
+        ax.set_ylabel("MB over the emulated links")
+        ax.set_title("bytes per round, all devices")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "bytes.png")
+        plt.close(fig)
+        made.append("bytes.png")
+    with_acc = [d for d in devices if d["final_acc"] is not None]
+    if plt is not None and with_acc:
+        names = sorted({d["profile"] for d in with_acc})
+        colors = {n: plt.get_cmap("tab10")(i) for i, n in enumerate(names)}
+        fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(with_acc) + 2), 4), dpi=110)
+        ax.bar(range(len(with_acc)), [d["final_acc"] for d in with_acc],
+               color=[colors[d["profile"]] for d in with_acc])
+        if len(with_acc) <= 60:
+            ax.set_xticks(range(len(with_acc)), [d["device"] for d in with_acc], rotation=90, fontsize=7)
+        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in names], labels=names,
+                  fontsize=8)
+        ax.set_ylabel("test accuracy")
+        ax.set_title("personal model accuracy per device after the federation")
+        ax.grid(alpha=0.3, axis="y")
+        fig.tight_layout()
+        fig.savefig(out / "device_accuracy.png")
+        plt.close(fig)
+        made.append("device_accuracy.png")
+    return made
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli.report import table
+    from emulator.fleet import parse_shard
+    from emulator.launcher import EmulatorError, LaunchOptions, run_fleet
+    from emulator.report import device_rows, profile_rows
+    from flayer.config import ConfigError
+    from flayer.data import DataError
+    from flayer.partition import PartitionError
+    from mqtt_broker import BrokerConfigError, BrokerError
+
+    cfg = _config(args)
+    try:
+        shard, shards = parse_shard(args.shard)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from exc
+    run_cfg = cfg.run
+    out = Path(args.out or run_cfg.out or f"runs/emulate-{run_cfg.strategy}-{run_cfg.data.dataset}-"
+                                          f"{time.strftime('%Y%m%d-%H%M%S')}")
+    opts = LaunchOptions(cfg, out, shard, shards, args.broker,
+                         Path(args.broker_state) if args.broker_state else None,
+                         args.verbose)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # unwinds through the launcher, which stops what it started
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        result = run_fleet(opts, _Display(run_cfg.rounds))
+    except (ConfigError, DataError, PartitionError, BrokerConfigError, BrokerError) as exc:
+        raise CliError(str(exc)) from exc
+    except EmulatorError as exc:
+        print(f"flayer emulate: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    rows = result.rows
+    if rows:
+        print()
+        print(table(["round", "reported", "online", "MB up", "MB down", "acc", "seconds", "closed"],
+                    [(r["round"], f"{r['reported']}/{r['selected']}", r["online_close"], f"{r['mb_up']:.1f}",
+                      f"{r['mb_down']:.1f}", r["acc"] if r["acc"] is not None else "-", f"{r['wall_s']:.1f}",
+                      r["closed"]) for r in rows]))
+    devices = device_rows(result)
+    prof = profile_rows(devices)
+    print()
+    print(table(["profile", "devices", "updates sent", "accepted", "crashes", "final acc (mean)"],
+                [(p["profile"], p["devices"], p["trained"], p["accepted"], p["crashes"],
+                  p["mean_final_acc"] if p["mean_final_acc"] is not None else "-") for p in prof]))
+    t = result.progress.totals()
+    accs = [d["final_acc"] for d in devices if d["final_acc"] is not None]
+    personal = f"personal models {sum(accs) / len(accs):.4f} mean over {len(accs)} devices" if accs else \
+        "no personal model saved"
+    if shard == 0:
+        closed = rows and rows[-1]["acc"] is not None
+        last = f"final round acc {rows[-1]['acc']:.4f}" if closed else "no round closed"
+        print(f"\n{len(rows)}/{run_cfg.rounds} rounds in {result.run_s:.0f}s (setup {result.setup_s:.0f}s): "
+              f"{last}, "
+              f"{personal}")
+    else:
+        print(f"\nshard {shard}/{shards}: followed the federation to its end in {result.run_s:.0f}s (setup "
+              f"{result.setup_s:.0f}s; shard 0 reports the rounds): {personal}")
+    print(f"{t['crashes']} crashes, {t['offline_events']} times a device went offline, "
+          f"{t['trained_updates']} updates trained, {t['errors']} device errors")
+    plots = _plots(result, devices)
+    files = ["rounds.jsonl", "devices.jsonl", "summary.json", *plots,
+             "coordinator/metrics.jsonl" if shard == 0 else "",
+             "logs/"]
+    print(f"outputs in {result.out}/ ({', '.join(f for f in files if f)})", file=sys.stderr)
+    return 0 if result.finished else 1

@@ -1,0 +1,84 @@
+"""The emulator's outputs beside the coordinator's own ``coordinator/metrics.jsonl``:
+
+- ``rounds.jsonl``: per round, selected, reported (accepted), devices online when it opened and
+  closed, accuracy, MB up and down over the devices' emulated links, the coordinator's MB in,
+  rejections, wall time and why it closed;
+- ``devices.jsonl``: per device, profile, lifetimes, crashes, trained rounds, accepted updates, CPU
+  seconds of its local rounds and the seconds its profile's slowdown added, final personal accuracy;
+- ``summary.json``: the fleet, the timings, totals and per-worker memory, threads and connections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .launcher import FleetResult
+
+__all__ = ["write_outputs", "device_rows", "profile_rows"]
+
+
+def device_rows(result: FleetResult) -> list[dict[str, Any]]:
+    spec, prog = result.spec, result.progress
+    mine = set(spec.devices[k] for k in spec.mine())
+    rows = []
+    for dev in spec.devices:
+        if dev not in mine:
+            continue
+        d = prog.device(dev)
+        rows.append({"device": dev, "profile": spec.profile_of[spec.devices.index(dev)], "online": d.online,
+                     "offline": d.offline, "crashes": d.crashes, "restarts": d.restarts,
+                     "trained": sorted(set(d.trained)), "accepted": d.accepted, "cpu_s": round(d.cpu_s, 3),
+                     "waited_s": round(d.waited_s, 3), "final_acc": d.final_acc, "errors": d.errors})
+    return rows
+
+
+def profile_rows(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per profile: devices, updates trained and accepted, crashes, mean final accuracy."""
+    out: dict[str, dict[str, Any]] = {}
+    for d in devices:
+        p = out.setdefault(d["profile"], {"profile": d["profile"], "devices": 0, "trained": 0, "accepted": 0,
+                                          "crashes": 0, "accs": []})
+        p["devices"] += 1
+        p["trained"] += len(d["trained"])
+        p["accepted"] += d["accepted"]
+        p["crashes"] += d["crashes"]
+        if d["final_acc"] is not None:
+            p["accs"].append(d["final_acc"])
+    rows = []
+    for name in sorted(out):
+        p = out[name]
+        accs = p.pop("accs")
+        rows.append({**p, "mean_final_acc": sum(accs) / len(accs) if accs else None})
+    return rows
+
+
+def write_outputs(result: FleetResult) -> dict[str, Path]:
+    out = result.out
+    files = {"rounds": out / "rounds.jsonl", "devices": out / "devices.jsonl",
+             "summary": out / "summary.json"}
+    with open(files["rounds"], "w") as fh:
+        for row in result.rows:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+    devices = device_rows(result)
+    with open(files["devices"], "w") as fh:
+        for row in devices:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+    prog, spec = result.progress, result.spec
+    summary = {
+        "devices": len(spec.devices), "hosted_here": len(spec.mine()), "shard": f"{spec.shard}/{spec.shards}",
+        "workers": spec.workers, "network": spec.network, "broker": result.broker,
+        "strategy": spec.extra.get("strategy"),
+        "rounds": len(result.rows), "finished": result.finished, "setup_s": round(result.setup_s, 1),
+        "run_s": round(result.run_s, 1), "totals": prog.totals(), "profiles": profile_rows(devices),
+        "mix": spec.extra.get("mix"),
+        "profile_table": {k: dataclasses.asdict(v) for k, v in spec.profiles.items()},
+        "peak_rss_mb_per_worker": prog.peak_rss_mb, "max_connected_per_worker": prog.max_connected,
+        "final_acc": result.rows[-1]["acc"] if result.rows else None, "exits": result.exits,
+        "coordinator": prog.coordinator_done,
+    }
+    files["summary"].write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return files
