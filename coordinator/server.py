@@ -369,13 +369,13 @@ class Coordinator:
         self.done_round = r
         self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
         self.accepted_before[r] = set(rnd.accepted)
+        self.inbox.round_closed(r)  # unfinished blobs are counted in this round's metrics
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
                                                        dict(self.counters), dict(self.options)))
         record = rnd.stats.as_dict(self.clock(), reason, self.counters)
         self.metrics.write(record)
         self.history.append(record)
         prune_journals(self.journal_dir, r, self.fs.keep_journals)
-        self.inbox.round_closed(r)
         self.open = None
         log.info("round %d closed (%s): %d accepted", r, reason, record["accepted"])
         if self.on_round is not None:
