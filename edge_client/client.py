@@ -77,7 +77,7 @@ class EdgeClient:
         self.clock, self.sleep, self.shaper = clock, sleep, shaper
         self.limits = limits or WireLimits()
         self.rng = rng or random.Random(f"{creds.federation}/{self.id}")
-        self.on_progress = on_progress  # called on the worker thread: trained, calibrated, ack, finished
+        self.on_progress = on_progress  # on the worker thread: downloaded, trained, calibrated, ack, finished
         self.topics = Topics(creds.federation)
         self.device = pick_device(settings.device)
         self.store = DeviceStore(settings.state_dir)
@@ -167,8 +167,8 @@ class EdgeClient:
                 raise EdgeError(f"{self.id}: the broker refused the connection ({ev.reason}); check the "
                                 f"credentials file")
             self.link.subscribe([self.topics.round(), self.topics.ack(self.id)])  # the retained plan comes again
-            if self._download is not None:  # and so do the retained chunks
-                self._download.resubscribe(self.clock())
+            if self._download is not None:  # resume: from the session's queue, or the missing chunks
+                self._download.resume(self.clock(), ev.session_present)
             self._heartbeat_at = 0.0
         elif isinstance(ev, Disconnected):
             log.warning("%s: disconnected (%s); paho reconnects", self.id, ev.reason)
@@ -227,7 +227,8 @@ class EdgeClient:
         elif self._download is None or self._download.digest != plan.model_digest:
             if self._download is not None:
                 self._download.cancel()
-            self._download = ModelDownload(self.link, self.topics, plan.model_digest, self.limits, self.clock())
+            self._download = ModelDownload(self.link, self.topics, plan.model_digest, self.limits, self.clock(),
+                                           plan.model_chunks)
             self._set_state("online")
 
     def _on_model_chunk(self, digest: str, payload: bytes) -> None:
@@ -238,7 +239,9 @@ class EdgeClient:
         blob = self._download.add(payload, self.clock())
         if blob is None:
             return
-        self._download = None
+        stats, self._download = self._download.stats(), None
+        log.info("%s: model %s downloaded (%s)", self.id, digest[:12], stats)
+        self._progress("downloaded", digest=digest, **stats)
         assert self.plan is not None
         self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))
         self._model_ready()
@@ -406,8 +409,8 @@ class EdgeClient:
                 self._resend()
         d = self._download
         if d is not None and now >= d.due(self.settings.download_stall_s):
-            log.warning("%s: model download stalled (%d chunks missing); subscribing again", self.id,
-                        len(d.reasm.missing()))
+            log.warning("%s: model download stalled (%d chunks missing); asking for them again", self.id,
+                        len(d.missing()))
             d.resubscribe(now)
 
     def _set_state(self, name: str) -> None:
