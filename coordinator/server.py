@@ -218,6 +218,8 @@ class Coordinator:
                 return
             log.info("connected to the broker (session present: %s)", ev.session_present)
             self.link.subscribe([self.topics.all_updates(), self.topics.all_status(), self.topics.all_metrics()])
+            if self._connected_once:
+                self._republish()
             self._connected_once = True
         elif isinstance(ev, Disconnected):
             log.warning("disconnected from the broker (%s); paho reconnects", ev.reason)
@@ -333,6 +335,16 @@ class Coordinator:
         if self.on_progress is not None:
             self.on_progress("open", {"round": rnd.number, "selected": len(rnd.selected),
                                       "accepted": len(rnd.accepted)})
+
+    def _republish(self) -> None:
+        """After a reconnect: the broker may have restarted without the retained model and plan (Mosquitto
+        saves them every ``autosave_interval``), and devices that missed them would wait forever."""
+        if (self.open is None or self.open.timer is None) and self.calibration is None:
+            return
+        self.publisher.forget()
+        self._publish_model(self.open.number if self.open is not None else 0)
+        self._publish_plan("train" if self.open is not None else "calibrate")
+        log.info("published the model and plan again after the reconnect")
 
     def _open_calibration(self, online: list[str]) -> None:
         self.calibration = Calibration(frozenset(online), self.clock() + self.fs.calibration_s)
