@@ -99,6 +99,7 @@ class EdgeClient:
         self._download: ModelDownload | None = None
         self._model: tuple[str, dict[str, torch.Tensor]] | None = None
         self._pending: Pending | None = None  # sent, not acknowledged yet
+        self._early_acks: list[Ack] = []  # acks that came while the job that sent their message still ran
         self._heartbeat_at = 0.0
         self._state_name = "online"
 
@@ -341,6 +342,9 @@ class EdgeClient:
             if self.settings.exit_when_finished:
                 self.events.put(_Stop())
             return
+        early, self._early_acks = self._early_acks, []
+        for ack in early:  # acks that overtook the job's report
+            self._on_ack(ack)
         if self.plan is not None:
             self._on_plan(self.plan)  # the plan may have moved on while the job ran
 
@@ -373,6 +377,8 @@ class EdgeClient:
     def _on_ack(self, ack: Ack) -> None:
         p = self._pending
         if p is None or ack.round != p.round or ack.update_digest != p.digest:
+            if self._busy and len(self._early_acks) < 16:  # the coordinator can answer before the job that
+                self._early_acks.append(ack)  # published returns (PUBACKs in flight): keep it for then
             return
         level = logging.INFO if ack.status in ("accepted", "duplicate") else logging.WARNING
         log.log(level, "%s: round %d %s %s%s", self.id, ack.round, p.kind, ack.status,
