@@ -22,3 +22,14 @@ def digits_shards(digits):  # type: ignore[no-untyped-def]
 
     part = make_partition(digits.y, digits.num_classes, 4, "iid", 0)
     return [client_data(digits, c) for c in part.clients]
+
+
+@pytest.fixture
+def live_fed(tmp_path):  # type: ignore[no-untyped-def]
+    """Mosquitto with devices dev-a, dev-b, dev-c (selected by the bad-input runs), dev-x (never online)."""
+    from faultlib import FEDERATION
+    from fedtestlib import start_fed_broker
+
+    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b", "dev-c", "dev-x"], federation=FEDERATION)
+    yield fb
+    fb.broker.stop()

@@ -17,28 +17,54 @@ from fedtestlib import Recorder
 from flayer.update import TensorDelta, Update
 from mqtt_broker import Credentials
 from protocol import (
-    Ack, Kind, Plan, Status, Topics, UpdateHeader, blob_digest, chunk_blob, decode_message, encode_message,
+    Ack,
+    Kind,
+    Plan,
+    Status,
+    Topics,
+    UpdateHeader,
+    blob_digest,
+    chunk_blob,
+    decode_message,
+    encode_message,
     encode_update,
 )
 
 # envelope header fields (protocol/envelope.py): offset and struct format
-FIELD = {"version": (4, "<B"), "kind": (5, "<B"), "flags": (7, "<B"), "round": (8, "<I"), "index": (12, "<I"),
-         "count": (16, "<I"), "total": (20, "<Q"), "body_len": (28, "<I"), "crc": (32, "<I")}
+FIELD = {
+    "version": (4, "<B"),
+    "kind": (5, "<B"),
+    "flags": (7, "<B"),
+    "round": (8, "<I"),
+    "index": (12, "<I"),
+    "count": (16, "<I"),
+    "total": (20, "<Q"),
+    "body_len": (28, "<I"),
+    "crc": (32, "<I"),
+}
 DIGEST_AT = 36
 SENTINEL = np.float32(1234.5677)
 
 
-def honest_update(shapes: Mapping[str, tuple[int, ...]], header: UpdateHeader, seed: int, scale: float = 0.01,
-                  samples: int = 50) -> bytes:
+def honest_update(
+    shapes: Mapping[str, tuple[int, ...]],
+    header: UpdateHeader,
+    seed: int,
+    scale: float = 0.01,
+    samples: int = 50,
+) -> bytes:
     """A seeded dense update over every tensor (norm ~ scale * sqrt(numel))."""
     rng = np.random.default_rng(seed)
-    deltas = {k: TensorDelta(tuple(s), (rng.standard_normal(int(np.prod(s))) * scale).astype(np.float32))
-              for k, s in sorted(shapes.items())}
+    deltas = {
+        k: TensorDelta(tuple(s), (rng.standard_normal(int(np.prod(s))) * scale).astype(np.float32))
+        for k, s in sorted(shapes.items())
+    }
     return encode_update(Update(deltas, samples, {"test_correct": 1.0, "test_total": 4.0}), header)
 
 
-def sparse_update(header: UpdateHeader, name: str, shape: tuple[int, ...], values: list[float],
-                  samples: int = 50) -> bytes:
+def sparse_update(
+    header: UpdateHeader, name: str, shape: tuple[int, ...], values: list[float], samples: int = 50
+) -> bytes:
     """An update of one tensor at positions 0..len(values)-1."""
     v = np.asarray(values, dtype=np.float32)
     return encode_update(Update({name: TensorDelta(shape, v, np.arange(v.size))}, samples), header)
@@ -50,18 +76,24 @@ def with_bad_value(header: UpdateHeader, name: str, shape: tuple[int, ...], bits
     blob = sparse_update(header, name, shape, [0.01, float(SENTINEL), 0.02])
     at = blob.find(struct.pack("<f", SENTINEL))
     assert at > 0 and blob.count(struct.pack("<f", SENTINEL)) == 1
-    return blob[:at] + bits + blob[at + 4:]
+    return blob[:at] + bits + blob[at + 4 :]
 
 
-def chunks(blob: bytes, sender: str, round_: int, size: int = 100_000, federation: str = "ftest",
-           digest: str | None = None) -> list[bytes]:
+def chunks(
+    blob: bytes,
+    sender: str,
+    round_: int,
+    size: int = 100_000,
+    federation: str = "ftest",
+    digest: str | None = None,
+) -> list[bytes]:
     return chunk_blob(blob, Kind.UPDATE_CHUNK, federation, sender, round_, size, digest)
 
 
 def patch(payload: bytes, field: str, value: int) -> bytes:
     """``payload`` with one envelope header field set to ``value`` (nothing else changed)."""
     at, fmt = FIELD[field]
-    return payload[:at] + struct.pack(fmt, value) + payload[at + struct.calcsize(fmt):]
+    return payload[:at] + struct.pack(fmt, value) + payload[at + struct.calcsize(fmt) :]
 
 
 def read_field(payload: bytes, field: str) -> int:
@@ -88,7 +120,8 @@ class Device:
     def send_chunks(self, payloads: list[bytes], round_: int, indices: list[int] | None = None) -> None:
         """Publish payloads on this device's update topics (chunk i on topic .../i by default)."""
         idx = indices if indices is not None else list(range(len(payloads)))
-        self.publish([(self.t.update_chunk(self.id, round_, i), p) for i, p in zip(idx, payloads)])
+        topics = [self.t.update_chunk(self.id, round_, i) for i in idx]
+        self.publish(list(zip(topics, payloads, strict=True)))
 
     def send(self, blob: bytes, round_: int, size: int = 100_000) -> str:
         self.send_chunks(chunks(blob, self.id, round_, size, self.t.federation), round_)
@@ -96,7 +129,9 @@ class Device:
 
     def plan(self, round_: int, timeout: float = 60.0) -> Plan:
         def is_plan(m: Any) -> bool:
-            return m.topic == self.t.round() and bool(m.payload) and decode_message(m.payload)[1].round == round_
+            return (
+                m.topic == self.t.round() and bool(m.payload) and decode_message(m.payload)[1].round == round_
+            )
 
         msg = self.rec.wait_message(is_plan, timeout)
         assert msg is not None, f"{self.id}: no plan for round {round_}"
@@ -106,7 +141,9 @@ class Device:
 
     def ack(self, digest: str, timeout: float = 30.0) -> Ack:
         def is_ack(m: Any) -> bool:
-            return m.topic == self.t.ack(self.id) and decode_message(m.payload)[1].update_digest == digest
+            if m.topic != self.t.ack(self.id):
+                return False
+            return getattr(decode_message(m.payload)[1], "update_digest", "") == digest
 
         msg = self.rec.wait_message(is_ack, timeout)
         assert msg is not None, f"{self.id}: no ack for {digest[:12]}"

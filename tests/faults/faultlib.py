@@ -35,7 +35,9 @@ PROC_ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 ACK_LINE = re.compile(r"^round (\d+): (accepted|duplicate|rejected|late|not_selected)\b", re.M)
 
 
-def wait_until(pred: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] = lambda: "") -> Any:
+def wait_until(
+    pred: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] = lambda: ""
+) -> Any:
     """Poll ``pred`` every 20 ms; its first truthy value, or AssertionError naming ``what``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -49,11 +51,13 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, logs: Callabl
 
 # ---- broker ---------------------------------------------------------------------------------------
 
+
 def start_persistent_broker(tmp: Path, devices: list[str], **cfg: Any) -> FedBroker:
     """Mosquitto with persistence on, the devices' credentials written and loaded."""
     state = tmp / "broker"
-    broker = start_broker(BrokerConfig(federation=FEDERATION, persistence=True, **cfg), state, kind="mosquitto",
-                          timeout=30)
+    broker = start_broker(
+        BrokerConfig(federation=FEDERATION, persistence=True, **cfg), state, kind="mosquitto", timeout=30
+    )
     try:
         creds = {d: add_device(state, d) for d in devices}
         broker.reload()
@@ -76,12 +80,17 @@ def kill9_broker(fb: FedBroker) -> int:
 def restart_broker(fb: FedBroker, **cfg: Any) -> None:
     """Start Mosquitto again over the same state folder (same port, same persistence file)."""
     port = fb.broker.port
-    fb.broker = start_broker(BrokerConfig(federation=FEDERATION, persistence=True, **cfg), fb.state_dir,
-                             kind="mosquitto", timeout=30)
+    fb.broker = start_broker(
+        BrokerConfig(federation=FEDERATION, persistence=True, **cfg),
+        fb.state_dir,
+        kind="mosquitto",
+        timeout=30,
+    )
     assert fb.broker.port == port
 
 
 # ---- processes ------------------------------------------------------------------------------------
+
 
 @dataclass
 class Proc:
@@ -118,8 +127,13 @@ def launch(tmp: Path, name: str, *argv: str) -> Proc:
     log = tmp / f"{name}.log"
     fh = open(log, "wb")
     try:
-        popen = subprocess.Popen([sys.executable, "-m", "cli.main", *argv], cwd=ROOT, env=PROC_ENV, stdout=fh,
-                                 stderr=subprocess.STDOUT)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", *argv],
+            cwd=ROOT,
+            env=PROC_ENV,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     finally:
         fh.close()
     return Proc(name, popen, log)
@@ -138,6 +152,7 @@ class ProcFederation:
     seed: int
     lr: float
     strategy: str
+    verbose: str = "-v"  # the flayer processes' log level flag (-vv: debug)
     procs: dict[str, Proc] = field(default_factory=dict)  # each device's latest process
     coordinators: list[Proc] = field(default_factory=list)
     earlier: list[Proc] = field(default_factory=list)  # devices' processes before a restart
@@ -151,8 +166,15 @@ class ProcFederation:
         return {k: v for k, v in self.procs.items() if k in self.dev_tomls}
 
     def start_coordinator(self, *extra: str) -> Proc:
-        p = launch(self.tmp, f"coordinator-{len(self.coordinators) + 1}", "-v", "coordinator", "--config",
-                   str(self.fed_toml), *extra)
+        p = launch(
+            self.tmp,
+            f"coordinator-{len(self.coordinators) + 1}",
+            self.verbose,
+            "coordinator",
+            "--config",
+            str(self.fed_toml),
+            *extra,
+        )
         self.coordinators.append(p)
         return p
 
@@ -160,27 +182,38 @@ class ProcFederation:
         if name in self.procs:
             self.earlier.append(self.procs[name])
         runs = 1 + sum(p.name.startswith(f"{name}.") for p in self.earlier)
-        p = launch(self.tmp, f"{name}.{runs}", "-v", "edge", "--config", str(self.dev_tomls[name]))
+        p = launch(self.tmp, f"{name}.{runs}", self.verbose, "edge", "--config", str(self.dev_tomls[name]))
         self.procs[name] = p
         return p
 
     def device_acks(self, name: str) -> list[tuple[int, str]]:
         """Every ack device ``name`` printed, over all its processes."""
-        return [a for p in [*self.earlier, self.procs[name]] if p.name.startswith(f"{name}.") for a in p.acks()]
+        return [
+            a for p in [*self.earlier, self.procs[name]] if p.name.startswith(f"{name}.") for a in p.acks()
+        ]
 
     def logs(self) -> str:
-        parts = [f"==== {p.name}\n{p.text()[-2500:]}" for p in [*self.coordinators, *self.earlier, *self.procs.values()]]
+        parts = [
+            f"==== {p.name}\n{p.text()[-2500:]}"
+            for p in [*self.coordinators, *self.earlier, *self.procs.values()]
+        ]
         return "\n".join(parts)
 
     def wait_all(self, timeout: float, procs: list[Proc] | None = None) -> None:
         """Every process (default: the last coordinator and every device still alive) exits 0."""
-        procs = procs if procs is not None else [self.coordinator, *[p for p in self.devices.values() if p.alive()]]
+        procs = (
+            procs
+            if procs is not None
+            else [self.coordinator, *[p for p in self.devices.values() if p.alive()]]
+        )
         deadline = time.monotonic() + timeout
         for p in procs:
             try:
                 p.popen.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{p.name} did not finish within {timeout:.0f} s\n{self.logs()}") from None
+                raise AssertionError(
+                    f"{p.name} did not finish within {timeout:.0f} s\n{self.logs()}"
+                ) from None
         bad = {p.name: p.popen.returncode for p in procs if p.popen.returncode != 0}
         assert not bad, f"exit codes {bad}\n{self.logs()}"
 
@@ -214,32 +247,82 @@ class ProcFederation:
         return state
 
     def make_strategy(self, ds: Any) -> Strategy:
-        return make_strategy(self.strategy, ds.model_spec(), TrainConfig(lr=self.lr, batch_size=10, local_epochs=1),
-                             {})
+        return make_strategy(
+            self.strategy, ds.model_spec(), TrainConfig(lr=self.lr, batch_size=10, local_epochs=1), {}
+        )
 
 
-def proc_federation(tmp: Path, ds: Any, devices: list[str], *, rounds: int, strategy: str = "fedavg",
-                    seed: int = 0, lr: float = 0.05, fed: dict[str, Any] | None = None,
-                    edge: dict[str, Any] | None = None, broker: dict[str, Any] | None = None) -> ProcFederation:
+def proc_federation(
+    tmp: Path,
+    ds: Any,
+    devices: list[str],
+    *,
+    rounds: int,
+    strategy: str = "fedavg",
+    seed: int = 0,
+    lr: float = 0.05,
+    fed: dict[str, Any] | None = None,
+    edge: dict[str, Any] | None = None,
+    broker: dict[str, Any] | None = None,
+) -> ProcFederation:
     """Broker (persistent), partition file, configs; nothing started yet. Every journal is kept."""
     fb = start_persistent_broker(tmp, devices, **(broker or {}))
-    part = make_partition(ds.y, ds.num_classes, len(devices), "iid", seed,
-                          meta={"dataset": ds.name, "dataset_fingerprint": ds.fingerprint()})
+    part = make_partition(
+        ds.y,
+        ds.num_classes,
+        len(devices),
+        "iid",
+        seed,
+        meta={"dataset": ds.name, "dataset_fingerprint": ds.fingerprint()},
+    )
     part_file = save_partition(part, tmp / f"digits-{len(devices)}.npz")
     coord_state = tmp / "coord"
-    fed_kw = {"quorum": len(devices), "min_devices": len(devices), "over_selection": 1.0, "deadline_s": 300.0,
-              "grace_s": 0.0, "keep_journals": 1000, **(fed or {})}
-    fed_toml = federation_toml(tmp / "federation.toml", fb.state_dir / "credentials/coordinator.toml", coord_state,
-                               strategy=strategy, rounds=rounds, dataset="digits", seed=seed, lr=lr, **fed_kw)
-    edge_kw = {"heartbeat_s": 1.0, "ack_timeout_s": 3.0, "backoff_s": 0.5, "backoff_max_s": 2.0, "retries": 8,
-               "download_stall_s": 5.0, **(edge or {})}
-    tomls = {d: device_toml(tmp / f"{d}.toml", fb.state_dir / f"credentials/{d}.toml", dataset="digits",
-                            partition_file=part_file, client=i, state_dir=tmp / d, **edge_kw)
-             for i, d in enumerate(devices)}
+    fed_kw = {
+        "quorum": len(devices),
+        "min_devices": len(devices),
+        "over_selection": 1.0,
+        "deadline_s": 300.0,
+        "grace_s": 0.0,
+        "keep_journals": 1000,
+        **(fed or {}),
+    }
+    fed_toml = federation_toml(
+        tmp / "federation.toml",
+        fb.state_dir / "credentials/coordinator.toml",
+        coord_state,
+        strategy=strategy,
+        rounds=rounds,
+        dataset="digits",
+        seed=seed,
+        lr=lr,
+        **fed_kw,
+    )
+    edge_kw = {
+        "heartbeat_s": 1.0,
+        "ack_timeout_s": 3.0,
+        "backoff_s": 0.5,
+        "backoff_max_s": 2.0,
+        "retries": 8,
+        "download_stall_s": 5.0,
+        **(edge or {}),
+    }
+    tomls = {
+        d: device_toml(
+            tmp / f"{d}.toml",
+            fb.state_dir / f"credentials/{d}.toml",
+            dataset="digits",
+            partition_file=part_file,
+            client=i,
+            state_dir=tmp / d,
+            **edge_kw,
+        )
+        for i, d in enumerate(devices)
+    }
     return ProcFederation(tmp, fb, fed_toml, tomls, coord_state, rounds, seed, lr, strategy)
 
 
 # ---- accounting -----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Accounting:
@@ -253,7 +336,9 @@ class Accounting:
 
 
 def accounting(fed: ProcFederation) -> Accounting:
-    acked = {(name, r) for name in fed.devices for r, s in fed.device_acks(name) if s in ("accepted", "duplicate")}
+    acked = {
+        (name, r) for name in fed.devices for r, s in fed.device_acks(name) if s in ("accepted", "duplicate")
+    }
     journaled: Counter = Counter()
     for r in range(1, fed.rounds + 1):
         for client in fed.journaled(r):
@@ -287,8 +372,14 @@ def fold_journals(fed: ProcFederation, strategy: Strategy) -> dict[str, torch.Te
 
 def reference_run(fed: ProcFederation, ds: Any, strategy: Strategy, devices: int) -> dict[str, torch.Tensor]:
     """An uninterrupted run with the same seeds and partition, every device every round (in-process)."""
-    part = make_partition(ds.y, ds.num_classes, devices, "iid", fed.seed,
-                          meta={"dataset": ds.name, "dataset_fingerprint": ds.fingerprint()})
+    part = make_partition(
+        ds.y,
+        ds.num_classes,
+        devices,
+        "iid",
+        fed.seed,
+        meta={"dataset": ds.name, "dataset_fingerprint": ds.fingerprint()},
+    )
     clients = [client_data(ds, c) for c in part.clients]
     return dict(simulate(strategy, clients, fed.rounds, fed.seed).global_state)
 

@@ -44,12 +44,18 @@ class MqttTap:
                     break
             if len(self._buf) < i + length:
                 return
-            kind, body = self._buf[0], bytes(self._buf[i:i + length])
-            del self._buf[:i + length]
+            kind, body = self._buf[0], bytes(self._buf[i : i + length])
+            del self._buf[: i + length]
             if kind >> 4 == 3 and (kind >> 1) & 3:  # PUBLISH, QoS 1 or 2
                 tlen = int.from_bytes(body[:2], "big")
-                self.log.append(("publish", body[2:2 + tlen].decode(),
-                                 int.from_bytes(body[2 + tlen:4 + tlen], "big"), bool(kind & 8)))
+                self.log.append(
+                    (
+                        "publish",
+                        body[2 : 2 + tlen].decode(),
+                        int.from_bytes(body[2 + tlen : 4 + tlen], "big"),
+                        bool(kind & 8),
+                    )
+                )
             elif kind >> 4 == 4:  # PUBACK
                 self.log.append(("puback", int.from_bytes(body[:2], "big")))
 
@@ -155,7 +161,7 @@ class CutProxy:
                     cut_at = self._cut_at if conn is self.conns[-1] else None
                     if cut_at is not None and conn.down + len(data) >= cut_at:
                         self._cut_at = None
-                        data = data[:cut_at - conn.down]
+                        data = data[: cut_at - conn.down]
                         conn.down += len(data)
                         conn.down_tap.feed(data)
                         dst.sendall(data)

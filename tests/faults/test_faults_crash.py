@@ -17,8 +17,18 @@ from typing import Any
 import pytest
 from craft import Device, honest_update
 from faultlib import (
-    FEDERATION, ProcFederation, accounting, check_accounting, fold_journals, kill9_broker, max_diff, proc_federation,
-    reference_run, restart_broker, start_persistent_broker, wait_until,
+    FEDERATION,
+    ProcFederation,
+    accounting,
+    check_accounting,
+    fold_journals,
+    kill9_broker,
+    max_diff,
+    proc_federation,
+    reference_run,
+    restart_broker,
+    start_persistent_broker,
+    wait_until,
 )
 from fedtestlib import federation_toml
 
@@ -30,8 +40,11 @@ from flayer.simulation import initial_global_state
 from mqtt_broker import mosquitto_available
 from protocol import Topics, UpdateHeader
 
-pytestmark = [pytest.mark.faults, pytest.mark.integration,
-              pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.integration,
+    pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed"),
+]
 DEVICES = ["dev-0", "dev-1", "dev-2"]
 T = Topics(FEDERATION)
 
@@ -46,10 +59,14 @@ def _hold_back(fed: ProcFederation, victim: str, rounds: range) -> int:
     the pause closes normally, and the next one is tried."""
     others = [d for d in fed.devices if d != victim]
     for r in rounds:
-        wait_until(lambda: r - 1 in fed.closed_rounds() or r == 1, 120, f"round {r - 1} to close", fed.logs)
+        wait_until(lambda r=r: r - 1 in fed.closed_rounds(), 120, f"round {r - 1} to close", fed.logs)  # type: ignore[misc]
         fed.procs[victim].pause()
-        wait_until(lambda: all(_acked(fed, d, r) for d in others) or r in fed.closed_rounds(), 120,
-                   f"the other devices' round-{r} acks", fed.logs)
+        wait_until(
+            lambda r=r: all(_acked(fed, d, r) for d in others) or r in fed.closed_rounds(),  # type: ignore[misc]
+            120,
+            f"the other devices' round-{r} acks",
+            fed.logs,
+        )
         if victim not in fed.journaled(r) and r not in fed.closed_rounds():
             return r
         fed.procs[victim].resume()
@@ -74,8 +91,9 @@ def _check_run(fed: ProcFederation, ds: Any, expect_all: bool = True) -> tuple[i
     return len(acc.acked), acc.aggregated
 
 
-def test_coordinator_kill9_mid_round_loses_no_acknowledged_update(tmp_path: Path, digits: Any,
-                                                                  faults_ledger: Any) -> None:
+def test_coordinator_kill9_mid_round_loses_no_acknowledged_update(
+    tmp_path: Path, digits: Any, faults_ledger: Any
+) -> None:
     fed = proc_federation(tmp_path, digits, DEVICES, rounds=3)
     try:
         for d in DEVICES:
@@ -97,15 +115,25 @@ def test_coordinator_kill9_mid_round_loses_no_acknowledged_update(tmp_path: Path
         fed.stop()
 
 
-def test_mosquitto_kill9_restarted_empty_the_coordinator_publishes_again(tmp_path: Path, digits_shards: list,
-                                                                        faults_ledger: Any) -> None:
+def test_mosquitto_kill9_restarted_empty_the_coordinator_publishes_again(
+    tmp_path: Path, digits_shards: list, faults_ledger: Any
+) -> None:
     """Mosquitto killed mid-round comes back without its retained messages (nothing saved since its
     last autosave); a device that connects after the restart still gets the round's plan and model,
     because the coordinator publishes them again when it reconnects."""
     fb = start_persistent_broker(tmp_path, ["dev-0", "dev-1"])
-    path = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
-                           tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", quorum=2, min_devices=2,
-                           over_selection=1.0, deadline_s=120.0)
+    path = federation_toml(
+        tmp_path / "federation.toml",
+        fb.state_dir / "credentials/coordinator.toml",
+        tmp_path / "coord",
+        strategy="fedavg",
+        rounds=1,
+        dataset="digits",
+        quorum=2,
+        min_devices=2,
+        over_selection=1.0,
+        deadline_s=120.0,
+    )
     coord = Coordinator(load_coordinator_config(path), fb.coordinator)
     thread = coord.start()
     late, other = Device(fb.devices["dev-0"], T), Device(fb.devices["dev-1"], T)
@@ -119,7 +147,9 @@ def test_mosquitto_kill9_restarted_empty_the_coordinator_publishes_again(tmp_pat
         kill9_broker(fb)
         restart_broker(fb)
         assert not (fb.state_dir / "data/mosquitto.db").exists()  # nothing was saved: no retained message
-        settings = EdgeSettings(state_dir=str(tmp_path / "dev-0"), client_index=0, device="cpu", heartbeat_s=1.0)
+        settings = EdgeSettings(
+            state_dir=str(tmp_path / "dev-0"), client_index=0, device="cpu", heartbeat_s=1.0
+        )
         device = EdgeClient(settings, fb.devices["dev-0"], digits_shards[0])
         device.start()
         thread.join(120)
@@ -127,7 +157,9 @@ def test_mosquitto_kill9_restarted_empty_the_coordinator_publishes_again(tmp_pat
         assert not isinstance(result, BaseException) and result is not None and result.finished, result
         assert result.history[0]["accepted"] == 2 and device.rounds_trained == [1]
         assert device.wait(30) and device.error is None and device.finished
-        faults_ledger.fault("mosquitto kill -9 mid-round, restarted empty; a device joins after", 1, True, 2, 2)
+        faults_ledger.fault(
+            "mosquitto kill -9 mid-round, restarted empty; a device joins after", 1, True, 2, 2
+        )
     finally:
         if device is not None:
             device.stop()
@@ -137,8 +169,9 @@ def test_mosquitto_kill9_restarted_empty_the_coordinator_publishes_again(tmp_pat
 
 
 @pytest.mark.slow
-def test_mosquitto_kill9_mid_round_devices_and_coordinator_reconnect(tmp_path: Path, digits: Any,
-                                                                     faults_ledger: Any) -> None:
+def test_mosquitto_kill9_mid_round_devices_and_coordinator_reconnect(
+    tmp_path: Path, digits: Any, faults_ledger: Any
+) -> None:
     """Mosquitto with persistence is killed mid-round and restarted on the same port and state; one
     device, paused across the outage, is power-cycled too (it then needs the retained plan and model)."""
     fed = proc_federation(tmp_path, digits, DEVICES, rounds=3)
@@ -155,7 +188,9 @@ def test_mosquitto_kill9_mid_round_devices_and_coordinator_reconnect(tmp_path: P
         fed.wait_all(240)
         assert (r, "accepted") in fed.device_acks("dev-2")
         acked, aggregated = _check_run(fed, digits)
-        faults_ledger.fault("mosquitto kill -9 mid-round, restarted (persistence on)", 1, True, acked, aggregated)
+        faults_ledger.fault(
+            "mosquitto kill -9 mid-round, restarted (persistence on)", 1, True, acked, aggregated
+        )
     finally:
         fed.stop()
 
@@ -166,14 +201,20 @@ def test_a_third_of_the_devices_killed_mid_round(tmp_path: Path, digits: Any, fa
     at its deadline with the 7 others; the 3 reboot, and round 3 (opened once 8 are online) closes by
     quorum."""
     devices = [f"dev-{i}" for i in range(10)]
-    fed = proc_federation(tmp_path, digits, devices, rounds=3,
-                          fed={"quorum": 8, "min_devices": 8, "over_selection": 1.25, "deadline_s": 20.0,
-                               "grace_s": 1.0})
+    fed = proc_federation(
+        tmp_path,
+        digits,
+        devices,
+        rounds=3,
+        fed={"quorum": 8, "min_devices": 8, "over_selection": 1.25, "deadline_s": 20.0, "grace_s": 1.0},
+    )
     try:
         for d in devices:
             fed.start_device(d)
         log = fed.fb.state_dir / "broker.log"
-        wait_until(lambda: all(f" as {d} " in log.read_text() for d in devices), 120, "10 devices online", fed.logs)
+        wait_until(
+            lambda: all(f" as {d} " in log.read_text() for d in devices), 120, "10 devices online", fed.logs
+        )
         fed.start_coordinator()
         plan2 = fed.coord_state / "journal/round-000002.jnl"  # the plan is journaled before it goes out
         wait_until(plan2.exists, 180, "round 2 to open", fed.logs)
@@ -187,9 +228,19 @@ def test_a_third_of_the_devices_killed_mid_round(tmp_path: Path, digits: Any, fa
         m = fed.metrics()
         print([(x["round"], x["accepted"], len(x["selected"]), x["closed"]) for x in m])
         assert not set(victims) & set(fed.journaled(2))
-        assert len(m[1]["selected"]) == 10 and m[1]["accepted"] == 7 and m[1]["closed"] == "deadline with 7 update(s)"
-        assert len(m[2]["selected"]) >= 8 and m[2]["accepted"] >= 8 and m[2]["closed"].startswith(("every", "quorum"))
+        assert (
+            len(m[1]["selected"]) == 10
+            and m[1]["accepted"] == 7
+            and m[1]["closed"] == "deadline with 7 update(s)"
+        )
+        assert (
+            len(m[2]["selected"]) >= 8
+            and m[2]["accepted"] >= 8
+            and m[2]["closed"].startswith(("every", "quorum"))
+        )
         acked, aggregated = _check_run(fed, digits, expect_all=False)
-        faults_ledger.fault("3 of 10 devices kill -9 mid-round, rebooted", len(victims), True, acked, aggregated)
+        faults_ledger.fault(
+            "3 of 10 devices kill -9 mid-round, rebooted", len(victims), True, acked, aggregated
+        )
     finally:
         fed.stop()

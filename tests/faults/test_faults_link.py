@@ -21,23 +21,44 @@ from edge_client.config import EdgeSettings
 from flayer.simulation import initial_global_state
 from mqtt_broker import mosquitto_available
 
-pytestmark = [pytest.mark.faults, pytest.mark.integration,
-              pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.integration,
+    pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed"),
+]
 
 
-def test_link_cut_mid_download_resumes_from_the_retained_chunks(tmp_path: Path, digits_shards: list,
-                                                                 faults_ledger: Any) -> None:
+def test_link_cut_mid_download_resumes_from_the_retained_chunks(
+    tmp_path: Path, digits_shards: list, faults_ledger: Any
+) -> None:
     fb = start_persistent_broker(tmp_path, ["dev-0"], max_packet_size=16384)
     proxy = CutProxy(fb.broker.port)
-    path = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
-                           tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", deadline_s=120.0)
+    path = federation_toml(
+        tmp_path / "federation.toml",
+        fb.state_dir / "credentials/coordinator.toml",
+        tmp_path / "coord",
+        strategy="fedavg",
+        rounds=1,
+        dataset="digits",
+        deadline_s=120.0,
+    )
     coord = Coordinator(load_coordinator_config(path), fb.coordinator)
     model = model_blob(initial_global_state(coord.strategy, 0))
     events: list[tuple[str, dict[str, Any]]] = []
-    settings = EdgeSettings(state_dir=str(tmp_path / "dev-0"), client_index=0, device="cpu", heartbeat_s=1.0,
-                            ack_timeout_s=10.0, download_stall_s=60.0)
-    device = EdgeClient(settings, dataclasses.replace(fb.devices["dev-0"], port=proxy.port), digits_shards[0],
-                        on_progress=lambda kind, info: events.append((kind, info)))
+    settings = EdgeSettings(
+        state_dir=str(tmp_path / "dev-0"),
+        client_index=0,
+        device="cpu",
+        heartbeat_s=1.0,
+        ack_timeout_s=10.0,
+        download_stall_s=60.0,
+    )
+    device = EdgeClient(
+        settings,
+        dataclasses.replace(fb.devices["dev-0"], port=proxy.port),
+        digits_shards[0],
+        on_progress=lambda kind, info: events.append((kind, info)),
+    )
     thread = coord.start()
     try:
         proxy.cut_after(model.size * 2 // 3)  # the device's first connection dies 2/3 through the model
@@ -47,17 +68,26 @@ def test_link_cut_mid_download_resumes_from_the_retained_chunks(tmp_path: Path, 
         result = coord._thread_result  # type: ignore[attr-defined]
         assert not isinstance(result, BaseException) and result is not None and result.finished, result
         assert device.wait(30) and device.error is None and device.rounds_trained == [1]
-        assert result.history[0]["accepted"] == 1  # its update names the model's digest: it had the right model
+        assert (
+            result.history[0]["accepted"] == 1
+        )  # its update names the model's digest: it had the right model
         assert len(proxy.conns) >= 2, "the device did not reconnect"
         first = f"fl/{fb.coordinator.federation}/model/{model.digest}/"
         held = {t for t, _, _ in proxy.published(0) if t.startswith(first)}  # whole chunks before the cut
-        again = [(t, dup) for c in range(1, len(proxy.conns)) for t, _, dup in proxy.published(c) if t.startswith(first)]
+        again = [
+            (t, dup)
+            for c in range(1, len(proxy.conns))
+            for t, _, dup in proxy.published(c)
+            if t.startswith(first)
+        ]
         stats = [info for kind, info in events if kind == "downloaded"]
         assert stats and stats[0]["digest"] == model.digest and stats[0]["resumes"] == 1, stats
         s = stats[0]
-        print(f"model {model.size} B in {s['chunks']} chunks; the device held {len(held)} at the cut; after it "
-              f"{len(again)} came ({sum(d for _, d in again)} re-deliveries of messages the broker had in flight), "
-              f"{s['repeated']} of them held already")
+        print(
+            f"model {model.size} B in {s['chunks']} chunks; the device held {len(held)} at the cut; after it "
+            f"{len(again)} came ({sum(d for _, d in again)} re-deliveries of what the broker had in flight), "
+            f"{s['repeated']} of them held already"
+        )
         assert s["held_at_resume"] == len(held) >= 8
         # proved: after the reconnect every chunk came at most once, and none the device held came as a
         # new delivery (as a fresh subscription would bring every retained chunk again); the only repeats

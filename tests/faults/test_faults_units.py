@@ -9,7 +9,15 @@ import pytest
 from craft import patch
 
 from edge_client.download import ModelDownload
-from protocol import DEFAULT_LIMITS, ChunkCollector, Kind, Topics, WireError, chunk_blob, decode_envelope
+from protocol import (
+    DEFAULT_LIMITS,
+    ChunkCollector,
+    Kind,
+    Topics,
+    WireError,
+    chunk_blob,
+    decode_envelope,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -24,8 +32,11 @@ def _blob(i: int, n: int = 1000) -> bytes:
 
 def test_a_sender_cannot_crowd_out_the_others() -> None:
     dropped: list[tuple[str, int, int, str]] = []
-    c = ChunkCollector(max_pending_blobs=10, max_blobs_per_sender=3,
-                       on_drop=lambda key, held, count, why: dropped.append((key[2], held, count, why)))
+    c = ChunkCollector(
+        max_pending_blobs=10,
+        max_blobs_per_sender=3,
+        on_drop=lambda key, held, count, why: dropped.append((key[2], held, count, why)),
+    )
     for i in range(50):  # first chunks only, each of another blob
         assert c.add(decode_envelope(_chunks(_blob(i))[0])) is None
     assert len(c.keys()) == 3 and len(dropped) == 47
@@ -89,8 +100,13 @@ def test_a_resumed_download_asks_only_for_what_is_missing() -> None:
     assert link.calls == [("sub", [t.model_chunk(digest, i) for i in missing])]
     done = [d.add(parts[i], 5.0) for i in missing]
     assert done[-1] == blob
-    assert d.stats() == {"chunks": len(parts), "received": len(parts) + 1, "repeated": 1, "resumes": 2,
-                         "held_at_resume": 4}
+    assert d.stats() == {
+        "chunks": len(parts),
+        "received": len(parts) + 1,
+        "repeated": 1,
+        "resumes": 2,
+        "held_at_resume": 4,
+    }
     d.cancel()
     assert link.calls[-1][0] == "unsub" and t.model_filter(digest) in link.calls[-1][1]
     assert set(link.calls[-1][1]) >= {t.model_chunk(digest, i) for i in missing}
