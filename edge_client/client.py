@@ -9,8 +9,9 @@ that returns the delay to impose on each chunk ("up" or "down").
 
 Per round, when selected: fetch the model from its retained chunks (:class:`ModelDownload`) ->
 local round -> encode and size check -> persist state and upload -> publish the chunks (QoS 1,
-PUBACKs) -> wait for the coordinator's ack, re-sending with exponential backoff and jitter. A
-restarted device reloads its state and re-sends an unacknowledged upload of the current round
+PUBACKs) -> wait for the coordinator's ack, re-sending with exponential backoff and jitter (an ack
+that overtakes the publishing job is kept for it; one that comes after the device gave up still
+settles the stored upload). A restarted device reloads its state and re-sends an unacknowledged upload of the current round
 without training again. A ``calibrate`` plan (round 0) makes a selected device run the strategy's
 ``calibrate`` on the model and send the report as a Metrics message instead. After the ``final``
 plan the device saves its personal model and stops.
@@ -228,8 +229,8 @@ class EdgeClient:
         elif self._download is None or self._download.digest != plan.model_digest:
             if self._download is not None:
                 self._download.cancel()
-            self._download = ModelDownload(self.link, self.topics, plan.model_digest, self.limits, self.clock(),
-                                           plan.model_chunks)
+            self._download = ModelDownload(self.link, self.topics, plan.model_digest, self.limits,
+                                           self.clock(), plan.model_chunks)
             self._set_state("online")
 
     def _on_model_chunk(self, digest: str, payload: bytes) -> None:
@@ -375,15 +376,22 @@ class EdgeClient:
         self._submit("published", p.round, self._publish, p.items)
 
     def _on_ack(self, ack: Ack) -> None:
-        p = self._pending
-        if p is None or ack.round != p.round or ack.update_digest != p.digest:
+        p, up = self._pending, self.stored.upload
+        if p is not None and (ack.round, ack.update_digest) == (p.round, p.digest):
+            kind = p.kind
+            self._settle(ack.status)
+        elif up is not None and up.status == "gave_up" and (ack.round, ack.update_digest) == (up.round,
+                                                                                             up.digest):
+            kind = "update (given up on, answered at last)"  # the coordinator was down past the re-sends
+            self.stored.upload = replace(up, status=ack.status)
+            self.store.save(self.stored)
+        else:
             if self._busy and len(self._early_acks) < 16:  # the coordinator can answer before the job that
                 self._early_acks.append(ack)  # published returns (PUBACKs in flight): keep it for then
             return
         level = logging.INFO if ack.status in ("accepted", "duplicate") else logging.WARNING
-        log.log(level, "%s: round %d %s %s%s", self.id, ack.round, p.kind, ack.status,
+        log.log(level, "%s: round %d %s %s%s", self.id, ack.round, kind, ack.status,
                 f": {ack.reason}" if ack.reason else "")
-        self._settle(ack.status)
         self._progress("ack", round=ack.round, status=ack.status, reason=ack.reason)
 
     def _settle(self, status: str) -> None:

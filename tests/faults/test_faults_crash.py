@@ -244,3 +244,27 @@ def test_a_third_of_the_devices_killed_mid_round(tmp_path: Path, digits: Any, fa
         )
     finally:
         fed.stop()
+
+
+@pytest.mark.slow
+def test_coordinator_down_longer_than_the_devices_retries(tmp_path: Path, digits: Any, faults_ledger: Any) -> None:
+    """The coordinator is killed and stays down until a device has given up re-sending (1 s ack timeout,
+    one re-send). Its update waits in the coordinator's broker session; restarted, the coordinator
+    folds it and acks it, and the device, although it gave up, records the ack."""
+    edge = {"ack_timeout_s": 1.0, "retries": 1, "backoff_s": 0.2, "backoff_max_s": 0.5}
+    fed = proc_federation(tmp_path, digits, DEVICES, rounds=3, edge=edge)
+    try:
+        for d in DEVICES:
+            fed.start_device(d)
+        fed.start_coordinator()
+        r = _hold_back(fed, "dev-2", range(2, 4))
+        fed.coordinator.kill9()
+        fed.procs["dev-2"].resume()
+        wait_until(lambda: "giving up on it" in fed.procs["dev-2"].text(), 60, "dev-2 to give up", fed.logs)
+        fed.start_coordinator()
+        fed.wait_all(240)
+        assert (r, "accepted") in fed.device_acks("dev-2")
+        acked, aggregated = _check_run(fed, digits)
+        faults_ledger.fault("coordinator down past the devices' re-sends", 1, True, acked, aggregated)
+    finally:
+        fed.stop()
