@@ -122,8 +122,8 @@ class Inbox:
         self.ack(client, round_, digest, verdict.status, verdict.reason)
 
     def _dropped(self, key: tuple[int, str, str, int, str], held: int, count: int, why: str) -> None:
-        self.count("incomplete", f"{key[2]} round {key[3]}: unfinished update blob {key[4][:12]} dropped with "
-                                 f"{held} of {count} chunks ({why})")
+        self.count("incomplete", f"{key[2]} round {key[3]}: unfinished update blob {key[4][:12]} dropped "
+                                 f"with {held} of {count} chunks ({why})")
 
     def round_closed(self, number: int) -> None:
         """Forget unfinished blobs (each counted ``incomplete``) and answers of rounds up to ``number``."""

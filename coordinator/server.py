@@ -11,8 +11,10 @@ personal models, and the run ends.
 
 Restart: the checkpoint gives the last closed round r; the journal of round r+1, if any, gives its
 plan (same selection) and every update already accepted, folded again; devices that re-send one of
-those are acked ``duplicate``. Stop (:meth:`Coordinator.stop`, e.g. on SIGINT/SIGTERM) ends the
-loop after the current event; everything acknowledged is already on disk.
+those, or of the last closed rounds (their journals), are acked ``duplicate``. After a reconnect the
+round's model and plan are published again (a restarted broker may have lost them). Stop
+(:meth:`Coordinator.stop`, e.g. on SIGINT/SIGTERM) ends the loop after the current event; everything
+acknowledged is already on disk.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import queue
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -42,7 +43,8 @@ from .inbox import CompleteUpdate, Inbox
 from .calibration import Calibration, CalibrationError, needs_calibration
 from .journal import prune_journals
 from .metrics import MetricsLog
-from .open_round import OpenRound, journaled_round
+from .result import CoordinatorResult
+from .open_round import OpenRound, folded_in, journaled_round
 from .publish import ModelBlob, Publisher, StopRequested, make_plan, model_blob
 from .registry import DeviceRegistry
 from .rounds import select_devices
@@ -58,17 +60,6 @@ class CoordinatorError(RuntimeError):
 
 class _Stop:
     pass
-
-
-@dataclass
-class CoordinatorResult:
-    rounds_done: int
-    global_state: dict[str, torch.Tensor]
-    model_digest: str
-    history: list[dict[str, Any]] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)
-    finished: bool = False  # every round ran
-    stopped: bool = False  # stop() ended it early
 
 
 class Coordinator:
@@ -181,6 +172,7 @@ class Coordinator:
         self.model = model_blob(self.global_state)
         if ckpt is not None and ckpt.model_digest not in ("", self.model.digest):
             raise CoordinatorError(f"checkpoint in {self.cfg.state_dir} does not match its recorded digest")
+        self.accepted_before = folded_in(self.journal_dir, range(max(1, self.done_round - 2), self.done_round + 1))
         if self.done_round >= self.cfg.run.rounds:
             return
         try:

@@ -268,3 +268,33 @@ def test_coordinator_down_longer_than_the_devices_retries(tmp_path: Path, digits
         faults_ledger.fault("coordinator down past the devices' re-sends", 1, True, acked, aggregated)
     finally:
         fed.stop()
+
+
+def test_a_restarted_coordinator_still_knows_what_it_folded_last_round(tmp_path: Path, live_fed: Any) -> None:
+    """A device whose ack for round 1 was lost re-sends its round-1 update after the coordinator
+    restarted in round 2: the answer is ``duplicate`` (it is in the aggregate), as without the restart,
+    not ``late`` (which would tell the device it was refused)."""
+    path = federation_toml(tmp_path / "federation.toml", live_fed.state_dir / "credentials/coordinator.toml",
+                           tmp_path / "coord", strategy="fedavg", rounds=2, dataset="digits", quorum=2,
+                           min_devices=2, over_selection=1.0, deadline_s=120.0)
+    coord = Coordinator(load_coordinator_config(path), live_fed.coordinator)
+    thread = coord.start()
+    a, b = Device(live_fed.devices["dev-a"], T), Device(live_fed.devices["dev-b"], T)
+    try:
+        plan = a.plan(1)
+        shapes = {k: tuple(v.shape) for k, v in initial_global_state(coord.strategy, 0).items()}
+        blobs = {d.id: honest_update(shapes, UpdateHeader(FEDERATION, 1, d.id, plan.model_digest), seed=i)
+                 for i, d in enumerate((a, b))}
+        for dev in (a, b):
+            assert dev.ack(dev.send(blobs[dev.id], 1)).status == "accepted"
+        a.plan(2)
+        assert a.ack(a.send(blobs["dev-a"], 1)).status == "duplicate"  # the running coordinator knows
+        coord.stop()
+        thread.join(30)
+        coord = Coordinator(load_coordinator_config(path), live_fed.coordinator)
+        thread = coord.start()
+        assert a.ack(a.send(blobs["dev-a"], 1)).status == "duplicate"  # and so does the restarted one
+    finally:
+        for dev in (a, b):
+            dev.close()
+        coord.stop()
