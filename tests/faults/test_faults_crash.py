@@ -270,7 +270,9 @@ def test_coordinator_down_longer_than_the_devices_retries(tmp_path: Path, digits
         fed.stop()
 
 
-def test_a_restarted_coordinator_still_knows_what_it_folded_last_round(tmp_path: Path, live_fed: Any) -> None:
+def test_a_restarted_coordinator_still_knows_what_it_folded_last_round(
+    tmp_path: Path, live_fed: Any, faults_ledger: Any
+) -> None:
     """A device whose ack for round 1 was lost re-sends its round-1 update after the coordinator
     restarted in round 2: the answer is ``duplicate`` (it is in the aggregate), as without the restart,
     not ``late`` (which would tell the device it was refused)."""
@@ -287,13 +289,21 @@ def test_a_restarted_coordinator_still_knows_what_it_folded_last_round(tmp_path:
                  for i, d in enumerate((a, b))}
         for dev in (a, b):
             assert dev.ack(dev.send(blobs[dev.id], 1)).status == "accepted"
-        a.plan(2)
+        plan2 = a.plan(2)
         assert a.ack(a.send(blobs["dev-a"], 1)).status == "duplicate"  # the running coordinator knows
         coord.stop()
         thread.join(30)
         coord = Coordinator(load_coordinator_config(path), live_fed.coordinator)
         thread = coord.start()
         assert a.ack(a.send(blobs["dev-a"], 1)).status == "duplicate"  # and so does the restarted one
+        for i, dev in enumerate((a, b)):
+            blob = honest_update(shapes, UpdateHeader(FEDERATION, 2, dev.id, plan2.model_digest), seed=10 + i)
+            assert dev.ack(dev.send(blob, 2)).status == "accepted"
+        thread.join(60)
+        result = coord._thread_result  # type: ignore[attr-defined]
+        assert not isinstance(result, BaseException) and result is not None and result.finished
+        assert [r["accepted"] for r in result.history] == [2]  # round 2, by the restarted coordinator
+        faults_ledger.fault("coordinator restarted between rounds; last round's update re-sent", 1, True, 4, 4)
     finally:
         for dev in (a, b):
             dev.close()
