@@ -176,7 +176,8 @@ class ChunkCollector:
     """
 
     def __init__(self, limits: WireLimits = DEFAULT_LIMITS, max_pending_bytes: int = 1 << 30,
-                 max_pending_blobs: int = 4096, max_blobs_per_sender: int = 4, on_drop: OnDrop | None = None) -> None:
+                 max_pending_blobs: int = 4096, max_blobs_per_sender: int = 4,
+                 on_drop: OnDrop | None = None) -> None:
         if max_blobs_per_sender < 1:
             raise ValueError(f"max_blobs_per_sender must be >= 1, got {max_blobs_per_sender}")
         self.limits = limits
