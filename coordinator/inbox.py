@@ -43,7 +43,7 @@ class Inbox:
                  counters: Counter[str]) -> None:
         self.link, self.topics, self.sender, self.limits, self.fs = link, topics, sender, limits, fs
         self.counters = counters
-        self.collector = ChunkCollector(limits, fs.max_pending_bytes)
+        self.collector = ChunkCollector(limits, fs.max_pending_bytes, on_drop=self._dropped)
         self._answered: set[tuple[str, int, str]] = set()
         self.open: OpenRound | None = None  # set by the coordinator: where per-round counts go
 
@@ -121,7 +121,11 @@ class Inbox:
         self.count(verdict.counter, f"{client} round {round_}: {verdict.reason}")
         self.ack(client, round_, digest, verdict.status, verdict.reason)
 
+    def _dropped(self, key: tuple[int, str, str, int, str], held: int, count: int, why: str) -> None:
+        self.count("incomplete", f"{key[2]} round {key[3]}: unfinished update blob {key[4][:12]} dropped "
+                                 f"with {held} of {count} chunks ({why})")
+
     def round_closed(self, number: int) -> None:
-        """Forget unfinished blobs and answers of rounds up to ``number``."""
-        self.collector.discard(k for k in self.collector.keys() if k[3] <= number)
+        """Forget unfinished blobs (each counted ``incomplete``) and answers of rounds up to ``number``."""
+        self.collector.discard((k for k in self.collector.keys() if k[3] <= number), f"round {number} closed")
         self._answered = {k for k in self._answered if k[1] > number - 2}

@@ -22,8 +22,11 @@ norm            rejected      the L2 norm exceeds ``norm_bound`` (policy ``rejec
 ==============  ============  ===========================================================
 
 With policy ``clip`` an update over the bound is scaled down to it and accepted (counter
-``clipped``). Chunk-level problems (bad envelope, CRC, wrong topic) are counted by the server as
-``bad_chunk``; malformed status or metrics messages as ``bad_message``.
+``clipped``). Chunk-level problems (bad envelope, CRC, wrong topic, a reassembled blob that does
+not match its digest) are counted by the inbox as ``bad_chunk``; an unfinished blob it drops as
+``incomplete`` (its round closed with chunks missing, a contradicting chunk made it start over,
+or its sender started more than a few others); malformed status or metrics messages as
+``bad_message``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from protocol import WireError, WireLimits, decode_update
 __all__ = ["Verdict", "IntakeContext", "screen", "validate", "clip_update", "REJECTION_COUNTERS"]
 
 REJECTION_COUNTERS = ("future_round", "late", "not_selected", "duplicate", "oversize", "malformed", "wrong_sender",
-                      "wrong_model", "invalid", "norm", "bad_chunk", "bad_message")
+                      "wrong_model", "invalid", "norm", "bad_chunk", "incomplete", "bad_message")
 
 
 @dataclass(frozen=True)

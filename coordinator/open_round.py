@@ -26,7 +26,7 @@ from .journal import Journal, JournalReplay, journal_path, read_journal
 from .metrics import RoundStats
 from .rounds import RoundTimer
 
-__all__ = ["OpenRound", "journaled_round"]
+__all__ = ["OpenRound", "journaled_round", "folded_in"]
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +118,14 @@ def journaled_round(folder: Path, number: int, limits: WireLimits, model_digest:
         log.warning("journal %s is for another model; round %d starts afresh", path, number)
         return None
     return plan, replay
+
+
+def folded_in(folder: Path, rounds: range) -> dict[int, set[str]]:
+    """Who was folded in each closed round of ``rounds`` whose journal is still on disk (after a restart,
+    a device re-sending one of those updates is told ``duplicate``, as before it, not ``late``)."""
+    out: dict[int, set[str]] = {}
+    for r in rounds:
+        path = journal_path(folder, r)
+        if path.exists():
+            out[r] = {rec.client for rec in read_journal(path).updates if rec.round == r}
+    return out

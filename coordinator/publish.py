@@ -83,6 +83,10 @@ class Publisher:
             log.warning("ignoring unreadable %s (%s)", self.record, exc)
             return {}
 
+    def forget(self) -> None:
+        """The broker may have lost what this process published (it restarted): publish it again."""
+        self.live = None
+
     def _wait(self, infos: list, what: str) -> None:
         while not self.link.wait_published(infos, self.timeout_s, self.cancelled):
             if self.cancelled():

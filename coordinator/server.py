@@ -11,8 +11,10 @@ personal models, and the run ends.
 
 Restart: the checkpoint gives the last closed round r; the journal of round r+1, if any, gives its
 plan (same selection) and every update already accepted, folded again; devices that re-send one of
-those are acked ``duplicate``. Stop (:meth:`Coordinator.stop`, e.g. on SIGINT/SIGTERM) ends the
-loop after the current event; everything acknowledged is already on disk.
+those, or of the last closed rounds (their journals), are acked ``duplicate``. After a reconnect the
+round's model and plan are published again (a restarted broker may have lost them). Stop
+(:meth:`Coordinator.stop`, e.g. on SIGINT/SIGTERM) ends the loop after the current event; everything
+acknowledged is already on disk.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import queue
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -42,7 +43,8 @@ from .inbox import CompleteUpdate, Inbox
 from .calibration import Calibration, CalibrationError
 from .journal import prune_journals
 from .metrics import MetricsLog
-from .open_round import OpenRound, journaled_round
+from .result import CoordinatorResult
+from .open_round import OpenRound, folded_in, journaled_round
 from .publish import ModelBlob, Publisher, StopRequested, make_plan, model_blob
 from .registry import DeviceRegistry
 from .rounds import select_devices
@@ -58,17 +60,6 @@ class CoordinatorError(RuntimeError):
 
 class _Stop:
     pass
-
-
-@dataclass
-class CoordinatorResult:
-    rounds_done: int
-    global_state: dict[str, torch.Tensor]
-    model_digest: str
-    history: list[dict[str, Any]] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)
-    finished: bool = False  # every round ran
-    stopped: bool = False  # stop() ended it early
 
 
 class Coordinator:
@@ -181,6 +172,7 @@ class Coordinator:
         self.model = model_blob(self.global_state)
         if ckpt is not None and ckpt.model_digest not in ("", self.model.digest):
             raise CoordinatorError(f"checkpoint in {self.cfg.state_dir} does not match its recorded digest")
+        self.accepted_before = folded_in(self.journal_dir, range(max(1, self.done_round - 2), self.done_round + 1))
         if self.done_round >= self.cfg.run.rounds:
             return
         try:
@@ -218,6 +210,8 @@ class Coordinator:
                 return
             log.info("connected to the broker (session present: %s)", ev.session_present)
             self.link.subscribe([self.topics.all_updates(), self.topics.all_status(), self.topics.all_metrics()])
+            if self._connected_once:
+                self._republish()
             self._connected_once = True
         elif isinstance(ev, Disconnected):
             log.warning("disconnected from the broker (%s); paho reconnects", ev.reason)
@@ -334,6 +328,16 @@ class Coordinator:
             self.on_progress("open", {"round": rnd.number, "selected": len(rnd.selected),
                                       "accepted": len(rnd.accepted)})
 
+    def _republish(self) -> None:
+        """After a reconnect: the broker may have restarted without the retained model and plan (Mosquitto
+        saves them every ``autosave_interval``), and devices that missed them would wait forever."""
+        if (self.open is None or self.open.timer is None) and self.calibration is None:
+            return
+        self.publisher.forget()
+        self._publish_model(self.open.number if self.open is not None else 0)
+        self._publish_plan("train" if self.open is not None else "calibrate")
+        log.info("published the model and plan again after the reconnect")
+
     def _open_calibration(self, online: list[str]) -> None:
         self.calibration = Calibration(frozenset(online), self.clock() + self.fs.calibration_s)
         self._publish_model(0)
@@ -369,13 +373,13 @@ class Coordinator:
         self.done_round = r
         self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
         self.accepted_before[r] = set(rnd.accepted)
+        self.inbox.round_closed(r)  # unfinished blobs are counted in this round's metrics
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
                                                        dict(self.counters), dict(self.options)))
         record = rnd.stats.as_dict(self.clock(), reason, self.counters)
         self.metrics.write(record)
         self.history.append(record)
         prune_journals(self.journal_dir, r, self.fs.keep_journals)
-        self.inbox.round_closed(r)
         self.open = None
         log.info("round %d closed (%s): %d accepted", r, reason, record["accepted"])
         if self.on_round is not None:

@@ -14,8 +14,9 @@ last will, and the next instance over the same state folder resumes from disk).
 
 Per round, when selected: fetch the model from its retained chunks (:class:`ModelDownload`) ->
 local round -> encode and size check -> persist state and upload -> publish the chunks (QoS 1,
-PUBACKs) -> wait for the coordinator's ack, re-sending with exponential backoff and jitter. A
-restarted device reloads its state and re-sends an unacknowledged upload of the current round
+PUBACKs) -> wait for the coordinator's ack, re-sending with exponential backoff and jitter (an ack
+that overtakes the publishing job is kept for it; one that comes after the device gave up still
+settles the stored upload). A restarted device reloads its state and re-sends an unacknowledged upload of the current round
 without training again. A ``calibrate`` plan (round 0) makes a selected device run the strategy's
 ``calibrate`` on the model and send the report as a Metrics message instead. After the ``final``
 plan the device saves its personal model and stops.
@@ -85,7 +86,7 @@ class EdgeClient:
         self.after_compute = after_compute
         self.limits = limits or WireLimits()
         self.rng = rng or random.Random(f"{creds.federation}/{self.id}")
-        self.on_progress = on_progress  # called on the worker thread: trained, calibrated, ack, finished
+        self.on_progress = on_progress  # on the worker thread: downloaded, trained, calibrated, ack, finished
         self.topics = Topics(creds.federation)
         self.device = pick_device(settings.device)
         self.store = DeviceStore(settings.state_dir)
@@ -108,6 +109,7 @@ class EdgeClient:
         self._download: ModelDownload | None = None
         self._model: tuple[str, dict[str, torch.Tensor]] | None = None
         self._pending: Pending | None = None  # sent, not acknowledged yet
+        self._early_acks: list[Ack] = []  # acks that came while the job that sent their message still ran
         self._heartbeat_at = 0.0
         self._state_name = "online"
         self._crashed = False
@@ -194,8 +196,8 @@ class EdgeClient:
                 raise EdgeError(f"{self.id}: the broker refused the connection ({ev.reason}); check the "
                                 f"credentials file")
             self.link.subscribe([self.topics.round(), self.topics.ack(self.id)])  # the retained plan comes again
-            if self._download is not None:  # and so do the retained chunks
-                self._download.resubscribe(self.clock())
+            if self._download is not None:  # resume: from the session's queue, or the missing chunks
+                self._download.resume(self.clock(), ev.session_present)
             self._heartbeat_at = 0.0
         elif isinstance(ev, Disconnected):
             log.warning("%s: disconnected (%s); paho reconnects", self.id, ev.reason)
@@ -254,7 +256,8 @@ class EdgeClient:
         elif self._download is None or self._download.digest != plan.model_digest:
             if self._download is not None:
                 self._download.cancel()
-            self._download = ModelDownload(self.link, self.topics, plan.model_digest, self.limits, self.clock())
+            self._download = ModelDownload(self.link, self.topics, plan.model_digest, self.limits,
+                                           self.clock(), plan.model_chunks)
             self._set_state("online")
 
     def _on_model_chunk(self, digest: str, payload: bytes) -> None:
@@ -265,7 +268,9 @@ class EdgeClient:
         blob = self._download.add(payload, self.clock())
         if blob is None:
             return
-        self._download = None
+        stats, self._download = self._download.stats(), None
+        log.info("%s: model %s downloaded (%s)", self.id, digest[:12], stats)
+        self._progress("downloaded", digest=digest, **stats)
         assert self.plan is not None
         self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))
         self._model_ready()
@@ -379,6 +384,9 @@ class EdgeClient:
             if self.settings.exit_when_finished:
                 self.events.put(_Stop())
             return
+        early, self._early_acks = self._early_acks, []
+        for ack in early:  # acks that overtook the job's report
+            self._on_ack(ack)
         if self.plan is not None:
             self._on_plan(self.plan)  # the plan may have moved on while the job ran
 
@@ -409,13 +417,22 @@ class EdgeClient:
         self._submit("published", p.round, self._publish, p.items)
 
     def _on_ack(self, ack: Ack) -> None:
-        p = self._pending
-        if p is None or ack.round != p.round or ack.update_digest != p.digest:
+        p, up = self._pending, self.stored.upload
+        if p is not None and (ack.round, ack.update_digest) == (p.round, p.digest):
+            kind = p.kind
+            self._settle(ack.status)
+        elif up is not None and up.status == "gave_up" and (ack.round, ack.update_digest) == (up.round,
+                                                                                             up.digest):
+            kind = "update (given up on, answered at last)"  # the coordinator was down past the re-sends
+            self.stored.upload = replace(up, status=ack.status)
+            self.store.save(self.stored)
+        else:
+            if self._busy and len(self._early_acks) < 16:  # the coordinator can answer before the job that
+                self._early_acks.append(ack)  # published returns (PUBACKs in flight): keep it for then
             return
         level = logging.INFO if ack.status in ("accepted", "duplicate") else logging.WARNING
-        log.log(level, "%s: round %d %s %s%s", self.id, ack.round, p.kind, ack.status,
+        log.log(level, "%s: round %d %s %s%s", self.id, ack.round, kind, ack.status,
                 f": {ack.reason}" if ack.reason else "")
-        self._settle(ack.status)
         self._progress("ack", round=ack.round, status=ack.status, reason=ack.reason)
 
     def _settle(self, status: str) -> None:
@@ -447,8 +464,8 @@ class EdgeClient:
                 self._resend()
         d = self._download
         if d is not None and now >= d.due(self.settings.download_stall_s):
-            log.warning("%s: model download stalled (%d chunks missing); subscribing again", self.id,
-                        len(d.reasm.missing()))
+            log.warning("%s: model download stalled (%d chunks missing); asking for them again", self.id,
+                        len(d.missing()))
             d.resubscribe(now)
 
     def _set_state(self, name: str) -> None:

@@ -20,7 +20,7 @@ to their reassemblers under a memory budget.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .envelope import Envelope, Kind, header_size
 from .errors import EncodeError, WireError
@@ -99,6 +99,15 @@ class Reassembler:
         return self._held
 
     @property
+    def held_chunks(self) -> int:
+        return len(self._parts)
+
+    @property
+    def count(self) -> int:
+        """Chunks of the blob (0 until the first chunk arrived)."""
+        return self._first.count if self._first is not None else 0
+
+    @property
     def complete(self) -> bool:
         return self._first is not None and len(self._parts) == self._first.count
 
@@ -150,34 +159,63 @@ class Reassembler:
         return data
 
 
+BlobKey = tuple[int, str, str, int, str]  # Envelope.blob_key: kind, federation, sender, round, digest
+OnDrop = Callable[[BlobKey, int, int, str], None]  # (key, chunks held, chunk count, why)
+
+
 class ChunkCollector:
     """Reassemblers for many blobs at once, keyed by :attr:`Envelope.blob_key`, holding at most
-    ``max_pending_bytes`` of chunk bodies and ``max_pending_blobs`` unfinished blobs."""
+    ``max_pending_bytes`` of chunk bodies and ``max_pending_blobs`` unfinished blobs.
+
+    One sender cannot crowd out the others: it holds at most ``max_blobs_per_sender`` unfinished
+    blobs, and a new one evicts its oldest. A chunk that contradicts the chunks held for its blob
+    (count, size, or different bytes at an index) starts that blob over from this chunk: one side is
+    damaged and only the digest of a complete blob can tell which, so the sender's re-send always
+    gets through. Every unfinished blob dropped -- evicted, started over, or :meth:`discard` -ed --
+    is reported to ``on_drop(key, chunks held, chunk count, why)``.
+    """
 
     def __init__(self, limits: WireLimits = DEFAULT_LIMITS, max_pending_bytes: int = 1 << 30,
-                 max_pending_blobs: int = 4096) -> None:
+                 max_pending_blobs: int = 4096, max_blobs_per_sender: int = 4,
+                 on_drop: OnDrop | None = None) -> None:
+        if max_blobs_per_sender < 1:
+            raise ValueError(f"max_blobs_per_sender must be >= 1, got {max_blobs_per_sender}")
         self.limits = limits
         self.max_pending_bytes = max_pending_bytes
         self.max_pending_blobs = max_pending_blobs
-        self._blobs: dict[tuple[int, str, str, int, str], Reassembler] = {}
+        self.max_blobs_per_sender = max_blobs_per_sender
+        self.on_drop = on_drop
+        self._blobs: dict[BlobKey, Reassembler] = {}  # insertion order: oldest first
         self._pending = 0
 
     @property
     def pending_bytes(self) -> int:
         return self._pending
 
-    def keys(self) -> list[tuple[int, str, str, int, str]]:
+    def keys(self) -> list[BlobKey]:
         return list(self._blobs)
 
-    def missing(self, key: tuple[int, str, str, int, str]) -> list[int]:
+    def missing(self, key: BlobKey) -> list[int]:
         r = self._blobs.get(key)
         return r.missing() if r is not None else []
 
-    def discard(self, keys: Iterable[tuple[int, str, str, int, str]]) -> None:
+    def _drop(self, key: BlobKey, why: str) -> None:
+        r = self._blobs.pop(key, None)
+        if r is None:
+            return
+        self._pending -= r.held_bytes
+        if self.on_drop is not None:
+            self.on_drop(key, r.held_chunks, r.count, why)
+
+    def discard(self, keys: Iterable[BlobKey], why: str = "discarded") -> None:
         for key in list(keys):
-            r = self._blobs.pop(key, None)
-            if r is not None:
-                self._pending -= r.held_bytes
+            self._drop(key, why)
+
+    def _make_room(self, sender: str) -> None:
+        mine = [k for k in self._blobs if k[2] == sender]
+        for key in mine[:max(0, len(mine) - self.max_blobs_per_sender + 1)]:
+            self._drop(key, f"{sender} started more than {self.max_blobs_per_sender} unfinished blobs; the "
+                            "oldest is evicted")
 
     def add(self, env: Envelope) -> bytes | None:
         """Add a chunk; the verified blob when it completes one (which is then forgotten), else None.
@@ -185,13 +223,21 @@ class ChunkCollector:
         key = env.blob_key
         r = self._blobs.get(key)
         if r is None:
+            self._make_room(env.sender)
             if len(self._blobs) >= self.max_pending_blobs:
                 raise WireError(f"too many unfinished blobs ({len(self._blobs)})")
             r = Reassembler(self.limits)
         if self._pending + len(env.body) > self.max_pending_bytes:
             raise WireError(f"unfinished blobs would hold more than {self.max_pending_bytes} bytes")
-        before = r.held_bytes
-        done = r.add(env)
+        try:
+            before = r.held_bytes
+            done = r.add(env)
+        except WireError as exc:
+            if key not in self._blobs:
+                raise
+            self._drop(key, f"chunk {env.index} contradicts it ({exc.reason}); the blob starts over")
+            r, before = Reassembler(self.limits), 0
+            done = r.add(env)
         self._blobs[key] = r
         self._pending += r.held_bytes - before
         if not done:

@@ -16,3 +16,11 @@ def digits():
     from flayer.data import load_dataset
 
     return load_dataset("digits")
+
+
+@pytest.fixture
+def faults_ledger(request):
+    """Rows for the fault and security figures (tests/faultledger.py; tabulated by benchmarks/faults.py)."""
+    from faultledger import Ledger
+
+    return Ledger.from_env(request.node.nodeid)

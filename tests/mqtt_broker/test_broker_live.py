@@ -10,6 +10,7 @@ from broker_testlib import (
     NEGATIVE_WINDOW_S,
     connect_probe,
     file_mode,
+    matrix_topics,
     run_acl_matrix,
     secrets_of,
     try_connect,
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.integration
 T = Topics(FEDERATION)
 
 
-def test_wrong_missing_and_unknown_credentials_are_refused(any_broker) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.faults
+def test_wrong_missing_and_unknown_credentials_are_refused(any_broker, faults_ledger) -> None:  # type: ignore[no-untyped-def]
     settings = mqtt_connect_settings(any_broker.creds["dev-a"])
     assert try_connect(settings)[0] == 0  # positive control
     rc, _ = try_connect(settings, password=settings.password + "x")
@@ -33,9 +35,11 @@ def test_wrong_missing_and_unknown_credentials_are_refused(any_broker) -> None: 
     # another device's password does not open this account
     other = any_broker.creds["dev-b"].password
     assert try_connect(settings, password=other)[0] != 0
+    faults_ledger.unauthorised(f"connect: wrong, empty, missing, unknown, other's password ({any_broker.kind})", 5, 0)
 
 
-def test_device_cannot_publish_into_another_devices_update_topic(any_broker) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.faults
+def test_device_cannot_publish_into_another_devices_update_topic(any_broker, faults_ledger) -> None:  # type: ignore[no-untyped-def]
     c = any_broker.creds
     coord, a, b = connect_probe(c["coordinator"]), connect_probe(c["dev-a"]), connect_probe(c["dev-b"])
     try:
@@ -48,12 +52,14 @@ def test_device_cannot_publish_into_another_devices_update_topic(any_broker) -> 
         coord.wait_for(lambda ms: False, timeout=NEGATIVE_WINDOW_S)
         assert all(p != b"forged by a" for _, p, _ in coord.messages)
         assert sorted(coord.topics()) == [T.update_chunk("dev-a", 7, 0), T.update_chunk("dev-b", 7, 1)]
+        faults_ledger.unauthorised(f"publish into another device's update topic ({any_broker.kind})", 1, 0)
     finally:
         for p in (coord, a, b):
             p.close()
 
 
-def test_device_cannot_read_another_devices_updates_acks_or_status(any_broker) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.faults
+def test_device_cannot_read_another_devices_updates_acks_or_status(any_broker, faults_ledger) -> None:  # type: ignore[no-untyped-def]
     c = any_broker.creds
     coord, a, b = connect_probe(c["coordinator"]), connect_probe(c["dev-a"]), connect_probe(c["dev-b"])
     try:
@@ -71,13 +77,15 @@ def test_device_cannot_read_another_devices_updates_acks_or_status(any_broker) -
         assert coord.wait_for(lambda ms: any(t == T.status("dev-b") for t, _, _ in ms))
         a.wait_for(lambda ms: False, timeout=NEGATIVE_WINDOW_S)
         assert set(a.topics()) == {T.round()}, a.topics()
+        faults_ledger.unauthorised(f"read another device's update, ack, status ({any_broker.kind})", 3, 0)
         b.publish(T.status("dev-b"), b"", retain=True)  # clear the retained status
     finally:
         for p in (coord, a, b):
             p.close()
 
 
-def test_devices_cannot_publish_plan_model_or_acks(any_broker) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.faults
+def test_devices_cannot_publish_plan_model_or_acks(any_broker, faults_ledger) -> None:  # type: ignore[no-untyped-def]
     c = any_broker.creds
     coord, a, b = connect_probe(c["coordinator"]), connect_probe(c["dev-a"]), connect_probe(c["dev-b"])
     digest = "cd" * 16
@@ -90,6 +98,7 @@ def test_devices_cannot_publish_plan_model_or_acks(any_broker) -> None:  # type:
         assert b.wait_for(lambda ms: any(p == b"real model" for _, p, _ in ms))
         b.wait_for(lambda ms: False, timeout=NEGATIVE_WINDOW_S)
         assert [p for _, p, _ in b.messages] == [b"real model"]
+        faults_ledger.unauthorised(f"device publishes plan, model chunk, ack ({any_broker.kind})", 3, 0)
     finally:
         for p in (coord, a, b):
             p.close()
@@ -115,7 +124,8 @@ def test_retained_model_chunks_reach_a_device_that_subscribes_later(any_broker) 
         a.close()
 
 
-def test_acl_matrix_matches_the_generated_acl(any_broker) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.faults
+def test_acl_matrix_matches_the_generated_acl(any_broker, faults_ledger) -> None:  # type: ignore[no-untyped-def]
     expected, observed = run_acl_matrix(any_broker.files.acl, any_broker.creds, FEDERATION)
     assert len(expected) >= 10  # the experiment has positives
     missing, extra = expected - observed, observed - expected
@@ -126,9 +136,13 @@ def test_acl_matrix_matches_the_generated_acl(any_broker) -> None:  # type: igno
     assert ("dev-b", "coordinator", T.ack("dev-b")) in observed
     assert not any(sub == "dev-a" and topic == T.ack("dev-b") for sub, _, topic in observed)
     assert not any(pub != "coordinator" and topic == T.round() for _, pub, topic in observed)
+    users, topics = len(any_broker.creds), len(matrix_topics(FEDERATION, sorted(any_broker.creds)))
+    faults_ledger.unauthorised(f"live ACL matrix: deliveries the ACL forbids ({any_broker.kind})",
+                               users * users * topics - len(expected), len(extra))
 
 
-def test_one_device_cannot_take_over_anothers_session(any_broker) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.faults
+def test_one_device_cannot_take_over_anothers_session(any_broker, faults_ledger) -> None:  # type: ignore[no-untyped-def]
     c = any_broker.creds
     b = connect_probe(c["dev-b"])
     a_settings = mqtt_connect_settings(c["dev-a"])
@@ -149,12 +163,14 @@ def test_one_device_cannot_take_over_anothers_session(any_broker) -> None:  # ty
         try:
             coord.publish(T.ack("dev-b"), b"still there")
             assert b.wait_for(lambda ms: any(p == b"still there" for _, p, _ in ms)), "dev-b lost its session"
+            faults_ledger.unauthorised(f"take over another device's session ({any_broker.kind})", len(intruders), 0)
         finally:
             coord.close()
     finally:
         b.close()
 
 
+@pytest.mark.faults
 def test_state_files_are_private_and_hold_no_plaintext_secret(any_broker) -> None:  # type: ignore[no-untyped-def]
     files = any_broker.files
     assert file_mode(files.state_dir) == 0o700

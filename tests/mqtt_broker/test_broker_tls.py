@@ -39,7 +39,9 @@ def test_device_with_certificate_and_password_talks_over_tls(mosquitto_tls) -> N
         dev.close()
 
 
-def test_refused_without_certificate_with_foreign_certificate_or_wrong_password(mosquitto_tls, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.faults
+def test_refused_without_certificate_with_foreign_certificate_or_wrong_password(mosquitto_tls, tmp_path,  # type: ignore[no-untyped-def]
+                                                                                faults_ledger) -> None:
     creds = mosquitto_tls.creds["dev-a"]
     good = mqtt_connect_settings(creds, use_tls=True)
     assert try_connect(good)[0] == 0  # positive control
@@ -55,6 +57,7 @@ def test_refused_without_certificate_with_foreign_certificate_or_wrong_password(
     assert try_connect(replace(good, ssl_context=ctx))[0] is None
     # the right certificate but a wrong password
     assert try_connect(good, password="wrong")[0] not in (0, None)
+    faults_ledger.unauthorised("TLS connect: no client certificate, another CA's, wrong password", 3, 0)
 
 
 def test_server_certificate_names_loopback_and_is_checked(mosquitto_tls) -> None:  # type: ignore[no-untyped-def]
@@ -65,6 +68,7 @@ def test_server_certificate_names_loopback_and_is_checked(mosquitto_tls) -> None
     assert try_connect(replace(settings, ssl_context=system_only))[0] is None
 
 
+@pytest.mark.faults
 def test_key_files_are_private_and_certificates_public(mosquitto_tls) -> None:  # type: ignore[no-untyped-def]
     tls_dir: Path = mosquitto_tls.files.tls_dir
     keys = sorted(tls_dir.rglob("*.key"))
@@ -77,7 +81,8 @@ def test_key_files_are_private_and_certificates_public(mosquitto_tls) -> None:  
         assert all(secret not in p.read_text() for p in tls_dir.rglob("*") if p.is_file())
 
 
-def test_identity_as_username_binds_the_account_to_the_certificate(tmp_path: Path) -> None:
+@pytest.mark.faults
+def test_identity_as_username_binds_the_account_to_the_certificate(tmp_path: Path, faults_ledger) -> None:  # type: ignore[no-untyped-def]
     cfg = BrokerConfig(federation=FEDERATION, tls=True, use_identity_as_username=True, persistence=False)
     with start_broker(cfg, tmp_path, kind="mosquitto") as broker:
         a, b = add_device(tmp_path, "dev-a"), add_device(tmp_path, "dev-b")
@@ -95,13 +100,15 @@ def test_identity_as_username_binds_the_account_to_the_certificate(tmp_path: Pat
             client.publish(T.update_chunk("dev-a", 0, 0), b"as itself", qos=1).wait_for_publish(3)
             assert coord.wait_for(lambda ms: any(p == b"as itself" for _, p, _ in ms))
             assert [p for _, p, _ in coord.messages] == [b"as itself"]
+            faults_ledger.unauthorised("TLS identity as username: publish as another device", 1, 0)
             client.disconnect()
             client.loop_stop()
         finally:
             coord.close()
 
 
-def test_optional_client_certificate_still_needs_the_password(tmp_path: Path) -> None:
+@pytest.mark.faults
+def test_optional_client_certificate_still_needs_the_password(tmp_path: Path, faults_ledger) -> None:  # type: ignore[no-untyped-def]
     cfg = BrokerConfig(federation=FEDERATION, tls=True, require_certificate=False, persistence=False)
     with start_broker(cfg, tmp_path, kind="mosquitto") as broker:
         dev = add_device(tmp_path, "dev-a")
@@ -110,3 +117,4 @@ def test_optional_client_certificate_still_needs_the_password(tmp_path: Path) ->
         no_cert = mqtt_connect_settings(dev, use_tls=True, client_cert=False)
         assert try_connect(no_cert)[0] == 0
         assert try_connect(no_cert, password="wrong")[0] not in (0, None)
+        faults_ledger.unauthorised("TLS without a certificate (optional): wrong password", 1, 0)
