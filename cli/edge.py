@@ -28,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--client", type=int, metavar="K", help="this device's index in the partition")
     p.add_argument("--state-dir", metavar="DIR", help="where the device keeps its state (overrides the config)")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N or mps")
+    p.add_argument("--runtime", choices=("torch", "executorch"),
+                   help="where the local SGD runs: torch (default) or the model's ExecuTorch training program "
+                        "(CPU; cnn and fasttext; needs the 'executorch' extra)")
     p.set_defaults(func=run)
 
 
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {"data": {"data_dir": absolute(args.data), "partition_file": absolute(args.partition_file),
                           "client": args.client},
-                 "edge": {"state_dir": absolute(args.state_dir), "device": args.device}}
+                 "edge": {"state_dir": absolute(args.state_dir), "device": args.device, "runtime": args.runtime}}
     try:
         cfg = load_device_config(args.config, overrides)
         creds = Credentials.load(cfg.credentials)

@@ -10,7 +10,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.common import CliError, Prepared, add_common_flags, load_data, out_dir, run_config, set_threads, write_json
+from cli.common import (
+    CliError,
+    Prepared,
+    add_common_flags,
+    load_data,
+    out_dir,
+    run_config,
+    set_threads,
+    write_json,
+)
 from cli.progress import Progress
 from cli.report import table
 
@@ -21,16 +30,41 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-models", action="store_true",
                    help="write the final global model and every client's personal model (safetensors) "
                         "under OUT/models/, for 'flayer export'")
+    p.add_argument("--runtime", choices=("torch", "executorch"), default="torch",
+                   help="where the local SGD runs: torch (default) or the model's ExecuTorch training program "
+                        "(CPU; cnn and fasttext; needs the 'executorch' extra)")
     p.set_defaults(func=run)
 
 
+def training_runtime(runtime: str, strategy: Any, device: Any) -> Any:
+    """The :class:`flayer.train.TrainingEngine` for ``runtime`` (None for torch); CliError when the
+    strategy, model or device cannot use it."""
+    if runtime == "torch":
+        return None
+    if runtime != "executorch":
+        raise CliError(f"unknown runtime {runtime!r}: torch or executorch")
+    from export.deps import MissingDependency
+
+    try:
+        from export.et_engine import ExecuTorchEngine, UnsupportedTraining, check_strategy
+    except MissingDependency as exc:
+        raise CliError(str(exc)) from exc
+    if device.type != "cpu":
+        raise CliError(f"runtime executorch runs on the CPU; the run asks for device {device} (use --device cpu)")
+    try:
+        check_strategy(strategy.name, strategy.spec)
+        return ExecuTorchEngine(strategy.spec)
+    except (UnsupportedTraining, MissingDependency) as exc:
+        raise CliError(str(exc)) from exc
+
+
 def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = None,
-                   quiet: bool = False, save_models: bool = False) -> dict[str, Any]:
+                   quiet: bool = False, save_models: bool = False, runtime: str = "torch") -> dict[str, Any]:
     """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary."""
-    from protocol import update_sizer
     from flayer.simulation import simulate
     from flayer.strategies import make_strategy
-    from flayer.train import client_data, pick_device
+    from flayer.train import client_data, pick_device, training_engine
+    from protocol import update_sizer
 
     try:
         device = pick_device(cfg.train.device)
@@ -38,6 +72,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         strategy = make_strategy(cfg.strategy, spec, cfg.train, cfg.options())
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+    engine = training_runtime(runtime, strategy, device)
     clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
     metrics_path = out / "metrics.jsonl"
     progress = None if quiet else Progress(cfg.rounds * len(clients), label or f"{cfg.strategy}")
@@ -53,19 +88,22 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
             if progress is not None:
                 progress.update((r - 1) * len(clients) + done)
 
-        result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device,
-                          on_round=on_round, on_client=on_client, sizer=update_sizer())
+        with training_engine(engine):
+            result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device,
+                              on_round=on_round, on_client=on_client, sizer=update_sizer())
         mf.write(json.dumps({"final_acc": result.final_acc, "final_client_acc": result.final_client_acc}) + "\n")
     if progress is not None:
         progress.close()
     if save_models:
-        _save_models(strategy.with_options(result.calibration), result, clients, cfg, out / "models", device)
+        with training_engine(engine):
+            _save_models(strategy.with_options(result.calibration), result, clients, cfg, out / "models", device)
     summary = {
         "strategy": cfg.strategy, "dataset": cfg.data.dataset, "partition": prepared.partition.summary["partition"],
         "clients": prepared.partition.num_clients, "rounds": cfg.rounds, "seed": cfg.seed,
         "final_round_acc": result.rounds[-1].acc, "best_acc": result.best_acc, "final_personal_acc": result.final_acc,
         "mean_upload_fraction": sum(r.upload_fraction for r in result.rounds) / len(result.rounds),
         "mean_unsent_fraction": sum(r.unsent_fraction for r in result.rounds) / len(result.rounds),
+        "runtime": runtime, "runtime_steps": getattr(engine, "steps", None),
         "wall_seconds": time.perf_counter() - t0,
         "cpu_seconds": time.process_time() - c0,
         "acc": [r.acc for r in result.rounds], "final_client_acc": result.final_client_acc,
@@ -102,13 +140,14 @@ def run(args: argparse.Namespace) -> int:
     out = out_dir(cfg, "simulate")
     write_json(out / "config.json", dataclasses.asdict(cfg))
     write_json(out / "partition.json", prepared.partition.summary)
-    s = run_simulation(cfg, prepared, out, save_models=args.save_models)
+    s = run_simulation(cfg, prepared, out, save_models=args.save_models, runtime=args.runtime)
     rows = [(i + 1, a) for i, a in enumerate(s["acc"])]
     print(table(["round", "test acc"], rows))
     print(f"\n{cfg.strategy} on {cfg.data.dataset} {s['partition']}, {s['clients']} clients, {cfg.rounds} rounds: "
           f"final-round acc {s['final_round_acc']:.4f}, best {s['best_acc']:.4f}, personal models after the "
           f"last round {s['final_personal_acc']:.4f}, upload fraction {s['mean_upload_fraction']:.3f}, "
-          f"{s['wall_seconds']:.0f}s" + (f"; calibration chose {s['calibration']}" if s["calibration"] else ""))
+          f"{s['wall_seconds']:.0f}s" + (f"; calibration chose {s['calibration']}" if s["calibration"] else "")
+          + (f"; {s['runtime_steps']} SGD steps through ExecuTorch" if s["runtime"] == "executorch" else ""))
     line_plot(out / "accuracy.png", {cfg.strategy: s["acc"]}, "round", "test accuracy",
               f"{cfg.strategy} on {cfg.data.dataset} {s['partition']}")
     bar_plot(out / "client_accuracy.png", [str(i) for i in range(len(s["final_client_acc"]))], s["final_client_acc"],

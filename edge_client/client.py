@@ -30,28 +30,47 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from flayer.train import ClientData, pick_device
+from flayer.strategies.base import Strategy
+from flayer.train import ClientData, pick_device, training_engine
 from mqtt_broker.credentials import Credentials, mqtt_connect_settings
 from mqtt_broker.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 from protocol import (
-    Ack, Kind, Plan, Status, TopicError, Topics, WireError, WireLimits, chunk_blob, decode_envelope,
-    decode_message, encode_message,
+    Ack,
+    Kind,
+    Plan,
+    Status,
+    TopicError,
+    Topics,
+    WireError,
+    WireLimits,
+    chunk_blob,
+    decode_envelope,
+    decode_message,
+    encode_message,
 )
 
 from .config import EdgeSettings
 from .download import ModelDownload, Pending
 from .store import DeviceStore, StoredState, UploadRecord
 from .work import (
-    EdgeError, StrategyCache, Upload, calibration_report, check_data_fits, decode_global, round_context,
-    save_personal, train_and_encode,
+    EdgeError,
+    StrategyCache,
+    Upload,
+    calibration_report,
+    check_data_fits,
+    decode_global,
+    round_context,
+    save_personal,
+    train_and_encode,
 )
 
-__all__ = ["EdgeClient", "EdgeError", "LinkShaper", "ComputeHook"]
+__all__ = ["ComputeHook", "EdgeClient", "EdgeError", "LinkShaper"]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +107,10 @@ class EdgeClient:
         self.rng = rng or random.Random(f"{creds.federation}/{self.id}")
         self.on_progress = on_progress  # on the worker thread: downloaded, trained, calibrated, ack, finished
         self.topics = Topics(creds.federation)
-        self.device = pick_device(settings.device)
+        self.device = pick_device("cpu" if settings.runtime == "executorch" else settings.device)
+        self._engines: dict[Any, Any] = {}  # ModelSpec -> ExecuTorchEngine (runtime executorch)
+        if settings.runtime == "executorch":
+            self._require_executorch()
         self.store = DeviceStore(settings.state_dir)
         self.stored: StoredState = self.store.load()
         self.strategies = StrategyCache({"device": str(self.device), "threads": settings.threads,
@@ -298,11 +320,37 @@ class EdgeClient:
 
         def run() -> None:
             try:
-                self.events.put(_Job(kind, round_, fn(*args)))
+                engine = self._engine_for(args[0]) if args and isinstance(args[0], Strategy) else None
+                with training_engine(engine):
+                    self.events.put(_Job(kind, round_, fn(*args)))
             except BaseException as exc:  # noqa: BLE001 -- handed to the worker
                 self.events.put(_Job(kind, round_, None, exc))
 
         self.jobs.submit(run)
+
+    @staticmethod
+    def _require_executorch() -> None:
+        from export.deps import MissingDependency, require_executorch
+
+        try:
+            require_executorch()
+        except MissingDependency as exc:
+            raise EdgeError(f"runtime executorch: {exc}") from exc
+
+    def _engine_for(self, strategy: Strategy) -> Any:
+        """runtime executorch: the training engine of the plan's model (exported once per model);
+        EdgeError when the strategy or model cannot train through it. None for runtime torch."""
+        if self.settings.runtime != "executorch":
+            return None
+        from export.et_engine import ExecuTorchEngine, UnsupportedTraining, check_strategy
+
+        try:
+            check_strategy(strategy.name, strategy.spec)
+            if strategy.spec not in self._engines:
+                self._engines[strategy.spec] = ExecuTorchEngine(strategy.spec)
+        except UnsupportedTraining as exc:
+            raise EdgeError(f"{self.id}: {exc}") from exc
+        return self._engines[strategy.spec]
 
     def _train_job(self, strategy: Any, plan: Plan, global_state: Any, state: Any) -> Upload:
         limits = [x for x in (plan.max_update_bytes, self.settings.max_update_bytes) if x > 0]

@@ -14,6 +14,7 @@
     state_dir = "runs/dev-1"     # personal state, pending upload, final models
     device = "auto"              # auto (cuda, mps, cpu), cpu, cuda, cuda:N, mps
     threads = 0                  # torch threads (0 = torch's default)
+    runtime = "torch"            # or "executorch": local SGD through the model's ExecuTorch training program
     amp = true                   # bf16 autocast for the local round on CUDA
     heartbeat_s = 30.0           # retained status every heartbeat_s
     ack_timeout_s = 30.0         # re-send an update not acknowledged within this time...
@@ -29,13 +30,14 @@ Relative paths (credentials, data_dir, partition_file, state_dir) are read relat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from flayer.config import DATASET_NAMES, ConfigError, from_mapping, read_toml
 
-__all__ = ["EdgeSettings", "DeviceData", "DeviceConfig", "load_device_config", "load_device_data"]
+__all__ = ["DeviceConfig", "DeviceData", "EdgeSettings", "load_device_config", "load_device_data"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class EdgeSettings:
     client_index: int = 0  # the device's index in the partition (RoundContext.client)
     device: str = "auto"
     threads: int = 0
+    runtime: str = "torch"
     amp: bool = True
     heartbeat_s: float = 30.0
     ack_timeout_s: float = 30.0
@@ -63,6 +66,10 @@ class EdgeSettings:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.retries < 0 or self.threads < 0 or self.max_update_bytes < 0 or self.client_index < 0:
             raise ConfigError("retries, threads, max_update_bytes and client must be >= 0")
+        if self.runtime not in ("torch", "executorch"):
+            raise ConfigError(f"runtime must be \"torch\" or \"executorch\", got {self.runtime!r}")
+        if self.runtime == "executorch" and self.device not in ("auto", "cpu"):
+            raise ConfigError(f"runtime executorch runs on the CPU; device = {self.device!r} (use \"cpu\" or \"auto\")")
         if not 5 <= self.keepalive_s <= 3600:
             raise ConfigError(f"keepalive_s must be in [5, 3600], got {self.keepalive_s}")
 

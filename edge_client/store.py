@@ -23,7 +23,7 @@ from typing import Any
 from flayer.state import StateFileError, atomic_write, load_client_state, save_client_state
 from flayer.strategies.base import ClientState
 
-__all__ = ["DeviceStore", "UploadRecord", "StoredState", "UPLOAD_STATUSES"]
+__all__ = ["UPLOAD_STATUSES", "DeviceStore", "StoredState", "UploadRecord"]
 
 UPLOAD_STATUSES = ("pending", "accepted", "duplicate", "rejected", "late", "not_selected", "gave_up", "dropped")
 

@@ -12,26 +12,48 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 
 from flayer.config import ConfigError, TrainConfig, from_mapping
 from flayer.simulation import ClientEval, client_round
 from flayer.spec import ModelSpec
+from flayer.state import save_model
 from flayer.strategies import make_strategy
 from flayer.strategies.base import ClientState, LocalResult, RoundContext, Strategy
-from flayer.state import save_model
 from flayer.train import ClientData, evaluate
 from flayer.update import Update, float_state
 from protocol import (
-    Kind, Metrics, Plan, UpdateHeader, UpdateOptions, WireError, WireLimits, blob_digest, chunk_blob, decode_state,
-    encode_message, encode_update,
+    Kind,
+    Metrics,
+    Plan,
+    UpdateHeader,
+    UpdateOptions,
+    WireError,
+    WireLimits,
+    blob_digest,
+    chunk_blob,
+    decode_state,
+    encode_message,
+    encode_update,
 )
 
-__all__ = ["EdgeError", "UpdateTooLarge", "Upload", "StrategyCache", "round_context", "train_and_encode",
-           "decode_global", "autocast_for", "check_data_fits", "calibration_report", "save_personal"]
+__all__ = [
+    "EdgeError",
+    "StrategyCache",
+    "UpdateTooLarge",
+    "Upload",
+    "autocast_for",
+    "calibration_report",
+    "check_data_fits",
+    "decode_global",
+    "round_context",
+    "save_personal",
+    "train_and_encode",
+]
 
 
 class EdgeError(RuntimeError):

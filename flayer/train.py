@@ -7,8 +7,11 @@ reproducible from its seed on any machine.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -18,7 +21,19 @@ from torch import nn
 from .data.base import Dataset
 from .partition import ClientSplit
 
-__all__ = ["Split", "ClientData", "client_data", "batches", "evaluate", "sgd_epochs", "Batch", "pick_device"]
+__all__ = [
+    "Batch",
+    "ClientData",
+    "Split",
+    "TrainingEngine",
+    "batches",
+    "client_data",
+    "current_engine",
+    "evaluate",
+    "pick_device",
+    "sgd_epochs",
+    "training_engine",
+]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -33,7 +48,7 @@ class Split:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
-    def subset(self, idx: torch.Tensor) -> "Split":
+    def subset(self, idx: torch.Tensor) -> Split:
         return Split(self.x[idx], self.y[idx], self.mean, self.std)
 
     def prepare(self, x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -85,6 +100,38 @@ def batches(split: Split, batch_size: int, device: torch.device, generator: torc
         yield split.prepare(split.x[idx], device), split.y[idx].to(device)
 
 
+class TrainingEngine(Protocol):
+    """Runs :func:`sgd_epochs` somewhere other than torch (e.g. an ExecuTorch training program,
+    :class:`export.et_engine.ExecuTorchEngine`), with the same arguments and the same meaning: the
+    batches of :func:`batches` in the same order, ``before_step`` after each backward with the
+    gradients in the parameters' ``.grad``, one SGD step per parameter group of ``optimizer`` at
+    that group's current learning rate, and the model's parameters updated in place at the end."""
+
+    def sgd_epochs(self, model: nn.Module, split: Split, optimizer: torch.optim.Optimizer, epochs: int,
+                   batch_size: int, device: torch.device, generator: torch.Generator,
+                   before_step: Callable[[int, int], None] | None,
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> float: ...
+
+
+_engine = threading.local()
+
+
+def current_engine() -> TrainingEngine | None:
+    """The engine :func:`sgd_epochs` runs on in this thread (None: torch)."""
+    return getattr(_engine, "engine", None)
+
+
+@contextlib.contextmanager
+def training_engine(engine: TrainingEngine | None) -> Iterator[None]:
+    """Within the block, :func:`sgd_epochs` in this thread runs on ``engine`` (None: torch)."""
+    previous = current_engine()
+    _engine.engine = engine
+    try:
+        yield
+    finally:
+        _engine.engine = previous
+
+
 def sgd_epochs(model: nn.Module, split: Split, optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
                device: torch.device, generator: torch.Generator,
                before_step: Callable[[int, int], None] | None = None,
@@ -93,8 +140,12 @@ def sgd_epochs(model: nn.Module, split: Split, optimizer: torch.optim.Optimizer,
 
     ``before_step(epoch, step)`` runs after backward and before ``optimizer.step()`` (where FLAYER's
     per-layer learning rates read the gradients). ``loss_fn(logits, y)`` replaces cross-entropy
-    (e.g. Ditto's proximal term adds to it).
+    (e.g. Ditto's proximal term adds to it). Runs on this thread's :func:`training_engine` when one
+    is set.
     """
+    engine = current_engine()
+    if engine is not None:
+        return engine.sgd_epochs(model, split, optimizer, epochs, batch_size, device, generator, before_step, loss_fn)
     model.train()
     total, count = 0.0, 0
     for epoch in range(epochs):
