@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from faultledger import ENV, Row, read_rows  # noqa: E402
+from faultledger import ENV, Row, read_rows
 
-from cli.report import table  # noqa: E402
+from cli.report import table
 
 KIND_NAMES = {"fault": "fault", "bad_input": "bad input", "unauthorised": "unauthorised"}
 

@@ -24,13 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flayer.config import TrainConfig  # noqa: E402
-from flayer.data import load_dataset  # noqa: E402
-from flayer.partition import make_partition  # noqa: E402
-from flayer.simulation import initial_global_state  # noqa: E402
-from flayer.strategies import make_strategy  # noqa: E402
-from flayer.strategies.base import RoundContext, Strategy  # noqa: E402
-from flayer.train import client_data  # noqa: E402
+from flayer.config import TrainConfig
+from flayer.data import load_dataset
+from flayer.partition import make_partition
+from flayer.simulation import initial_global_state
+from flayer.strategies import make_strategy
+from flayer.strategies.base import RoundContext, Strategy
+from flayer.train import client_data
 
 
 def main() -> int:
@@ -86,7 +86,7 @@ def main() -> int:
             times.append(local(strategy))
         d_sgd.append(download(sgd))
         d_fl.append(download(fl))
-    ms = lambda xs: 1000 * statistics.median(xs)  # noqa: E731
+    ms = lambda xs: 1000 * statistics.median(xs)
     print(f"{args.dataset}, FedAvgCNN, client {cid}: {data.num_train} training samples, {steps} steps "
           f"of batch {train.batch_size}, {args.threads} thread(s), median of {args.repeats} alternated runs")
     print(f"{'':28}{'median ms':>10}{'min ms':>9}")

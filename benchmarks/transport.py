@@ -31,21 +31,35 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from coordinator.intake import IntakeContext, validate  # noqa: E402
-from coordinator.publish import Publisher, model_blob  # noqa: E402
-from flayer.aggregate import Aggregator  # noqa: E402
-from flayer.layers import layer_plan  # noqa: E402
-from flayer.models import ModelSpec, build_model  # noqa: E402
-from flayer.update import TensorDelta, Update, float_state  # noqa: E402
-from mqtt_broker import BrokerConfig, add_device, load_credentials, make_client, mqtt_connect_settings  # noqa: E402
-from mqtt_broker import start_broker  # noqa: E402
-from mqtt_broker.link import Connected, MqttLink, Received  # noqa: E402
-from protocol import (  # noqa: E402
-    ChunkCollector, Kind, Reassembler, Topics, UpdateHeader, WireLimits, chunk_blob, decode_envelope,
-    decode_state, encode_update,
+from coordinator.intake import IntakeContext, validate
+from coordinator.publish import Publisher, model_blob
+from flayer.aggregate import Aggregator
+from flayer.layers import layer_plan
+from flayer.models import ModelSpec, build_model
+from flayer.update import TensorDelta, Update, float_state
+from mqtt_broker import (
+    BrokerConfig,
+    add_device,
+    load_credentials,
+    make_client,
+    mqtt_connect_settings,
+    start_broker,
+)
+from mqtt_broker.link import Connected, MqttLink, Received
+from protocol import (
+    ChunkCollector,
+    Kind,
+    Reassembler,
+    Topics,
+    UpdateHeader,
+    WireLimits,
+    chunk_blob,
+    decode_envelope,
+    decode_state,
+    encode_update,
 )
 
 FED = "bench"

@@ -17,14 +17,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flayer.config import TrainConfig  # noqa: E402
-from flayer.data import load_dataset  # noqa: E402
-from flayer.partition import make_partition  # noqa: E402
-from flayer.simulation import initial_global_state  # noqa: E402
-from flayer.strategies import make_strategy  # noqa: E402
-from flayer.strategies.base import RoundContext  # noqa: E402
-from flayer.train import client_data  # noqa: E402
-from flayer.update import float_state  # noqa: E402
+from flayer.config import TrainConfig
+from flayer.data import load_dataset
+from flayer.partition import make_partition
+from flayer.simulation import initial_global_state
+from flayer.strategies import make_strategy
+from flayer.strategies.base import RoundContext
+from flayer.train import client_data
+from flayer.update import float_state
 
 
 def main() -> int:

@@ -10,15 +10,16 @@ state folder cannot silently mix two runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from flayer.state import StateFileError, load_tensors, save_tensors
 
-__all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "load_checkpoint", "CHECKPOINT_NAME"]
+__all__ = ["CHECKPOINT_NAME", "Checkpoint", "CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 KIND = "coordinator_checkpoint"

@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from flayer.config import ConfigError, RunConfig, from_mapping, load_run_config, read_toml
 from flayer.spec import ModelSpec
 from protocol import VALUE_CODECS
 
-__all__ = ["FederationSettings", "CoordinatorConfig", "load_coordinator_config", "model_spec_for", "DATASET_INPUTS"]
+__all__ = ["DATASET_INPUTS", "CoordinatorConfig", "FederationSettings", "load_coordinator_config", "model_spec_for"]
 
 # (channels, height, width, classes) of the image data sets as their loaders return them
 DATASET_INPUTS: dict[str, tuple[int, int, int, int]] = {

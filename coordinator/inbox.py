@@ -11,20 +11,32 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from mqtt_broker.link import MqttLink
 from protocol import (
-    Ack, ChunkCollector, Kind, Message, ParsedTopic, Topics, TopicError, WireError, WireLimits, check_topic,
-    decode_envelope, decode_message, encode_message,
+    Ack,
+    ChunkCollector,
+    Kind,
+    Message,
+    ParsedTopic,
+    TopicError,
+    Topics,
+    WireError,
+    WireLimits,
+    check_topic,
+    decode_envelope,
+    decode_message,
+    encode_message,
 )
 
 from .config import FederationSettings
 from .intake import Verdict, screen, validate
 from .open_round import OpenRound
 
-__all__ = ["Inbox", "CompleteUpdate"]
+__all__ = ["CompleteUpdate", "Inbox"]
 
 log = logging.getLogger(__name__)
 

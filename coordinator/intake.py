@@ -31,8 +31,9 @@ or its sender started more than a few others); malformed status or metrics messa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import AbstractSet, Mapping
+from typing import AbstractSet
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from flayer.aggregate import UpdateError, check_update
 from flayer.update import TensorDelta, Update
 from protocol import WireError, WireLimits, decode_update
 
-__all__ = ["Verdict", "IntakeContext", "screen", "validate", "clip_update", "REJECTION_COUNTERS"]
+__all__ = ["REJECTION_COUNTERS", "IntakeContext", "Verdict", "clip_update", "screen", "validate"]
 
 REJECTION_COUNTERS = ("future_round", "late", "not_selected", "duplicate", "oversize", "malformed", "wrong_sender",
                       "wrong_model", "invalid", "norm", "bad_chunk", "incomplete", "bad_message")

@@ -28,8 +28,15 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Journal", "JournalError", "JournalRecord", "JournalReplay", "read_journal", "journal_path",
-           "prune_journals"]
+__all__ = [
+    "Journal",
+    "JournalError",
+    "JournalRecord",
+    "JournalReplay",
+    "journal_path",
+    "prune_journals",
+    "read_journal",
+]
 
 log = logging.getLogger(__name__)
 

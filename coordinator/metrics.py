@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-__all__ = ["RoundStats", "MetricsLog"]
+__all__ = ["MetricsLog", "RoundStats"]
 
 
 @dataclass

@@ -26,7 +26,7 @@ from .journal import Journal, JournalReplay, journal_path, read_journal
 from .metrics import RoundStats
 from .rounds import RoundTimer
 
-__all__ = ["OpenRound", "journaled_round", "folded_in"]
+__all__ = ["OpenRound", "folded_in", "journaled_round"]
 
 log = logging.getLogger(__name__)
 

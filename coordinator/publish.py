@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ from protocol import Kind, Plan, Topics, blob_digest, chunk_blob, encode_message
 
 from .config import CoordinatorConfig
 
-__all__ = ["ModelBlob", "Publisher", "model_blob", "make_plan", "StopRequested"]
+__all__ = ["ModelBlob", "Publisher", "StopRequested", "make_plan", "model_blob"]
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from protocol import Status
 
-__all__ = ["DeviceRegistry", "DeviceInfo"]
+__all__ = ["DeviceInfo", "DeviceRegistry"]
 
 
 @dataclass

@@ -18,14 +18,14 @@ Closing (:class:`RoundTimer`, first rule that holds):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from flayer.strategies.base import derive_seed
 
-__all__ = ["select_devices", "RoundTimer", "Decision"]
+__all__ = ["Decision", "RoundTimer", "select_devices"]
 
 
 def select_devices(online: Sequence[str], quorum: int, over_selection: float, seed: int, round_: int) -> list[str]:

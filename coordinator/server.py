@@ -25,7 +25,8 @@ import queue
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,16 +38,16 @@ from mqtt_broker.credentials import Credentials, mqtt_connect_settings
 from mqtt_broker.link import Connected, Disconnected, MqttLink, Received
 from protocol import Kind, Metrics, Plan, Status, Topics, WireLimits, encode_message
 
+from .calibration import Calibration, CalibrationError
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
 from .inbox import CompleteUpdate, Inbox
-from .calibration import Calibration, CalibrationError
 from .journal import prune_journals
 from .metrics import MetricsLog
-from .result import CoordinatorResult
 from .open_round import OpenRound, folded_in, journaled_round
 from .publish import ModelBlob, Publisher, StopRequested, make_plan, model_blob
 from .registry import DeviceRegistry
+from .result import CoordinatorResult
 from .rounds import select_devices
 
 __all__ = ["Coordinator", "CoordinatorError", "CoordinatorResult"]
@@ -121,7 +122,7 @@ class Coordinator:
         def target() -> None:
             try:
                 self._thread_result = self.run()
-            except BaseException as exc:  # noqa: BLE001 -- handed to whoever joins
+            except BaseException as exc:
                 log.exception("coordinator failed")
                 self._thread_result = exc
 

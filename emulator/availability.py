@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -37,8 +37,15 @@ from flayer.strategies.base import derive_seed
 
 from .profiles import DeviceProfile
 
-__all__ = ["Interval", "markov_intervals", "with_crashes", "device_timeline", "load_trace", "TRACE_HEADER",
-           "online_at"]
+__all__ = [
+    "TRACE_HEADER",
+    "Interval",
+    "device_timeline",
+    "load_trace",
+    "markov_intervals",
+    "online_at",
+    "with_crashes",
+]
 
 Interval = tuple[float, float]  # [start, end) in seconds; end may be inf
 TRACE_HEADER = ("device_id", "start_s", "end_s")

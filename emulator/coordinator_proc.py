@@ -21,7 +21,7 @@ from typing import Any
 
 from .events import EventLog
 
-__all__ = ["main", "CoordinatorEvents"]
+__all__ = ["CoordinatorEvents", "main"]
 
 
 class CoordinatorEvents:

@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, Callable
+from typing import Any
 
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
@@ -35,7 +36,7 @@ from .events import EventLog
 from .profiles import DeviceProfile
 from .shaping import LinkShaper
 
-__all__ = ["EmulatedDevice", "ByteCounter", "STATES"]
+__all__ = ["STATES", "ByteCounter", "EmulatedDevice"]
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class EmulatedDevice:
                 op = self._ops.popleft()
             try:
                 getattr(self, f"_{op}")()
-            except Exception as exc:  # noqa: BLE001 -- one device's failure is reported, not fatal
+            except Exception as exc:
                 log.exception("%s: %s failed", self.id, op)
                 self.state = "failed"
                 self.log.write("error", device=self.id, error=f"{op}: {exc}")

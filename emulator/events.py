@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = ["EventLog", "JsonlTail", "read_jsonl"]
 

@@ -13,17 +13,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from edge_client.config import EdgeSettings
 from flayer.config import ConfigError, from_mapping
 
 from .profiles import DeviceProfile
 
-__all__ = ["FleetSpec", "device_ids", "shard_indices", "worker_indices", "parse_shard", "NETWORK_MODES",
-           "THREAD_MODE_LIMIT"]
+__all__ = [
+    "NETWORK_MODES",
+    "THREAD_MODE_LIMIT",
+    "FleetSpec",
+    "device_ids",
+    "parse_shard",
+    "shard_indices",
+    "worker_indices",
+]
 
 NETWORK_MODES = ("auto", "thread", "shared")
 # paho's own thread waits in select(), which cannot watch descriptors >= 1024; each client holds

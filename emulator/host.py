@@ -19,9 +19,9 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from .device import ByteCounter, EmulatedDevice
 from .events import EventLog

@@ -18,9 +18,10 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from flayer.config import ConfigError
 
@@ -31,11 +32,17 @@ from .procs import Child
 from .profiles import assign_profiles, load_profiles, parse_mix
 from .progress import FleetProgress
 from .setup import (
-    clear_round_plan, ensure_credentials, make_partition_file, monitor_id, parse_broker_url, prepare_out,
-    wait_accepted, write_federation_toml,
+    clear_round_plan,
+    ensure_credentials,
+    make_partition_file,
+    monitor_id,
+    parse_broker_url,
+    prepare_out,
+    wait_accepted,
+    write_federation_toml,
 )
 
-__all__ = ["LaunchOptions", "FleetResult", "EmulatorError", "run_fleet"]
+__all__ = ["EmulatorError", "FleetResult", "LaunchOptions", "run_fleet"]
 
 log = logging.getLogger(__name__)
 

@@ -269,7 +269,7 @@ class SharedNetwork:
                 client.loop_read()
             if mask & selectors.EVENT_WRITE and entry.sock is not None:
                 client.loop_write()
-        except Exception:  # noqa: BLE001 -- one client's failure must not stop the others
+        except Exception:
             log.exception("network error of one client; dropping its connection")
             self._close_socket(entry)
             self._schedule_reconnect(entry)
@@ -289,7 +289,7 @@ class SharedNetwork:
                 client.loop_misc()
                 if entry.sock is not None and client.want_write() and not entry.writing:
                     self._watch_write(entry, True)  # a registration lost in a race
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("keep-alive of one client failed; dropping its connection")
                 self._close_socket(entry)
                 self._schedule_reconnect(entry)

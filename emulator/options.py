@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from coordinator.config import FederationSettings
 from edge_client.config import EdgeSettings
 from flayer.config import ConfigError, RunConfig, from_mapping, load_run_config, read_toml
 
-__all__ = ["EmulatorSettings", "EmulateConfig", "load_emulate_config", "DEFAULT_EDGE"]
+__all__ = ["DEFAULT_EDGE", "EmulateConfig", "EmulatorSettings", "load_emulate_config"]
 
 RUN_TABLES = ("run", "data", "train", "strategy")
 # devices of an emulated fleet report often: the coordinator sees who is online within seconds

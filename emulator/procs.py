@@ -10,8 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 __all__ = ["Child", "python_env"]
 

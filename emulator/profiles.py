@@ -28,17 +28,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from flayer.config import ConfigError, from_mapping, read_toml
 from flayer.strategies.base import derive_seed
 
-__all__ = ["DeviceProfile", "ProfileSet", "BUILTIN_PROFILES", "DEFAULT_MIX", "load_profiles", "parse_mix",
-           "assign_profiles", "mix_counts"]
+__all__ = [
+    "BUILTIN_PROFILES",
+    "DEFAULT_MIX",
+    "DeviceProfile",
+    "ProfileSet",
+    "assign_profiles",
+    "load_profiles",
+    "mix_counts",
+    "parse_mix",
+]
 
 
 @dataclass(frozen=True)

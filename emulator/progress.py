@@ -10,10 +10,11 @@ memory, threads and connections.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-__all__ = ["FleetProgress", "DeviceView", "round_row"]
+__all__ = ["DeviceView", "FleetProgress", "round_row"]
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .launcher import FleetResult
 
-__all__ = ["write_outputs", "device_rows", "profile_rows"]
+__all__ = ["device_rows", "profile_rows", "write_outputs"]
 
 
 def device_rows(result: FleetResult) -> list[dict[str, Any]]:
@@ -61,12 +61,10 @@ def write_outputs(result: FleetResult) -> dict[str, Path]:
     files = {"rounds": out / "rounds.jsonl", "devices": out / "devices.jsonl",
              "summary": out / "summary.json"}
     with open(files["rounds"], "w") as fh:
-        for row in result.rows:
-            fh.write(json.dumps(row, sort_keys=True) + "\n")
+        fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in result.rows)
     devices = device_rows(result)
     with open(files["devices"], "w") as fh:
-        for row in devices:
-            fh.write(json.dumps(row, sort_keys=True) + "\n")
+        fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in devices)
     prog, spec = result.progress, result.spec
     summary = {
         "devices": len(spec.devices), "hosted_here": len(spec.mine()), "shard": f"{spec.shard}/{spec.shards}",

@@ -20,14 +20,23 @@ from __future__ import annotations
 import logging
 import shutil
 import urllib.parse
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from flayer.config import ConfigError, RunConfig
 
-__all__ = ["prepare_out", "make_partition_file", "ensure_credentials", "write_federation_toml",
-           "parse_broker_url",
-           "monitor_id", "wait_accepted", "clear_round_plan", "OWNED"]
+__all__ = [
+    "OWNED",
+    "clear_round_plan",
+    "ensure_credentials",
+    "make_partition_file",
+    "monitor_id",
+    "parse_broker_url",
+    "prepare_out",
+    "wait_accepted",
+    "write_federation_toml",
+]
 
 log = logging.getLogger(__name__)
 
@@ -162,24 +171,16 @@ def write_federation_toml(path: Path, fed: Mapping[str, Any], run: RunConfig, cr
 def wait_accepted(creds: Any, timeout: float = 15.0) -> None:
     """Until the broker accepts ``creds`` (after a reload the password file is read asynchronously).
     Connects with a clean session and no will, so it leaves nothing behind."""
-    import queue
     import time
 
     from mqtt_broker.credentials import mqtt_connect_settings
-    from mqtt_broker.link import Connected, MqttLink
+    from mqtt_broker.link import probe
 
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
-        events: queue.Queue[Any] = queue.Queue()
-        link = MqttLink(mqtt_connect_settings(creds), events.put, clean_session=True)
-        link.start()
-        try:
-            last = events.get(timeout=3.0)
-        except queue.Empty:
-            last = None
-        link.stop(timeout=1.0)
-        if isinstance(last, Connected) and last.ok:
+        last = probe(mqtt_connect_settings(creds))
+        if last is not None and last.ok:
             return
         time.sleep(0.2)
     raise ConfigError(f"the broker at {creds.host}:{creds.port} does not accept {creds.username}'s "

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .profiles import DeviceProfile
 
-__all__ = ["TokenBucket", "LinkShaper"]
+__all__ = ["LinkShaper", "TokenBucket"]
 
 
 class TokenBucket:

@@ -19,9 +19,10 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .availability import device_timeline
 from .device import ByteCounter, EmulatedDevice

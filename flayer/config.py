@@ -12,19 +12,20 @@ import math
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 __all__ = [
+    "STRATEGY_NAMES",
     "ConfigError",
     "DataConfig",
-    "TrainConfig",
     "RunConfig",
+    "TrainConfig",
     "from_mapping",
     "load_run_config",
     "read_toml",
-    "STRATEGY_NAMES",
 ]
 
 STRATEGY_NAMES = ("local", "fedavg", "fedper", "fedrep", "lgfedavg", "ditto", "fedala", "fedbabu",

@@ -10,8 +10,8 @@ module paths. Layers are numbered from 1 (input side) to L (output side); the he
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from torch import nn
 
@@ -60,7 +60,7 @@ class LayerPlan:
                 return layer
         raise KeyError(f"tensor {tensor!r} belongs to no layer of the plan")
 
-    def with_head(self, head_layers: int) -> "LayerPlan":
+    def with_head(self, head_layers: int) -> LayerPlan:
         """The same layers with the last ``head_layers`` marked as head."""
         if not 0 <= head_layers <= len(self.layers):
             raise ValueError(f"head_layers must be in [0, {len(self.layers)}], got {head_layers}")

@@ -18,8 +18,9 @@ first mini-batch of each epoch, averages it per top-level module, multiplies by 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import torch
 from torch import nn
@@ -27,8 +28,16 @@ from torch import nn
 from .layers import LayerPlan
 from .train import param_groups_by_lr
 
-__all__ = ["eq4_multiplier", "layer_lr", "flayer_layer_lrs", "ref_module_lrs", "LrRule", "layer_optimizer",
-           "tensor_grad_norms", "lr_hook"]
+__all__ = [
+    "LrRule",
+    "eq4_multiplier",
+    "flayer_layer_lrs",
+    "layer_lr",
+    "layer_optimizer",
+    "lr_hook",
+    "ref_module_lrs",
+    "tensor_grad_norms",
+]
 
 
 def eq4_multiplier(grad_norm: float, i: int, num_layers: int, eps: float, cap: float | None) -> float:

@@ -17,15 +17,23 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from .layers import LayerPlan
 
-__all__ = ["upload_fraction", "keep_count", "top_k_positions", "layer_masks", "ref_keep_fraction",
-           "ref_prune_count", "ref_masks", "mask_count"]
+__all__ = [
+    "keep_count",
+    "layer_masks",
+    "mask_count",
+    "ref_keep_fraction",
+    "ref_masks",
+    "ref_prune_count",
+    "top_k_positions",
+    "upload_fraction",
+]
 
 Mask = torch.Tensor | None
 

@@ -15,14 +15,14 @@ from torch import nn
 from .spec import MODEL_NAMES, ModelSpec
 
 __all__ = [
-    "FedAvgCNN",
+    "MODEL_NAMES",
     "FastText",
-    "ResNet18",
+    "FedAvgCNN",
     "ModelSpec",
+    "ResNet18",
     "build_model",
     "cnn_flatten_dim",
     "count_parameters",
-    "MODEL_NAMES",
 ]
 
 

@@ -18,15 +18,15 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "PartitionError",
-    "PartitionSpec",
     "ClientSplit",
     "Partition",
+    "PartitionError",
+    "PartitionSpec",
+    "format_partition",
+    "load_partition",
     "make_partition",
     "save_partition",
-    "load_partition",
     "stratified_subsample",
-    "format_partition",
 ]
 
 FORMAT_VERSION = 1
@@ -43,7 +43,7 @@ class PartitionSpec:
     classes_per_client: int = 0
 
     @classmethod
-    def parse(cls, text: str) -> "PartitionSpec":
+    def parse(cls, text: str) -> PartitionSpec:
         t = text.strip().lower()
         if t == "iid":
             return cls("iid")

@@ -14,7 +14,7 @@ Pure functions over tensors keyed by state-dict name.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

@@ -31,7 +31,7 @@ t (e.g. 2) never fires there and falls back to the largest ratio, which here is 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +40,18 @@ from torch import nn
 from .layers import LayerPlan
 from .train import Split, sgd_epochs
 
-__all__ = ["DEFAULT_THRESHOLD", "layer_importance", "federation_sensitivity", "normalise_curve",
-           "split_layer", "auto_head_layers", "calibration_report", "report_curve", "aggregate_curves",
-           "weight_tensors"]
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "aggregate_curves",
+    "auto_head_layers",
+    "calibration_report",
+    "federation_sensitivity",
+    "layer_importance",
+    "normalise_curve",
+    "report_curve",
+    "split_layer",
+    "weight_tensors",
+]
 
 DEFAULT_THRESHOLD = 1.1
 _KEY = "layer.{}"

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,8 +24,16 @@ from .strategies.base import ClientState, LocalResult, RoundContext, Strategy, d
 from .train import ClientData, evaluate
 from .update import Update, float_state
 
-__all__ = ["ClientEval", "client_round", "RoundRecord", "SimulationResult", "simulate", "select_clients",
-           "initial_global_state", "calibrate"]
+__all__ = [
+    "ClientEval",
+    "RoundRecord",
+    "SimulationResult",
+    "calibrate",
+    "client_round",
+    "initial_global_state",
+    "select_clients",
+    "simulate",
+]
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -20,8 +21,16 @@ from safetensors.torch import save as st_save
 from .models import ModelSpec, build_model
 from .strategies.base import ClientState
 
-__all__ = ["StateFileError", "save_tensors", "load_tensors", "save_client_state", "load_client_state",
-           "atomic_write", "save_model", "load_model"]
+__all__ = [
+    "StateFileError",
+    "atomic_write",
+    "load_client_state",
+    "load_model",
+    "load_tensors",
+    "save_client_state",
+    "save_model",
+    "save_tensors",
+]
 
 _META_KEY = "flayer"
 

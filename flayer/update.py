@@ -6,13 +6,13 @@ Arrays keyed by state-dict name. Positions are explicit (flat, strictly increasi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 import torch
 
-__all__ = ["TensorDelta", "Update", "float_state", "delta_update", "state_numpy"]
+__all__ = ["TensorDelta", "Update", "delta_update", "float_state", "state_numpy"]
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,17 @@ re-sends it on every reconnect).
 from __future__ import annotations
 
 import logging
+import queue
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol, Sequence, Union
+from typing import Any, Protocol, Union
 
 from mqtt_broker.credentials import ConnectSettings, make_client
 
-__all__ = ["Connected", "Disconnected", "Received", "LinkEvent", "LinkError", "MqttLink", "NetworkDriver"]
+__all__ = ["Connected", "Disconnected", "LinkError", "LinkEvent", "MqttLink", "NetworkDriver", "Received", "probe"]
 
 log = logging.getLogger(__name__)
 
@@ -206,3 +208,19 @@ class MqttLink:
             except OSError:
                 pass
         self.client.loop_stop()  # ...while this stops it (it checks at least once a second)
+
+
+def probe(settings: ConnectSettings, timeout: float = 3.0) -> Connected | None:
+    """Connect once with a clean session and no will (so nothing is left behind), and return the
+    broker's answer (``Connected``; ``.ok`` False when it refused) or None when none came within
+    ``timeout`` seconds."""
+    events: queue.Queue[LinkEvent] = queue.Queue()
+    link = MqttLink(settings, events.put, clean_session=True)
+    link.start()
+    try:
+        ev: LinkEvent | None = events.get(timeout=timeout)
+    except queue.Empty:
+        ev = None
+    finally:
+        link.stop(timeout=1.0)
+    return ev if isinstance(ev, Connected) else None

@@ -27,7 +27,7 @@ from safetensors.numpy import save as st_save
 from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
 
-__all__ = ["encode_state", "decode_state", "blob_digest", "STATE_DTYPES"]
+__all__ = ["STATE_DTYPES", "blob_digest", "decode_state", "encode_state"]
 
 # safetensors dtype name -> numpy dtype; bf16 and fp8 have no numpy type and are not accepted
 STATE_DTYPES: dict[str, np.dtype] = {

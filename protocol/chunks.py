@@ -26,7 +26,7 @@ from .envelope import Envelope, Kind, header_size
 from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
 
-__all__ = ["mqtt_payload_limit", "max_body_per_chunk", "chunk_blob", "Reassembler", "ChunkCollector"]
+__all__ = ["ChunkCollector", "Reassembler", "chunk_blob", "max_body_per_chunk", "mqtt_payload_limit"]
 
 MQTT_MAX_REMAINING_LENGTH = 268_435_455
 

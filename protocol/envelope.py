@@ -38,8 +38,17 @@ from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
 from .topics import ParsedTopic, TopicError, validate_id
 
-__all__ = ["Kind", "Codec", "Envelope", "decode_envelope", "header_size", "check_topic", "ENVELOPE_MAGIC",
-           "ENVELOPE_VERSION", "KIND_CODEC"]
+__all__ = [
+    "ENVELOPE_MAGIC",
+    "ENVELOPE_VERSION",
+    "KIND_CODEC",
+    "Codec",
+    "Envelope",
+    "Kind",
+    "check_topic",
+    "decode_envelope",
+    "header_size",
+]
 
 ENVELOPE_MAGIC = b"FLEW"
 ENVELOPE_VERSION = 1

@@ -13,7 +13,7 @@ hostile bytes.
 
 from __future__ import annotations
 
-__all__ = ["WireError", "EncodeError"]
+__all__ = ["EncodeError", "WireError"]
 
 
 class WireError(ValueError):

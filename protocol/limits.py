@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["WireLimits", "DEFAULT_LIMITS", "HARD_MAX_NUMEL"]
+__all__ = ["DEFAULT_LIMITS", "HARD_MAX_NUMEL", "WireLimits"]
 
 # Positions and counts travel as u32; keeping every tensor below 2**31 elements also keeps every
 # position sum the decoders form far from int64 overflow.

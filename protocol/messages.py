@@ -38,8 +38,19 @@ from .limits import DEFAULT_LIMITS, WireLimits
 from .topics import TopicError, validate_id
 from .values import VALUE_CODECS
 
-__all__ = ["Plan", "Ack", "Status", "Metrics", "Message", "encode_message", "decode_message", "parse_message",
-           "ACK_STATUSES", "CLIENT_STATES", "PLAN_PHASES"]
+__all__ = [
+    "ACK_STATUSES",
+    "CLIENT_STATES",
+    "PLAN_PHASES",
+    "Ack",
+    "Message",
+    "Metrics",
+    "Plan",
+    "Status",
+    "decode_message",
+    "encode_message",
+    "parse_message",
+]
 
 Scalar = Union[str, int, float, bool]
 Checks = dict[str, Callable[[Any, str], Any]]

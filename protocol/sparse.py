@@ -42,8 +42,15 @@ import zstandard
 
 from .errors import WireError
 
-__all__ = ["Method", "encode_positions", "encode_best", "decode_positions", "rice_cost_bits", "best_rice_k",
-           "entropy_bits"]
+__all__ = [
+    "Method",
+    "best_rice_k",
+    "decode_positions",
+    "encode_best",
+    "encode_positions",
+    "entropy_bits",
+    "rice_cost_bits",
+]
 
 _U32 = struct.Struct("<I")
 MAX_RICE_K = 31

@@ -24,12 +24,12 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
+    "ROOT",
+    "ParsedTopic",
     "TopicError",
     "Topics",
-    "ParsedTopic",
-    "validate_id",
     "acl_rules",
-    "ROOT",
+    "validate_id",
 ]
 
 ROOT = "fl"

@@ -42,8 +42,16 @@ from .sparse import Method, decode_positions, encode_best
 from .topics import TopicError, validate_id
 from .values import VALUE_CODECS, ValueCodec, decode_values, encode_values, value_bytes, value_codec
 
-__all__ = ["UpdateHeader", "UpdateOptions", "DecodedUpdate", "encode_update", "decode_update", "update_sizer",
-           "UPDATE_MAGIC", "UPDATE_VERSION"]
+__all__ = [
+    "UPDATE_MAGIC",
+    "UPDATE_VERSION",
+    "DecodedUpdate",
+    "UpdateHeader",
+    "UpdateOptions",
+    "decode_update",
+    "encode_update",
+    "update_sizer",
+]
 
 UPDATE_MAGIC = b"FLSU"
 UPDATE_VERSION = 1

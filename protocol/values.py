@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import EncodeError, WireError
 
-__all__ = ["ValueCodec", "VALUE_CODECS", "value_codec", "encode_values", "decode_values", "value_bytes"]
+__all__ = ["VALUE_CODECS", "ValueCodec", "decode_values", "encode_values", "value_bytes", "value_codec"]
 
 
 class ValueCodec(IntEnum):

@@ -45,7 +45,7 @@ class Ledger:
         self.rows: list[Row] = []
 
     @classmethod
-    def from_env(cls, test: str) -> "Ledger":
+    def from_env(cls, test: str) -> Ledger:
         return cls(test, os.environ.get(ENV) or None)
 
     def _add(self, row: Row) -> None:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import DataError, Dataset
 from .agnews import load_agnews
+from .base import DataError, Dataset
 from .cifar import load_cifar
 from .digits import load_digits
 from .idx import load_idx_dataset
 from .tiny_imagenet import load_tiny_imagenet
 
-__all__ = ["DataError", "Dataset", "DATASETS", "load_dataset", "default_data_dir"]
+__all__ = ["DATASETS", "DataError", "Dataset", "default_data_dir", "load_dataset"]
 
 DATASETS = ("fmnist", "mnist", "digits", "cifar10", "cifar100", "tiny-imagenet", "agnews")
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -39,7 +40,7 @@ from ..models import ModelSpec, build_model
 from ..train import ClientData
 from ..update import Update
 
-__all__ = ["ClientState", "RoundContext", "LocalResult", "Strategy", "NoOptions", "derive_seed"]
+__all__ = ["ClientState", "LocalResult", "NoOptions", "RoundContext", "Strategy", "derive_seed"]
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -59,7 +60,7 @@ class ClientState:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     scalars: dict[str, float | int | str] = field(default_factory=dict)
 
-    def copy(self) -> "ClientState":
+    def copy(self) -> ClientState:
         return ClientState({k: v.clone() for k, v in self.tensors.items()}, dict(self.scalars))
 
     def prefixed(self, prefix: str) -> dict[str, torch.Tensor]:
@@ -162,7 +163,7 @@ class Strategy(ABC):
         opts = self.options
         return dataclasses.asdict(opts) if dataclasses.is_dataclass(opts) and not isinstance(opts, type) else {}
 
-    def with_options(self, updates: Mapping[str, Any]) -> "Strategy":
+    def with_options(self, updates: Mapping[str, Any]) -> Strategy:
         """The same strategy with some options replaced (e.g. the calibration's decision)."""
         return type(self)(self.spec, self.train, {**self.options_dict(), **dict(updates)})
 

@@ -15,8 +15,9 @@ set; set it explicitly with ``--set ditto.mu=...``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn

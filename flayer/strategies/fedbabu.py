@@ -10,8 +10,9 @@ Local round: train the body only (head frozen); upload the body. The deployed mo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn

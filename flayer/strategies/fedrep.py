@@ -7,8 +7,9 @@ and default of 1 head epoch); upload the body; keep the head.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn

@@ -6,7 +6,8 @@ Local round: train every layer; upload the head only; keep the body (``personal.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn

@@ -7,7 +7,8 @@ overwritten. Upload: no tensors (an empty update, so the round's bookkeeping sta
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn

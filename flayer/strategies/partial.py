@@ -7,8 +7,8 @@ functions so each strategy file reads top to bottom.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Collection, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -18,8 +18,16 @@ from ..train import ClientData, sgd_epochs
 from ..update import Update, delta_update, float_state
 from .base import ClientState, RoundContext, Strategy
 
-__all__ = ["HeadOptions", "PERSONAL", "plan_for", "mixed_state", "personal_state", "train_only",
-           "upload", "float_names"]
+__all__ = [
+    "PERSONAL",
+    "HeadOptions",
+    "float_names",
+    "mixed_state",
+    "personal_state",
+    "plan_for",
+    "train_only",
+    "upload",
+]
 
 PERSONAL = "personal."
 

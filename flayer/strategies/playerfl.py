@@ -13,8 +13,9 @@ layers s+1..L stay on the client (``personal.<name>``). Every layer trains each 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn

@@ -9,15 +9,22 @@ import queue
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mqtt_broker import (
-    BrokerConfig, Credentials, ManagedBroker, add_device, load_credentials, mosquitto_available, start_broker,
+    BrokerConfig,
+    Credentials,
+    ManagedBroker,
+    add_device,
+    load_credentials,
+    mosquitto_available,
+    start_broker,
 )
 from mqtt_broker.credentials import mqtt_connect_settings
-from mqtt_broker.link import Connected, MqttLink, Received
+from mqtt_broker.link import Connected, MqttLink, Received, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 KIND = "mosquitto" if mosquitto_available() else "embedded"
@@ -48,15 +55,8 @@ def start_test_broker(tmp: Path, users: list[str], federation: str = "etest") ->
 
 
 def _accepts(creds: Credentials) -> bool:
-    events: queue.Queue[Any] = queue.Queue()
-    link = MqttLink(mqtt_connect_settings(creds), events.put, clean_session=True)
-    link.start()
-    try:
-        ev = events.get(timeout=3.0)
-    except queue.Empty:
-        ev = None
-    link.stop(timeout=1.0)
-    return isinstance(ev, Connected) and ev.ok
+    ev = probe(mqtt_connect_settings(creds))
+    return ev is not None and ev.ok
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str = "") -> None:

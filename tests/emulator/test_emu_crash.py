@@ -16,12 +16,12 @@ import pytest
 import torch
 from emutestlib import events_of, start_test_broker, wait_until
 
+from edge_client.config import EdgeSettings
 from edge_client.store import DeviceStore
 from emulator.fleet import FleetSpec
 from emulator.options import DEFAULT_EDGE
 from emulator.profiles import DeviceProfile
 from emulator.worker import build_host
-from edge_client.config import EdgeSettings
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from emulator.availability import device_timeline, load_trace, markov_intervals, with_crashes
 from emulator.profiles import (
-    BUILTIN_PROFILES, DEFAULT_MIX, DeviceProfile, assign_profiles, load_profiles, mix_counts, parse_mix,
+    BUILTIN_PROFILES,
+    DEFAULT_MIX,
+    DeviceProfile,
+    assign_profiles,
+    load_profiles,
+    mix_counts,
+    parse_mix,
 )
 from emulator.shaping import LinkShaper, TokenBucket
 from flayer.config import ConfigError

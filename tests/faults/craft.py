@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from fedtestlib import Recorder

@@ -12,12 +12,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from fedtestlib import ROOT, FedBroker, device_toml, federation_toml, wait_connectable
+from fedtestlib import ROOT, FedBroker, device_toml, federation_toml, start_fed_broker
 
 from coordinator.journal import journal_path, read_journal
 from flayer.config import TrainConfig
@@ -27,12 +28,12 @@ from flayer.state import load_tensors
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
 from flayer.train import client_data
-from mqtt_broker import BrokerConfig, add_device, load_credentials, start_broker
+from mqtt_broker import BrokerConfig, start_broker
 from protocol import decode_update
 
 FEDERATION = "ftest"
 PROC_ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-ACK_LINE = re.compile(r"^round (\d+): (accepted|duplicate|rejected|late|not_selected)\b", re.M)
+ACK_LINE = re.compile(r"^round (\d+): (accepted|duplicate|rejected|late|not_selected)\b", re.MULTILINE)
 
 
 def wait_until(
@@ -54,19 +55,7 @@ def wait_until(
 
 def start_persistent_broker(tmp: Path, devices: list[str], **cfg: Any) -> FedBroker:
     """Mosquitto with persistence on, the devices' credentials written and loaded."""
-    state = tmp / "broker"
-    broker = start_broker(
-        BrokerConfig(federation=FEDERATION, persistence=True, **cfg), state, kind="mosquitto", timeout=30
-    )
-    try:
-        creds = {d: add_device(state, d) for d in devices}
-        broker.reload()
-        fb = FedBroker(broker, state, creds, load_credentials(state, "coordinator"))
-        wait_connectable(creds[devices[-1]])
-        return fb
-    except BaseException:
-        broker.stop()
-        raise
+    return start_fed_broker(tmp, "mosquitto", devices, FEDERATION, persistence=True, **cfg)
 
 
 def kill9_broker(fb: FedBroker) -> int:

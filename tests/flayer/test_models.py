@@ -1,8 +1,16 @@
 import pytest
 import torch
 
-from flayer.models import (FastText, FedAvgCNN, MaxPool2x2, ModelSpec, ResNet18, build_model, cnn_flatten_dim,
-                           count_parameters)
+from flayer.models import (
+    FastText,
+    FedAvgCNN,
+    MaxPool2x2,
+    ModelSpec,
+    ResNet18,
+    build_model,
+    cnn_flatten_dim,
+    count_parameters,
+)
 
 
 @pytest.mark.parametrize("size,dim", [(28, 1024), (32, 1600), (64, 10816), (16, 64)])

@@ -1,8 +1,15 @@
 import numpy as np
 import pytest
 
-from flayer.partition import (PartitionError, PartitionSpec, format_partition, load_partition, make_partition,
-                              save_partition, stratified_subsample)
+from flayer.partition import (
+    PartitionError,
+    PartitionSpec,
+    format_partition,
+    load_partition,
+    make_partition,
+    save_partition,
+    stratified_subsample,
+)
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mqtt_broker import BrokerConfig, Credentials, ManagedBroker, add_device, load_credentials, start_broker
 from mqtt_broker.credentials import mqtt_connect_settings
-from mqtt_broker.link import Connected, MqttLink, Received
+from mqtt_broker.link import Connected, MqttLink, Received, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,9 +28,12 @@ class FedBroker:
         return self.broker.kind
 
 
-def start_fed_broker(tmp: Path, kind: str, devices: list[str], federation: str = "itest") -> FedBroker:
+def start_fed_broker(tmp: Path, kind: str, devices: list[str], federation: str = "itest", persistence: bool = False,
+                     **cfg: Any) -> FedBroker:
+    """A broker of ``kind`` with the devices' credentials written, loaded and accepted."""
     state = tmp / "broker"
-    broker = start_broker(BrokerConfig(federation=federation, persistence=False), state, kind=kind, timeout=30)
+    broker = start_broker(BrokerConfig(federation=federation, persistence=persistence, **cfg), state, kind=kind,
+                          timeout=30)
     try:
         creds = {d: add_device(state, d) for d in devices}
         broker.reload()
@@ -85,15 +89,8 @@ class Recorder:
 def wait_connectable(creds: Credentials, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        events: queue.Queue[Any] = queue.Queue()
-        link = MqttLink(mqtt_connect_settings(creds), events.put, clean_session=True)
-        link.start()
-        try:
-            ev = events.get(timeout=3.0)
-        except queue.Empty:
-            ev = None
-        link.stop()
-        if isinstance(ev, Connected) and ev.ok:
+        ev = probe(mqtt_connect_settings(creds))
+        if ev is not None and ev.ok:
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"{creds.username} still refused after the reload: {ev}")

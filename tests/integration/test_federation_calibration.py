@@ -4,8 +4,9 @@ resolves them into an option, and every later plan (and the devices' strategy) c
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ class Calibrating(FedAvg):
     def resolve_calibration(self, reports: Sequence[Mapping[str, float]], weights: Sequence[float]) -> dict[str, Any]:
         return {"boost": sum(r["n"] * w for r, w in zip(reports, weights)) / sum(weights)}
 
-    def with_options(self, updates: Mapping[str, Any]) -> "Calibrating":
+    def with_options(self, updates: Mapping[str, Any]) -> Calibrating:
         return type(self)(self.spec, self.train, {**dataclasses.asdict(self.options), **updates})
 
 

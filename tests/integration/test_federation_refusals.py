@@ -29,8 +29,18 @@ from flayer.train import client_data
 from flayer.update import TensorDelta, Update
 from mqtt_broker import Credentials, mosquitto_available
 from protocol import (
-    Ack, Kind, Plan, Status, Topics, UpdateHeader, blob_digest, chunk_blob, decode_message, decode_update,
-    encode_message, encode_update,
+    Ack,
+    Kind,
+    Plan,
+    Status,
+    Topics,
+    UpdateHeader,
+    blob_digest,
+    chunk_blob,
+    decode_message,
+    decode_update,
+    encode_message,
+    encode_update,
 )
 
 pytestmark = [pytest.mark.integration,

@@ -10,8 +10,15 @@ import torch
 from torch import nn
 
 from flayer.layers import layer_plan
-from flayer.sensitivity import (aggregate_curves, auto_head_layers, federation_sensitivity, layer_importance,
-                                normalise_curve, report_curve, split_layer)
+from flayer.sensitivity import (
+    aggregate_curves,
+    auto_head_layers,
+    federation_sensitivity,
+    layer_importance,
+    normalise_curve,
+    report_curve,
+    split_layer,
+)
 
 
 class Tiny(nn.Module):
