@@ -229,9 +229,9 @@ def plot_accuracy(path: Path, runs: Sequence[RunResult], methods: Sequence[str],
         if not series:
             continue
         n = min(len(s) for s in series)
-        # colours repeat after ten and identical curves would hide each other: vary the dash too
+        # ten colours, then black; identical curves would hide each other: vary the dash too
         ax.plot(range(1, n + 1), [100 * mean(s[i] for s in series) for i in range(n)], label=m, linewidth=1.5,
-                color=f"C{k % 10}", linestyle=("-", "--", "-.", ":")[k % 4])
+                color=f"C{k}" if k < 10 else "black", linestyle=("-", "--", "-.", ":")[k % 4])
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%), mean over seeds")
     ax.set_title(title, fontsize=10)
