@@ -72,7 +72,8 @@ def _squared_norm(name: str, values: np.ndarray) -> float:
     """Sum of squares; UpdateError on NaN or Inf. A float32 dot product (fast) is exact enough for a
     norm bound; only when it overflows or is not finite are the values looked at one by one."""
     if values.dtype == np.float32:
-        s = float(np.dot(values, values))
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow and NaN are handled just below
+            s = float(np.dot(values, values))
     else:
         s = float(np.sum(np.square(values, dtype=np.float64)))
     if math.isfinite(s):
