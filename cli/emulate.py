@@ -166,6 +166,7 @@ def _plots(result: Any, devices: list[dict[str, Any]]) -> list[str]:
         ax.set_xlabel("round")
         ax.set_ylabel("MB over the emulated links")
         ax.set_title("bytes per round, all devices")
+        ax.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
         fig.tight_layout()

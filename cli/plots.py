@@ -34,6 +34,8 @@ def line_plot(path: Path, series: Mapping[str, Sequence[float]], xlabel: str, yl
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+    if xlabel == "round":
+        ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
     if len(series) > 1:
         ax.legend(fontsize=8, ncol=2)
