@@ -218,9 +218,18 @@ def test_a_third_of_the_devices_killed_mid_round(tmp_path: Path, digits: Any, fa
         fed.start_coordinator()
         plan2 = fed.coord_state / "journal/round-000002.jnl"  # the plan is journaled before it goes out
         wait_until(plan2.exists, 180, "round 2 to open", fed.logs)
-        victims = ["dev-1", "dev-4", "dev-7"]  # they cannot have trained on a plan not yet published
+        # freeze every device at once (SIGSTOP, milliseconds after the plan was journaled: before any
+        # could download the model and train), then kill three that have not touched round 2
+        for d in devices:
+            fed.procs[d].pause()
+        fresh = [d for d in ("dev-1", "dev-4", "dev-7", *devices) if "round 2" not in fed.procs[d].text()]
+        victims = list(dict.fromkeys(fresh))[:3]
+        assert len(victims) == 3, "round 2 ran too far before the devices were frozen"
         for d in victims:
             fed.procs[d].kill9()
+        for d in devices:
+            if d not in victims:
+                fed.procs[d].resume()
         wait_until(lambda: 2 in fed.closed_rounds(), 60, "round 2 to close", fed.logs)
         for d in victims:  # they reboot
             fed.start_device(d)
