@@ -123,14 +123,13 @@ class ExecuTorchEngine:
                           for g in optimizer.param_groups]
                 new_key = [(tuple(ns), lr) for ns, lr in groups]
                 if new_key != key:  # per-layer learning rates changed: new per-group optimizers
-                    steppers, key = prog._optimizers(groups), new_key
-                for opt, names in steppers:
-                    opt.step({prog._raw_names[n]: grads[n] for n in names})
+                    steppers, key = prog.optimizers(groups), new_key
+                prog.step(steppers, grads)
                 total += loss * int(y.shape[0])
                 count += int(y.shape[0])
                 self.steps += 1
         with torch.no_grad():
             for n, p in named.items():
-                p.copy_(prog._params[n])
+                p.copy_(prog.weight(n))
                 p.grad = None
         return total / max(1, count)

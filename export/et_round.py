@@ -134,13 +134,23 @@ class TrainingProgram:
         grads = self._module.named_gradients()
         return float(loss), {k: grads[raw] for k, raw in self._raw_names.items()}
 
-    def _optimizers(self, groups: Sequence[Group]) -> list[tuple[object, list[str]]]:
+    def optimizers(self, groups: Sequence[Group]) -> list[tuple[object, list[str]]]:
+        """One ExecuTorch SGD optimizer per non-empty group, over the program's own weights."""
         out = []
         for names, lr in validate_groups(groups, self._params):
             if names:
                 opt = self._sgd({self._raw_names[n]: self._params[n] for n in names}, lr, 0, 0, 0, False)
                 out.append((opt, names))
         return out
+
+    def step(self, optimizers: Sequence[tuple[object, list[str]]], grads: Mapping[str, torch.Tensor]) -> None:
+        """One SGD step of every optimizer (from :meth:`optimizers`) with ``grads`` by parameter name."""
+        for opt, names in optimizers:
+            opt.step({self._raw_names[n]: grads[n] for n in names})  # type: ignore[attr-defined]
+
+    def weight(self, name: str) -> torch.Tensor:
+        """The program's current value of parameter ``name`` (a view: copy it to keep it)."""
+        return self._params[name]
 
     def local_round(self, state: Mapping[str, torch.Tensor], batches: Iterable[Batch], groups: Sequence[Group],
                     steps: int | None = None, before_step: BeforeStep | None = None) -> RoundResult:
@@ -152,7 +162,7 @@ class TrainingProgram:
         if steps is not None and steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
         self.load_state(state)
-        optimizers = self._optimizers(groups)
+        optimizers = self.optimizers(groups)
         total, count, done = 0.0, 0, 0
         losses: list[float] = []
         for x, y in batches:
@@ -162,9 +172,8 @@ class TrainingProgram:
             if before_step is not None:
                 new_groups = before_step(done, grads)
                 if new_groups is not None:
-                    optimizers = self._optimizers(new_groups)
-            for opt, names in optimizers:
-                opt.step({self._raw_names[n]: grads[n] for n in names})  # type: ignore[attr-defined]
+                    optimizers = self.optimizers(new_groups)
+            self.step(optimizers, grads)
             losses.append(loss)
             total += loss * int(y.shape[0])
             count += int(y.shape[0])
