@@ -44,11 +44,8 @@ def training_runtime(runtime: str, strategy: Any, device: Any) -> Any:
     if runtime != "executorch":
         raise CliError(f"unknown runtime {runtime!r}: torch or executorch")
     from export.deps import MissingDependency
+    from export.et_engine import ExecuTorchEngine, UnsupportedTraining, check_strategy
 
-    try:
-        from export.et_engine import ExecuTorchEngine, UnsupportedTraining, check_strategy
-    except MissingDependency as exc:
-        raise CliError(str(exc)) from exc
     if device.type != "cpu":
         raise CliError(f"runtime executorch runs on the CPU; the run asks for device {device} (use --device cpu)")
     try:

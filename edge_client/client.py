@@ -57,6 +57,7 @@ from protocol import (
 
 from .config import EdgeSettings
 from .download import ModelDownload, Pending
+from .runtime import TrainingRuntime
 from .store import DeviceStore, StoredState, UploadRecord
 from .work import (
     EdgeError,
@@ -108,9 +109,7 @@ class EdgeClient:
         self.on_progress = on_progress  # on the worker thread: downloaded, trained, calibrated, ack, finished
         self.topics = Topics(creds.federation)
         self.device = pick_device("cpu" if settings.runtime == "executorch" else settings.device)
-        self._engines: dict[Any, Any] = {}  # ModelSpec -> ExecuTorchEngine (runtime executorch)
-        if settings.runtime == "executorch":
-            self._require_executorch()
+        self.runtime = TrainingRuntime(settings.runtime, self.id)
         self.store = DeviceStore(settings.state_dir)
         self.stored: StoredState = self.store.load()
         self.strategies = StrategyCache({"device": str(self.device), "threads": settings.threads,
@@ -320,37 +319,13 @@ class EdgeClient:
 
         def run() -> None:
             try:
-                engine = self._engine_for(args[0]) if args and isinstance(args[0], Strategy) else None
+                engine = self.runtime.engine_for(args[0]) if args and isinstance(args[0], Strategy) else None
                 with training_engine(engine):
                     self.events.put(_Job(kind, round_, fn(*args)))
             except BaseException as exc:  # noqa: BLE001 -- handed to the worker
                 self.events.put(_Job(kind, round_, None, exc))
 
         self.jobs.submit(run)
-
-    @staticmethod
-    def _require_executorch() -> None:
-        from export.deps import MissingDependency, require_executorch
-
-        try:
-            require_executorch()
-        except MissingDependency as exc:
-            raise EdgeError(f"runtime executorch: {exc}") from exc
-
-    def _engine_for(self, strategy: Strategy) -> Any:
-        """runtime executorch: the training engine of the plan's model (exported once per model);
-        EdgeError when the strategy or model cannot train through it. None for runtime torch."""
-        if self.settings.runtime != "executorch":
-            return None
-        from export.et_engine import ExecuTorchEngine, UnsupportedTraining, check_strategy
-
-        try:
-            check_strategy(strategy.name, strategy.spec)
-            if strategy.spec not in self._engines:
-                self._engines[strategy.spec] = ExecuTorchEngine(strategy.spec)
-        except UnsupportedTraining as exc:
-            raise EdgeError(f"{self.id}: {exc}") from exc
-        return self._engines[strategy.spec]
 
     def _train_job(self, strategy: Any, plan: Plan, global_state: Any, state: Any) -> Upload:
         limits = [x for x in (plan.max_update_bytes, self.settings.max_update_bytes) if x > 0]

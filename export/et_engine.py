@@ -32,7 +32,7 @@ from .deps import require_executorch
 from .et_round import TrainingProgram
 from .et_training import DEFAULT_TRAIN_MAX_BATCH, UnsupportedModel, check_training_support
 
-__all__ = ["UNSUPPORTED_STRATEGIES", "ExecuTorchEngine", "UnsupportedTraining", "check_strategy"]
+__all__ = ["UNSUPPORTED_STRATEGIES", "ExecuTorchEngine", "UnsupportedTraining", "check_model", "check_strategy"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,11 @@ def check_strategy(name: str, spec: ModelSpec) -> None:
     if name in UNSUPPORTED_STRATEGIES:
         raise UnsupportedTraining(f"strategy {name!r} cannot train with runtime executorch: "
                                   f"{UNSUPPORTED_STRATEGIES[name]}; use runtime torch")
+    check_model(spec)
+
+
+def check_model(spec: ModelSpec) -> None:
+    """Raise :class:`UnsupportedTraining` when ``spec``'s model has no training program with torch parity."""
     try:
         check_training_support(spec)
     except UnsupportedModel as exc:
@@ -74,7 +79,7 @@ class ExecuTorchEngine:
     name = "executorch"
 
     def __init__(self, spec: ModelSpec, max_batch: int = DEFAULT_TRAIN_MAX_BATCH) -> None:
-        check_strategy("", spec)
+        check_model(spec)
         require_executorch()
         self.spec = spec
         self.max_batch = max_batch

@@ -56,9 +56,9 @@ def test_an_executorch_device_and_a_torch_device_match_the_simulator(tmp_path: P
         assert result is not None and result.finished and result.rounds_done == 2
         for dev in devices:
             assert dev.wait(60) and dev.error is None and dev.rounds_trained == [1, 2], dev.error
-        engine = devices[1]._engines[digits.model_spec()]
+        engine = devices[1].runtime.engines[digits.model_spec()]
         assert engine.steps >= 2 * (len(clients[1].train) // 10), "dev-et did not train through ExecuTorch"
-        assert not devices[0]._engines
+        assert not devices[0].runtime.engines
         worst = max(float((result.global_state[k] - reference[k]).abs().max()) for k in reference)
         print(f"max |MQTT with an ExecuTorch device - simulate| = {worst:.3g}; {engine.steps} steps through ExecuTorch")
         assert worst <= 1e-4
