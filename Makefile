@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 OUT ?= runs/demo-fleet
 
-.PHONY: demo test test-all bench apt-data apt-broker clean-venv
+.PHONY: demo test test-all test-loaded bench apt-data apt-broker clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,13 +39,18 @@ apt-broker:
 demo: apt-data $(VENV)/.stamp-main
 	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT)
 
+# --durations=10: the ten slowest tests show in every run (and so in every CI log)
 test: apt-data apt-broker $(VENV)/.stamp-all
-	@$(BIN)/python -m pytest; rc=$$?; \
+	@$(BIN)/python -m pytest --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
 
 # slow and benchmark-like tests too
 test-all: apt-data apt-broker $(VENV)/.stamp-all
 	$(BIN)/python -m pytest -m ''
+
+# the default suite with one core kept busy by a bounded process of its own, beside an idle run
+test-loaded: apt-data apt-broker $(VENV)/.stamp-all
+	$(BIN)/python benchmarks/suite_under_load.py --log-dir runs/suite-under-load
 
 bench: apt-data apt-broker $(VENV)/.stamp-all
 	$(BIN)/python benchmarks/local_round.py

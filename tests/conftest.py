@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
 # The suite's models are tiny and several trainers (edge processes, parallel runs) share 2 cores:
 # one torch thread each. With 2 threads per trainer on a busy 2-core machine, spinning OpenMP
-# threads made tests 10-50x slower (measured).
+# threads made tests 10-50x slower (measured). The variables are set before torch is imported, so
+# every process a test starts (`flayer simulate`, `flayer edge`, emulator workers) inherits them.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
 torch.set_num_threads(1)
 
 
