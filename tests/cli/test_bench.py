@@ -10,7 +10,8 @@ import pytest
 from cli.bench_report import convergence_round, rounds_to_reach
 from cli.main import main
 
-ARGS = ["bench", "--dataset", "digits", "--clients", "3", "--partition", "iid", "--rounds", "2", "--seeds", "0",
+ARGS = ["bench", "--dataset", "digits", "--samples", "450", "--clients", "3", "--partition", "iid", "--rounds", "2",
+        "--seeds", "0",
         "--methods", "fedavg,local,flayer", "--jobs", "2", "--lr", "0.05"]
 
 
@@ -45,7 +46,9 @@ def test_bench_runs_then_resumes_without_rerunning(tmp_path, capsys):
         assert (out / png).stat().st_size > 1000
 
     # other settings in the same folder are refused
-    assert main(ARGS[:8] + ["3"] + ARGS[9:] + ["--out", str(out)]) == 2
+    other = list(ARGS)
+    other[other.index("--rounds") + 1] = "3"
+    assert main(other + ["--out", str(out)]) == 2
     assert "other settings (rounds differ)" in capsys.readouterr().err
 
 
