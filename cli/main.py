@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "partition": "cli.partition",
     "simulate": "cli.simulate",
     "bench": "cli.bench",
+    "tune": "cli.tune",
     "ablate": "cli.ablate",
     "broker": "cli.broker",
     "coordinator": "cli.coordinator",
