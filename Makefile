@@ -1,13 +1,14 @@
 # Two commands set everything up on a fresh Debian 12 + Python 3.11 machine:
 #   make demo   creates .venv, installs the main job's needs, runs the demo
-#   make test   creates .venv, installs everything (test and export extras too), runs pytest
+#   make test   creates .venv, installs everything (test, export and docs extras too), builds the docs
+#               site (mkdocs --strict) and runs pytest
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 OUT ?= runs/demo-fleet
 
-.PHONY: demo test test-all bench apt-data apt-broker clean-venv
+.PHONY: demo test test-all docs bench apt-data apt-broker clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +23,7 @@ $(VENV)/.stamp-main: pyproject.toml | $(BIN)/python
 
 $(VENV)/.stamp-all: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[all,test,dev]'
+	$(BIN)/python -m pip install -q -e '.[all,test,dev,docs]'
 	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@ $(VENV)/.stamp-main
 
@@ -39,9 +40,13 @@ apt-broker:
 demo: apt-data $(VENV)/.stamp-main
 	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT)
 
-test: apt-data apt-broker $(VENV)/.stamp-all
+test: apt-data apt-broker $(VENV)/.stamp-all docs
 	@$(BIN)/python -m pytest; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
+
+# the documentation site: a broken link, a missing page or a failing generated reference fails the build
+docs: $(VENV)/.stamp-all
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # slow and benchmark-like tests too
 test-all: apt-data apt-broker $(VENV)/.stamp-all
