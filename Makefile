@@ -61,7 +61,7 @@ bench: apt-data apt-broker $(VENV)/.stamp-all
 clean-venv:
 	rm -rf $(VENV)
 
-# the README's "Results" table: every method x 3 seeds (about 90 minutes on 2 cores); resumable
+# the table of docs/results/bench-fmnist.md: every method x 3 seeds (about 90 minutes on 2 cores); resumable
 .PHONY: bench-table
 bench-table: apt-data $(VENV)/.stamp-main
 	$(BIN)/flayer bench --dataset fmnist --partition dir0.1 --clients 20 --samples 12000 --rounds 50 \

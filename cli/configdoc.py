@@ -16,6 +16,7 @@ import inspect
 import re
 import sys
 import textwrap
+import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,8 +36,8 @@ class Table:
     defaults: Mapping[str, Any] = field(default_factory=dict)  # defaults that differ in this file
     note: str = ""
 
-    def keys(self) -> list[dataclasses.Field[Any]]:
-        return [f for f in dataclasses.fields(self.cls)  # type: ignore[arg-type]
+    def documented(self) -> list[dataclasses.Field[Any]]:
+        return [f for f in dataclasses.fields(self.cls)
                 if f.name not in self.exclude and (not self.only or f.name in self.only)]
 
 
@@ -119,7 +120,7 @@ def _messages(tree: ast.AST, namespace: Mapping[str, Any], loop: dict[str, str])
 
 def checks(cls: type) -> dict[str, list[str]]:
     """Key -> the validation rules that name it, read from ``__post_init__`` of ``cls`` and its bases."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    names = {f.name for f in dataclasses.fields(cls)}
     out: dict[str, list[str]] = {}
     for klass in cls.__mro__:
         post = klass.__dict__.get("__post_init__")
@@ -141,7 +142,7 @@ def _type(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is typing.Literal:
         return " \\| ".join(f'"{a}"' if isinstance(a, str) else str(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if origin in (typing.Union, types.UnionType):
         return " \\| ".join(_type(a) for a in typing.get_args(tp))
     if origin in (tuple, list):
         (inner, *_rest) = typing.get_args(tp) or (Any,)
@@ -171,8 +172,8 @@ def _default(f: dataclasses.Field[Any], override: Mapping[str, Any]) -> str:
         return f"`{_value(override[f.name])}`"
     if f.default is not dataclasses.MISSING:
         return f"`{_value(f.default)}`"
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f"`{_value(f.default_factory())}`"  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f"`{_value(f.default_factory())}`"
     return "required"
 
 
@@ -181,7 +182,7 @@ def table_rows(table: Table) -> list[str]:
     about = descriptions(table.cls)
     rules = checks(table.cls)
     rows = ["| key | type | default | checks | meaning |", "|---|---|---|---|---|"]
-    for f in table.keys():
+    for f in table.documented():
         rows.append(f"| `{f.name}` | {_type(hints[f.name])} | {_default(f, table.defaults)} | "
                     f"{md_escape('; '.join(rules.get(f.name, [])))} | {md_escape(about.get(f.name, ''))} |")
     return rows

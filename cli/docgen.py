@@ -151,7 +151,7 @@ def python_api(objects: list[object]) -> str:
     lines: list[str] = []
     for obj in objects:
         name = f"{obj.__module__}.{obj.__qualname__}"  # type: ignore[attr-defined]
-        target = obj.__init__ if inspect.isclass(obj) else obj  # type: ignore[misc]
+        target = obj.__init__ if inspect.isclass(obj) else obj
         lines += [f"### `{obj.__qualname__}`", "", "```python", _signature(target, name), "```", ""]  # type: ignore[attr-defined]
         if _doc(obj):
             lines += [_doc(obj), ""]

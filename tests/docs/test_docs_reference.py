@@ -29,7 +29,7 @@ def cli_md(parser: argparse.ArgumentParser) -> str:
 
 def _sections(markdown: str) -> dict[str, str]:
     """Heading text -> the Markdown under it, up to the next heading of any level."""
-    parts = re.split(r"^(#{2,4} .*)$", markdown, flags=re.M)
+    parts = re.split(r"^(#{2,4} .*)$", markdown, flags=re.MULTILINE)
     return {parts[i].lstrip("# ").strip(): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 
 
@@ -88,7 +88,7 @@ def test_every_config_key_is_in_the_config_reference() -> None:
         for table in cf.tables:
             title = next(t for t in sections if t.startswith(cf.title.split(":")[-1].strip())
                          and (table.name in t if table.name != "top level" else t.endswith("top level")))
-            for f in table.keys():
+            for f in table.documented():
                 assert f"| `{f.name}` |" in sections[title], f"{cf.title} {table.name}: key {f.name} missing"
                 seen += 1
     assert seen > 100
