@@ -116,6 +116,8 @@ def _doc(obj: object) -> str:
     import re
 
     text = inspect.getdoc(obj) or ""
+    if inspect.isclass(obj) and text.startswith(f"{obj.__name__}("):  # a dataclass's generated docstring
+        return ""
     text = re.sub(r":(?:class|meth|func|mod|attr):`~?([^`]+)`", r"`\1`", text)
     text = text.replace("``", "`").replace("::\n", ":\n")
     return text
