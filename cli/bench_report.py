@@ -1,6 +1,6 @@
 """``flayer bench`` results: per-run measures, per-method aggregates, CSV, markdown and plots.
 
-Definitions (also in the README, "Results"):
+Definitions (also in docs/results/bench-fmnist.md):
 
 - final accuracy: the clients' deployable models after the last round (``personal_model``, e.g.
   FedBABU's fine-tuned model), sample-weighted over all clients' test splits;
