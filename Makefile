@@ -1,13 +1,14 @@
 # Two commands set everything up on a fresh Debian 12 + Python 3.11 machine:
 #   make demo   creates .venv, installs the main job's needs, runs the demo
-#   make test   creates .venv, installs everything (test and export extras too), runs pytest
+#   make test   creates .venv, installs everything (test, export and docs extras too), builds the docs
+#               site (mkdocs --strict) and runs pytest
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 OUT ?= runs/demo-fleet
 
-.PHONY: demo test test-all test-loaded bench apt-data apt-broker clean-venv
+.PHONY: demo test test-all test-loaded docs bench apt-data apt-broker clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +23,7 @@ $(VENV)/.stamp-main: pyproject.toml | $(BIN)/python
 
 $(VENV)/.stamp-all: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[all,test,dev]'
+	$(BIN)/python -m pip install -q -e '.[all,test,dev,docs]'
 	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@ $(VENV)/.stamp-main
 
@@ -40,9 +41,14 @@ demo: apt-data $(VENV)/.stamp-main
 	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT)
 
 # --durations=10: the ten slowest tests show in every run (and so in every CI log)
-test: apt-data apt-broker $(VENV)/.stamp-all
+test: apt-data apt-broker $(VENV)/.stamp-all docs
 	@$(BIN)/python -m pytest --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
+
+# the documentation site: a broken link or anchor, a page missing from the nav or a failing generated
+# reference fails the build (not --quiet: with it, mkdocs 1.6 does not count the warnings --strict fails on)
+docs: $(VENV)/.stamp-all
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # slow and benchmark-like tests too
 test-all: apt-data apt-broker $(VENV)/.stamp-all
@@ -61,7 +67,7 @@ bench: apt-data apt-broker $(VENV)/.stamp-all
 clean-venv:
 	rm -rf $(VENV)
 
-# the README's "Results" table: every method x 3 seeds (about 90 minutes on 2 cores); resumable
+# the table of docs/results/bench-fmnist.md: every method x 3 seeds (about 90 minutes on 2 cores); resumable
 .PHONY: bench-table
 bench-table: apt-data $(VENV)/.stamp-main
 	$(BIN)/flayer bench --dataset fmnist --partition dir0.1 --clients 20 --samples 12000 --rounds 50 \

@@ -8,7 +8,7 @@ rejected (by type); unauthorised attempts vs delivered. Totals last.
 
     python benchmarks/faults.py            # the whole suite, slow tests included (~6 min on 2 cores)
     python benchmarks/faults.py --fast     # only the tests of the default pytest run
-    python benchmarks/faults.py --markdown # the table as markdown (for README)
+    python benchmarks/faults.py --markdown # the table as markdown (for docs/results/faults.md)
 """
 
 from __future__ import annotations

@@ -38,8 +38,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "partition's seed; --seeds are the training seeds.")
     add_common_flags(p, rounds=True, strategy=False)
     g = p.add_argument_group("bench")
-    g.add_argument("--methods", default="all", help="comma-separated strategy names, or 'all' (default)")
+    add_job_flags(g)
     g.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
+    g.add_argument("--tuned", metavar="FILE", help="tuned.json from 'flayer tune': each method runs at the learning "
+                                                   "rate (and options) chosen there on validation accuracy")
+    p.set_defaults(func=run)
+
+
+def add_job_flags(g: argparse._ArgumentGroup) -> None:
+    """The flags that ``flayer bench`` and ``flayer tune`` share: which methods, how runs are spread
+    over processes, and the training settings every run gets."""
+    g.add_argument("--methods", default="all", help="comma-separated strategy names, or 'all' (default)")
     g.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="runs in parallel (default: the number of CPU cores)")
     g.add_argument("--threads-per-job", type=int, default=1, help="torch threads per run (default 1)")
@@ -49,7 +58,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--device", help="auto, cpu (default), cuda, cuda:N or mps")
     g.add_argument("--set", action="append", default=[], metavar="STRATEGY.KEY=VALUE",
                    help="a strategy option passed to every run, e.g. --set ditto.mu=0.5")
-    p.set_defaults(func=run)
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -85,12 +93,14 @@ def _settings(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
             "config": Path(args.config).read_text() if args.config else None}
 
 
-def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path) -> Path:
-    """Write or check bench.json; make or reuse the saved partition. Returns the partition file."""
+def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path, name: str = "bench.json",
+                 extra: dict[str, Any] | None = None) -> Path:
+    """Write or check the settings file ``name``; make or reuse the saved partition. Returns the
+    partition file."""
     from flayer.partition import save_partition
 
-    settings = _settings(args, cfg)
-    sfile = out / "bench.json"
+    settings = {**_settings(args, cfg), **(extra or {})}
+    sfile = out / name
     if sfile.is_file():
         try:
             old = json.loads(sfile.read_text())
@@ -109,20 +119,23 @@ def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path) -> Path:
 
 
 def _run_command(args: argparse.Namespace, cfg: Any, method: str, seed: int, part_file: Path,
-                 run_dir: Path) -> list[str]:
+                 run_dir: Path, lr: float | None = None, sets: tuple[str, ...] = (),
+                 extra: tuple[str, ...] = ()) -> list[str]:
+    """The ``flayer simulate`` command of one run; ``lr`` and ``sets`` override the flags'."""
     cmd = [sys.executable, "-m", "cli.main", "simulate", "--strategy", method, "--seed", str(seed),
            "--rounds", str(cfg.rounds), "--join-ratio", str(cfg.join_ratio), "--dataset", cfg.data.dataset,
            "--clients", str(cfg.data.clients), "--partition-file", str(part_file.resolve()),
            "--threads", str(args.threads_per_job), "--device", args.device or "cpu", "--out", str(run_dir.resolve())]
     if args.config:
         cmd += ["--config", str(Path(args.config).resolve())]
-    for flag, value in (("--data-dir", cfg.data.data_dir), ("--model", cfg.data.model), ("--lr", args.lr),
+    for flag, value in (("--data-dir", cfg.data.data_dir), ("--model", cfg.data.model),
+                        ("--lr", lr if lr is not None else args.lr),
                         ("--batch-size", args.batch_size), ("--local-epochs", args.local_epochs)):
         if value is not None:
             cmd += [flag, str(value)]
-    for item in args.set:
+    for item in [*args.set, *sets]:
         cmd += ["--set", item]
-    return cmd
+    return cmd + list(extra)
 
 
 def _execute(cmd: list[str], run_dir: Path, threads: int) -> tuple[int, float]:
@@ -137,20 +150,53 @@ def _execute(cmd: list[str], run_dir: Path, threads: int) -> tuple[int, float]:
     return rc, time.monotonic() - t0
 
 
-def run(args: argparse.Namespace) -> int:
-    from cli import bench_report as rep
+def run_all(runs: list[tuple[str, list[str], Path]], jobs: int, threads: int, name: str) -> list[str]:
+    """Run each ``(label, command, run_dir)`` as its own process, ``jobs`` at a time, with progress;
+    returns a line for each run that failed."""
+    failed: list[str] = []
+    if not runs:
+        return failed
+    progress = Progress(len(runs), name)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(_execute, cmd, rdir, threads): (label, rdir) for label, cmd, rdir in runs}
+        for n, fut in enumerate(as_completed(futures), 1):
+            label, rdir = futures[fut]
+            rc, secs = fut.result()
+            if rc != 0:
+                failed.append(f"{label} (exit {rc}, see {rdir / 'log.txt'})")
+            progress.update(n, f"{label} {'done' if rc == 0 else 'FAILED'} in {secs:.0f}s")
+    progress.close()
+    return failed
 
+
+def check_jobs(args: argparse.Namespace) -> None:
     if args.jobs < 1 or args.threads_per_job < 1:
         raise CliError("--jobs and --threads-per-job must be >= 1")
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli import bench_report as rep
+    from cli.tune import load_tuned
+
+    check_jobs(args)
     methods = _methods(args.methods)
     seeds = _int_list(args.seeds, "seeds")
+    if args.tuned and (args.lr is not None or args.set):
+        raise CliError("--tuned sets each method's learning rate and options: drop --lr and --set")
     cfg = run_config(argparse.Namespace(**{**vars(args), "strategy": None}))
+    tuned = load_tuned(Path(args.tuned), methods, cfg) if args.tuned else {}
     out = Path(cfg.out) if cfg.out else Path("runs") / f"bench-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    part_file = _prepare_out(args, cfg, out)
+    part_file = _prepare_out(args, cfg, out, extra={"tuned": {m: c.as_dict() for m, c in tuned.items()}}
+                             if tuned else None)
 
     def run_dir(m: str, s: int) -> Path:
         return out / "runs" / m / f"seed{s}"
+
+    def command(m: str, s: int) -> list[str]:
+        choice = tuned.get(m)
+        return _run_command(args, cfg, m, s, part_file, run_dir(m, s), lr=choice.lr if choice else None,
+                            sets=choice.sets if choice else ())
 
     todo = [(m, s) for s in seeds for m in methods
             if rep.load_run(run_dir(m, s) / "summary.json", m, s, cfg.rounds) is None]
@@ -158,19 +204,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"flayer bench: {len(methods)} methods x {len(seeds)} seeds = {len(methods) * len(seeds)} runs; "
           f"{done_before} already done in {out}, {len(todo)} to run, {min(args.jobs, max(1, len(todo)))} at a time",
           file=sys.stderr)
-    failed: list[str] = []
-    if todo:
-        progress = Progress(len(todo), "bench")
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {pool.submit(_execute, _run_command(args, cfg, m, s, part_file, run_dir(m, s)), run_dir(m, s),
-                                   args.threads_per_job): (m, s) for m, s in todo}
-            for n, fut in enumerate(as_completed(futures), 1):
-                m, s = futures[fut]
-                rc, secs = fut.result()
-                if rc != 0:
-                    failed.append(f"{m} seed {s} (exit {rc}, see {run_dir(m, s) / 'log.txt'})")
-                progress.update(n, f"{m} seed{s} {'done' if rc == 0 else 'FAILED'} in {secs:.0f}s")
-        progress.close()
+    failed = run_all([(f"{m} seed{s}", command(m, s), run_dir(m, s)) for m, s in todo], args.jobs,
+                     args.threads_per_job, "bench")
     runs = [r for s in seeds for m in methods
             if (r := rep.load_run(run_dir(m, s) / "summary.json", m, s, cfg.rounds)) is not None]
     if not runs:

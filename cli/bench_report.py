@@ -1,6 +1,6 @@
 """``flayer bench`` results: per-run measures, per-method aggregates, CSV, markdown and plots.
 
-Definitions (also in the README, "Results"):
+Definitions (also in docs/results/bench-fmnist.md):
 
 - final accuracy: the clients' deployable models after the last round (``personal_model``, e.g.
   FedBABU's fine-tuned model), sample-weighted over all clients' test splits;
@@ -64,7 +64,8 @@ def load_run(summary_path: Path, method: str, seed: int, rounds: int) -> RunResu
     """A finished run's result, or None when its summary is missing, unreadable or from other settings."""
     try:
         s = json.loads(summary_path.read_text())
-        if s["strategy"] != method or int(s["seed"]) != seed or len(s["acc"]) != rounds:
+        # a diverged run stopped early: it is finished with fewer rounds
+        if s["strategy"] != method or int(s["seed"]) != seed or (len(s["acc"]) != rounds and not s.get("diverged")):
             return None
         uploads = int(s.get("uploads", 0))
         total = int(s["upload_bytes_total"])

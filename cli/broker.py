@@ -134,7 +134,7 @@ def _start(args: argparse.Namespace) -> int:
              f"coordinator credentials: {files.credentials(cfg.coordinator_user)}",
              f"log:                     {files.log}"]
     if broker.kind == "embedded":
-        lines.append("embedded broker: max_packet_size, queue limits, persistence and TLS are NOT enforced (see README)")
+        lines.append("embedded broker: max_packet_size, queue limits, persistence and TLS are NOT enforced (see docs/explanation/broker.md)")
     if not args.foreground:
         print("\n".join([*lines, f"stop it with: flayer broker stop --state-dir {files.state_dir}"]))
         return 0

@@ -26,7 +26,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, Partitio
 
 
 def add_common_flags(p: argparse.ArgumentParser, rounds: bool = True, strategy: bool = True) -> None:
-    """The flags DESIGN.md fixes for every command that runs a federation."""
+    """The flags every command that runs a federation shares (docs/reference/cli.md)."""
     g = p.add_argument_group("run (flags override --config)")
     g.add_argument("--config", metavar="FILE.toml", help="run config: tables [run], [data], [train], [strategy.NAME]")
     g.add_argument("--dataset", choices=DATASETS)

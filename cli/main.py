@@ -6,13 +6,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from importlib import import_module
+from importlib import import_module, metadata
+from typing import Any
 
 # subcommand -> module under cli/ (order = order in --help)
 SUBCOMMANDS = {
     "partition": "cli.partition",
     "simulate": "cli.simulate",
     "bench": "cli.bench",
+    "tune": "cli.tune",
     "ablate": "cli.ablate",
     "broker": "cli.broker",
     "coordinator": "cli.coordinator",
@@ -22,9 +24,36 @@ SUBCOMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """Every ``flayer`` parser: no prefix matching of long flags (``--mode`` must not become ``--model``),
+    and help text shown without the reStructuredText markup of the docstrings it comes from.
+    Sub-parsers are built with the class of their parent, so the whole tree gets both."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        if kwargs.get("description"):
+            kwargs["description"] = plain_text(kwargs["description"])
+        super().__init__(*args, **kwargs)
+
+
+def plain_text(text: str) -> str:
+    """Help text without reStructuredText literals: ``x`` -> x."""
+    return text.replace("``", "")
+
+
+def version() -> str:
+    try:
+        return metadata.version("flayer-edge")
+    except metadata.PackageNotFoundError:  # running from a source tree that is not installed
+        from flayer import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flayer", description="FLAYER Edge: personalized federated learning "
-                                     "on edge fleets over MQTT")
+    parser = Parser(prog="flayer", description="FLAYER Edge: personalized federated learning "
+                    "on edge fleets over MQTT")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runtime", choices=("torch", "executorch"), default="torch",
                    help="where the local SGD runs: torch (default) or the model's ExecuTorch training program "
                         "(CPU; cnn and fasttext; needs the 'executorch' extra)")
+    p.add_argument("--blowup", type=float, default=None, metavar="FACTOR",
+                   help="stop the run as diverged when the mean training loss exceeds FACTOR x ln(classes), the "
+                        "loss of a uniform guess (a non-finite loss or model always stops it); default: off")
     p.set_defaults(func=run)
 
 
@@ -56,7 +60,8 @@ def training_runtime(runtime: str, strategy: Any, device: Any) -> Any:
 
 
 def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = None,
-                   quiet: bool = False, save_models: bool = False, runtime: str = "torch") -> dict[str, Any]:
+                   quiet: bool = False, save_models: bool = False, runtime: str = "torch",
+                   blowup: float | None = None) -> dict[str, Any]:
     """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary."""
     from flayer.simulation import simulate
     from flayer.strategies import make_strategy
@@ -69,6 +74,8 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         strategy = make_strategy(cfg.strategy, spec, cfg.train, cfg.options())
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+    if blowup is not None and not (math.isfinite(blowup) and blowup > 1):
+        raise CliError(f"--blowup must be a finite factor above 1, got {blowup}")
     engine = training_runtime(runtime, strategy, device)
     clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
     metrics_path = out / "metrics.jsonl"
@@ -87,7 +94,8 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
 
         with training_engine(engine):
             result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device,
-                              on_round=on_round, on_client=on_client, sizer=update_sizer())
+                              on_round=on_round, on_client=on_client, sizer=update_sizer(), val=True,
+                              blowup=blowup)
         mf.write(json.dumps({"final_acc": result.final_acc, "final_client_acc": result.final_client_acc}) + "\n")
     if progress is not None:
         progress.close()
@@ -104,6 +112,9 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "wall_seconds": time.perf_counter() - t0,
         "cpu_seconds": time.process_time() - c0,
         "acc": [r.acc for r in result.rounds], "final_client_acc": result.final_client_acc,
+        "val_acc": [r.val_acc for r in result.rounds],
+        "best_val_acc": max((r.val_acc for r in result.rounds if r.val_acc is not None), default=None),
+        "diverged": result.diverged,
         "calibration": result.calibration,
         "uploads": sum(len(r.selected) for r in result.rounds),
         "sent_total": sum(r.sent for r in result.rounds),
@@ -137,9 +148,12 @@ def run(args: argparse.Namespace) -> int:
     out = out_dir(cfg, "simulate")
     write_json(out / "config.json", dataclasses.asdict(cfg))
     write_json(out / "partition.json", prepared.partition.summary)
-    s = run_simulation(cfg, prepared, out, save_models=args.save_models, runtime=args.runtime)
-    rows = [(i + 1, a) for i, a in enumerate(s["acc"])]
-    print(table(["round", "test acc"], rows))
+    s = run_simulation(cfg, prepared, out, save_models=args.save_models, runtime=args.runtime,
+                       blowup=args.blowup)
+    rows = [(i + 1, a, "-" if v is None else v) for i, (a, v) in enumerate(zip(s["acc"], s["val_acc"]))]
+    print(table(["round", "test acc", "val acc"], rows))
+    if s["diverged"]:
+        print(f"\nstopped after round {len(s['acc'])} of {cfg.rounds}: {s['diverged']}")
     print(f"\n{cfg.strategy} on {cfg.data.dataset} {s['partition']}, {s['clients']} clients, {cfg.rounds} rounds: "
           f"final-round acc {s['final_round_acc']:.4f}, best {s['best_acc']:.4f}, personal models after the "
           f"last round {s['final_personal_acc']:.4f}, upload fraction {s['mean_upload_fraction']:.3f}, "

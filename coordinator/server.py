@@ -1,6 +1,6 @@
 """The coordinator: one worker thread owns every piece of state; paho's callbacks only enqueue.
 
-Per round (DESIGN.md, "Data flow of one round"): wait for ``min_devices`` online -> select among
+Per round (docs/explanation/design.md, "One round's data flow"): wait for ``min_devices`` online -> select among
 them with over-selection -> journal the plan -> publish the global model as retained chunks and the
 retained plan -> take update chunks as they come (:class:`protocol.ChunkCollector` under a memory
 budget) -> for each complete update: screen and validate (:mod:`coordinator.intake`), journal and

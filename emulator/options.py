@@ -40,15 +40,15 @@ DEFAULT_EDGE: dict[str, Any] = {"heartbeat_s": 5.0, "ack_timeout_s": 30.0, "devi
 
 @dataclass(frozen=True)
 class EmulatorSettings:
-    profiles: str | None = None
-    mix: str | None = None
-    workers: int = 0
-    network: str = "auto"
-    trace: str | None = None
-    trace_scale: float = 1.0
-    federation: str = "emu"
-    broker_kind: str = "auto"
-    timeout_s: float = 0.0
+    profiles: str | None = None  # a profiles file, relative to the config file (built-ins without it)
+    mix: str | None = None  # NAME=SHARE,... share of the fleet per profile (default: the profiles' [mix])
+    workers: int = 0  # processes hosting the devices; 0 = one per core
+    network: str = "auto"  # a paho thread per device, or one shared thread per worker (auto: above 250)
+    trace: str | None = None  # availability trace CSV (device_id,start_s,end_s), relative to the config file
+    trace_scale: float = 1.0  # trace seconds per second of the run
+    federation: str = "emu"  # the federation's name on the broker
+    broker_kind: str = "auto"  # the broker the emulator starts: auto (mosquitto when installed), mosquitto, embedded
+    timeout_s: float = 0.0  # give up after this long; 0 = never
 
     def __post_init__(self) -> None:
         if self.workers < 0:

@@ -53,7 +53,7 @@ __all__ = [
 @dataclass(frozen=True)
 class DeviceProfile:
     name: str
-    slowdown: float = 1.0
+    slowdown: float = 1.0  # a local round takes slowdown x the CPU time it took on this host
     up_mbps: float = 0.0
     down_mbps: float = 0.0
     up_latency_ms: float = 0.0

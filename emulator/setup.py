@@ -1,7 +1,7 @@
 """Getting a fleet ready: the output folder, the partition, the broker and everyone's credentials,
 the coordinator's config file.
 
-Broker choices (see README, section Emulator):
+Broker choices (see docs/explanation/emulator.md):
 
 - default (shard 0): the emulator starts its own broker in ``OUT/broker`` (Mosquitto when installed,
   else the embedded one; ``broker_kind`` picks) and stops it at the end;

@@ -137,9 +137,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    lr: float = 0.005
+    lr: float = 0.005  # base learning rate (SGD without momentum)
     batch_size: int = 10
-    local_epochs: int = 1
+    local_epochs: int = 1  # local epochs per round
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     amp: bool = True  # mixed precision on CUDA
@@ -155,12 +155,12 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    strategy: str = "flayer"
-    rounds: int = 20
-    seed: int = 0
-    join_ratio: float = 1.0
-    eval_every: int = 1
-    out: str | None = None
+    strategy: str = "flayer"  # the method: one of STRATEGY_NAMES
+    rounds: int = 20  # federation rounds
+    seed: int = 0  # every draw follows from it: partition (unless partition_seed), selection, training
+    join_ratio: float = 1.0  # fraction of the clients selected each round
+    eval_every: int = 1  # checked but not used yet: every round is evaluated
+    out: str | None = None  # output folder (default: runs/<command>-<strategy>-<dataset>-<time>)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     # per-strategy option tables, validated by the strategy that reads them

@@ -44,7 +44,7 @@ class MaxPool2x2(nn.Module):
 
     Numerically the same forward as ``nn.MaxPool2d(2)`` (odd trailing rows/columns are dropped the
     same way); its backward exports correctly to ExecuTorch's training runtime, whose
-    max_pool2d_with_indices backward kernel is wrong (see README, Export).
+    max_pool2d_with_indices backward kernel is wrong (see docs/howto/export.md).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 
 from .strategies.base import ClientState, LocalResult, RoundContext, Strategy, derive_seed
 from .train import ClientData, evaluate
+from .aggregate import UpdateError
 from .update import Update, float_state
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "SimulationResult",
     "calibrate",
     "client_round",
+    "divergence",
     "initial_global_state",
     "select_clients",
     "simulate",
@@ -43,6 +45,8 @@ class ClientEval:
     correct: int
     total: int
     loss_sum: float
+    val: ClientEval | None = None  # the same model on the validation hold-out, when asked for
+
 
     @property
     def acc(self) -> float:
@@ -50,15 +54,19 @@ class ClientEval:
 
 
 def client_round(strategy: Strategy, global_state: Mapping[str, torch.Tensor], state: ClientState,
-                 data: ClientData, ctx: RoundContext, train: bool = True) -> tuple[ClientEval, LocalResult | None]:
+                 data: ClientData, ctx: RoundContext, train: bool = True,
+                 val: bool = False) -> tuple[ClientEval, LocalResult | None]:
     """One client's round: receive, evaluate on test (before training), then train if ``train``.
 
+    With ``val`` the received model is also evaluated on the client's validation hold-out (what
+    ``flayer tune`` chooses learning rates by: the test split never steers a choice).
     The simulator and the edge client both call this, so both run exactly the same code.
     """
     model = strategy.receive(global_state, state, data, ctx)
     correct, total, loss = evaluate(model, data.test, ctx.device)
+    val_eval = ClientEval(*evaluate(model, data.val, ctx.device)) if val and len(data.val) else None
     result = strategy.local_round(model, global_state, state, data, ctx) if train else None
-    return ClientEval(correct, total, loss), result
+    return ClientEval(correct, total, loss, val_eval), result
 
 
 def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int) -> list[int]:
@@ -92,6 +100,7 @@ class RoundRecord:
     unsent: int = 0  # coordinates of the global model no selected client sent (rule zero sets them to 0)
     coordinates: int = 0  # coordinates of the global model
     indexed: int = 0  # explicit positions uploaded (sparse deltas), all selected clients together
+    val_acc: float | None = None  # as ``acc``, on the clients' validation hold-outs (when evaluated)
 
     @property
     def upload_fraction(self) -> float:
@@ -106,7 +115,7 @@ class RoundRecord:
                 "selected": list(self.selected), "sent": self.sent, "numel": self.numel,
                 "upload_fraction": self.upload_fraction, "upload_bytes": self.upload_bytes,
                 "seconds": self.seconds, "client_acc": list(self.client_acc), "unsent": self.unsent,
-                "unsent_fraction": self.unsent_fraction, "indexed": self.indexed}
+                "unsent_fraction": self.unsent_fraction, "indexed": self.indexed, "val_acc": self.val_acc}
 
 
 @dataclass
@@ -117,6 +126,7 @@ class SimulationResult:
     global_state: dict[str, torch.Tensor]
     states: list[ClientState] = field(default_factory=list)
     calibration: dict[str, Any] = field(default_factory=dict)  # options resolved in round 0 (if any)
+    diverged: str | None = None  # why the run stopped early (non-finite or blown-up loss), None if it did not
 
     @property
     def best_acc(self) -> float:
@@ -155,11 +165,16 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
              global_state: Mapping[str, torch.Tensor] | None = None,
              on_round: Callable[[RoundRecord], None] | None = None,
              on_client: Callable[[int, int], None] | None = None,
-             sizer: Callable[[Update], int] | None = None) -> SimulationResult:
+             sizer: Callable[[Update], int] | None = None, val: bool = False,
+             blowup: float | None = None) -> SimulationResult:
     """Run ``rounds`` federated rounds of ``strategy`` over ``clients``.
 
     ``on_round(record)`` after each round, ``on_client(round, done)`` after each client (progress);
-    ``sizer(update)`` returns an update's size on the wire.
+    ``sizer(update)`` returns an update's size on the wire; ``val`` also evaluates every received
+    model on the validation hold-outs (``RoundRecord.val_acc``). The run stops early, with
+    ``SimulationResult.diverged`` saying why, when the global model or the clients' mean training
+    loss is not finite, or (``blowup``) when that loss exceeds ``blowup`` times the cross-entropy of a
+    uniform guess, ln(classes).
     """
     g = dict(global_state) if global_state is not None else initial_global_state(strategy, seed)
     resolved: dict[str, Any] = {}
@@ -167,6 +182,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         strategy, resolved = calibrate(strategy, clients, g, seed, device)
     states = [strategy.initial_state() for _ in clients]
     records: list[RoundRecord] = []
+    diverged: str | None = None
     for r in range(1, rounds + 1):
         t0 = time.perf_counter()
         selected = set(select_clients(len(clients), join_ratio, seed, r))
@@ -176,34 +192,62 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         sent = numel = nbytes = indexed = 0
         for i, data in enumerate(clients):
             ctx = RoundContext(round=r, client=i, seed=seed, device=device)
-            ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected)
+            ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected, val=val)
             evals.append(ev)
-            if result is not None:
-                agg.fold(result.update)
+            if result is not None and diverged is None:
                 states[i] = result.state
                 losses.append(result.metrics.get("train_loss", float("nan")))
-                sent += result.update.sent
-                numel += result.update.numel
-                indexed += sum(d.count for d in result.update.deltas.values() if d.indices is not None)
-                nbytes += sizer(result.update) if sizer is not None else 0
+                try:
+                    agg.fold(result.update)
+                except UpdateError as exc:  # e.g. non-finite values: the learning rate made training diverge
+                    diverged = f"diverged: client {i}'s update in round {r} was refused ({exc})"
+                else:
+                    sent += result.update.sent
+                    numel += result.update.numel
+                    indexed += sum(d.count for d in result.update.deltas.values() if d.indices is not None)
+                    nbytes += sizer(result.update) if sizer is not None else 0
             if on_client is not None:
                 on_client(r, i + 1)
         unsent = agg.unsent() if agg.contributors else 0
         coordinates = sum(v.numel() for v in g.values())
-        g = agg.result()
+        if diverged is None:  # a refused update leaves the global model as it was
+            g = agg.result()
         acc, loss = _weighted(evals)
+        vals = [e.val for e in evals if e.val is not None]
         rec = RoundRecord(r, acc, loss, float(np.mean(losses)) if losses else float("nan"), tuple(sorted(selected)),
                           sent, numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals),
-                          unsent, coordinates, indexed)
+                          unsent, coordinates, indexed, _weighted(vals)[0] if vals else None)
         records.append(rec)
         log.info("round %d: acc %.4f loss %.4f train_loss %.4f upload %.3f", r, acc, loss, rec.train_loss,
                  rec.upload_fraction)
         if on_round is not None:
             on_round(rec)
+        diverged = diverged or divergence(records, g, blowup, strategy.spec.num_classes)
+        if diverged is not None:
+            log.warning("round %d: %s; the run stops here", r, diverged)
+            break
     finals = []
     for i, data in enumerate(clients):
         ctx = RoundContext(round=rounds + 1, client=i, seed=seed, device=device)
         model = strategy.personal_model(g, states[i], data, ctx)
         finals.append(ClientEval(*evaluate(model, data.test, device)))
     final_acc, _ = _weighted(finals)
-    return SimulationResult(records, final_acc, [e.acc for e in finals], g, states, resolved)
+    return SimulationResult(records, final_acc, [e.acc for e in finals], g, states, resolved, diverged)
+
+
+def divergence(records: Sequence[RoundRecord], global_state: Mapping[str, torch.Tensor],
+               blowup: float | None, num_classes: int) -> str | None:
+    """Why the run has diverged after its latest round, or None: a non-finite global model, a
+    non-finite mean training loss, or (with ``blowup``) a loss above ``blowup`` x ln(num_classes),
+    the cross-entropy of a uniform guess, which any learning run starts near and stays under."""
+    bad = [k for k, v in global_state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        return f"diverged: the global model holds non-finite values ({bad[0]})"
+    last = records[-1].train_loss
+    if not np.isfinite(last):
+        return f"diverged: training loss {last} in round {records[-1].round}"
+    bound = None if blowup is None else blowup * float(np.log(num_classes))
+    if bound is not None and last > bound:
+        return (f"diverged: training loss {last:.4g} in round {records[-1].round} is over {blowup:g} x "
+                f"ln({num_classes}) = {bound:.4g}")
+    return None

@@ -10,7 +10,7 @@ only takes argon2 hashes, and its ACL plugin has no ``%u`` patterns, so neither 
 Both files are re-read when they change (checked on each connection / each check), and on SIGHUP,
 so ``flayer broker add-device`` works without a restart, as with Mosquitto.
 
-What it does not enforce is listed in the README (section Broker) and in :data:`NOT_ENFORCED`.
+What it does not enforce is listed in docs/explanation/broker.md and in :data:`NOT_ENFORCED`.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl:
         lines.append(f"user {user}")
     lines += [
         "",
-        "# Limits (see README, section Broker): clients check payload sizes against max_packet_size before",
+        "# Limits (see docs/explanation/broker.md): clients check payload sizes against max_packet_size before",
         "# publishing; queues must hold every retained model chunk and bursts of update chunks.",
         f"max_packet_size {cfg.max_packet_size}",
         f"max_inflight_messages {cfg.max_inflight_messages}",

@@ -351,7 +351,7 @@ def start_broker(cfg: BrokerConfig, state_dir: str | Path, kind: str = "auto", d
     if kind == "auto":
         kind = "mosquitto" if mosquitto_available() else "embedded"
         if kind == "embedded":
-            log.warning("mosquitto is not installed: starting the embedded broker (see README for its limits)")
+            log.warning("mosquitto is not installed: starting the embedded broker (see docs/explanation/broker.md for its limits)")
     if kind == "embedded" and cfg.tls:
         raise BrokerError("the embedded broker has no TLS listener; install mosquitto for TLS")
     if kind == "embedded" and not is_loopback(cfg.host):

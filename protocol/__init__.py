@@ -2,8 +2,8 @@
 codec and the small JSON messages. Bytes in, bytes out, no network.
 
 Every decoder validates what it reads and raises :class:`WireError` (one type, a ``reason``) for
-anything malformed; encoders raise :class:`EncodeError` for bad local input. See README, "Wire
-format", for the byte layouts.
+anything malformed; encoders raise :class:`EncodeError` for bad local input. See
+docs/reference/wire.md for the byte layouts.
 """
 
 from .blobs import STATE_DTYPES, blob_digest, decode_state, encode_state

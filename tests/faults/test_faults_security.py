@@ -28,7 +28,7 @@ from protocol import Topics
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 T = Topics(FEDERATION)
 
-# DESIGN.md's topic table as a matrix, written out by hand: what each role may read (r) and write (w).
+# The design's topic table (docs/explanation/design.md) as a matrix, written out by hand: what each role may read (r) and write (w).
 # "own" is the topic level naming the connecting user itself. Mosquitto applies the device patterns
 # (%u) to every user, so the coordinator also holds the device rights under its own name.
 MATRIX = {

@@ -25,7 +25,7 @@ T = Topics(FED)
 
 
 def _spec(role: str, me: str, topic: str, access: str) -> bool:
-    """DESIGN.md's topic table, written out by hand: who writes and who reads each topic.
+    """The design's topic table (docs/explanation/design.md), written out by hand: who writes and who reads each topic.
     The coordinator also holds the device rights for its own name (Mosquitto patterns apply to all)."""
     p = T.prefix + "/"
     if not topic.startswith(p):

@@ -1,6 +1,6 @@
 """Build wire payloads field by field, independently of the encoders, for hand-made test corpora.
 
-The layouts here are written from the documented formats (README "Wire format" and the module
+The layouts here are written from the documented formats (docs/reference/wire.md and the module
 docstrings), so a test that decodes these bytes also checks the encoders against the documentation.
 """
 

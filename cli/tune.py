@@ -1,0 +1,256 @@
+"""``flayer tune``: each method's base learning rate (and optional knobs) chosen on validation accuracy.
+
+Every (method, learning rate, knob values) of the grid runs as one ``flayer simulate`` process on one
+saved partition and one training seed, in parallel jobs, resumable like ``flayer bench``. The choice
+for a method is the grid point with the highest *validation* accuracy: the best round's
+sample-weighted accuracy of the received models on the clients' validation hold-outs (10% of each
+training share). The test split is recorded beside it but never steers the choice. A run whose loss
+is not finite or blows up (over ``--blowup`` x ln(classes)) stops early and is recorded as diverged;
+the tuning goes on.
+
+Layout of ``--out``::
+
+    tune.json             the settings (a later call with other settings is refused)
+    partition.npz         the partition every run reads
+    runs/<method>/<point>/  one ``flayer simulate`` run each (point: lr0.05, lr0.05_mu=0.1, ...)
+    tuned.json            the grid, every run's validation and test accuracy, the choice per method
+    tuned.md              the same as a table
+
+``flayer bench --tuned OUT/tuned.json`` then runs each method at its chosen point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cli.common import CliError, add_common_flags, run_config, write_json
+
+FORMAT = "flayer-tune/1"
+DEFAULT_LRS = "0.005,0.01,0.02,0.05,0.1"
+CRITERION = "best round's sample-weighted accuracy on the clients' validation hold-outs"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point of one method."""
+
+    method: str
+    lr: float
+    sets: tuple[str, ...] = ()  # "STRATEGY.KEY=VALUE" knobs
+
+    @property
+    def label(self) -> str:
+        knobs = "".join(f"_{s.split('.', 1)[1]}" for s in self.sets)
+        return f"lr{self.lr:g}{knobs}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    method: str
+    lr: float
+    sets: tuple[str, ...]
+    val_acc: float
+    test_acc: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"lr": self.lr, "set": list(self.sets), "best_val_acc": self.val_acc, "best_test_acc": self.test_acc}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from cli.bench import add_job_flags
+
+    p = sub.add_parser("tune", help="choose each method's learning rate on validation accuracy (for bench --tuned)",
+                       description="Runs every method at every grid point (learning rates x optional knobs) on one "
+                                   "partition and one training seed, skips runs already finished in --out, and "
+                                   "chooses per method the point with the best validation accuracy (never the test "
+                                   "split). Writes tuned.json for 'flayer bench --tuned'.")
+    add_common_flags(p, rounds=True, strategy=False)
+    g = p.add_argument_group("tune")
+    add_job_flags(g)
+    g.add_argument("--lrs", default=DEFAULT_LRS, help=f"comma-separated base learning rates (default {DEFAULT_LRS})")
+    g.add_argument("--grid", action="append", default=[], metavar="STRATEGY.KEY=V1,V2",
+                   help="a method's knob to tune too, e.g. --grid ditto.mu=0.01,0.1,1 (repeatable)")
+    g.add_argument("--train-seed", type=int, default=0, help="the training seed of every run (default 0)")
+    g.add_argument("--blowup", type=float, default=10.0,
+                   help="a run whose mean training loss exceeds this x ln(classes) (a uniform guess's loss) is "
+                        "stopped as diverged (default 10)")
+    p.set_defaults(func=run)
+
+
+def parse_lrs(text: str) -> list[float]:
+    try:
+        lrs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--lrs {text!r}: expected comma-separated numbers, e.g. {DEFAULT_LRS}") from None
+    if not lrs or len(set(lrs)) != len(lrs) or not all(math.isfinite(x) and 0 < x <= 10 for x in lrs):
+        raise CliError(f"--lrs {text!r}: expected distinct learning rates in (0, 10]")
+    return lrs
+
+
+def parse_grid(items: Sequence[str], methods: Sequence[str]) -> dict[str, list[list[str]]]:
+    """``["ditto.mu=0.01,0.1"]`` -> ``{"ditto": [["ditto.mu=0.01", "ditto.mu=0.1"]]}`` (one list per knob)."""
+    from cli.common import parse_set
+
+    grid: dict[str, list[list[str]]] = {}
+    for item in items:
+        key, eq, values = item.partition("=")
+        method, dot, name = key.partition(".")
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not eq or not dot or not name or not vals:
+            raise CliError(f"--grid {item!r}: expected STRATEGY.KEY=V1,V2, e.g. ditto.mu=0.01,0.1,1")
+        if method not in methods:
+            raise CliError(f"--grid {item!r}: {method!r} is not among the tuned methods ({', '.join(methods)})")
+        sets = [f"{key}={v}" for v in vals]
+        parse_set(sets)  # each value must be a TOML value
+        grid.setdefault(method, []).append(sets)
+    return grid
+
+
+def grid_points(methods: Sequence[str], lrs: Sequence[float], grid: dict[str, list[list[str]]]) -> list[Point]:
+    points = []
+    for m in methods:
+        for lr in lrs:
+            for combo in itertools.product(*grid.get(m, [])):
+                points.append(Point(m, lr, tuple(combo)))
+    return points
+
+
+def read_run(summary_path: Path, point: Point, rounds: int) -> dict[str, Any] | None:
+    """A finished run's row, or None when it has not finished (or ran other settings)."""
+    try:
+        s = json.loads(summary_path.read_text())
+        if s["strategy"] != point.method or (len(s["acc"]) != rounds and not s.get("diverged")):
+            return None
+        return {"method": point.method, "lr": point.lr, "set": list(point.sets), "label": point.label,
+                "best_val_acc": s.get("best_val_acc"), "best_test_acc": float(s["best_acc"]),
+                "final_personal_acc": float(s["final_personal_acc"]), "rounds_run": len(s["acc"]),
+                "diverged": s.get("diverged"), "wall_seconds": float(s["wall_seconds"]),
+                "cpu_seconds": float(s.get("cpu_seconds", math.nan))}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def choose(rows: Sequence[dict[str, Any]]) -> dict[str, Choice]:
+    """Per method, the row with the highest validation accuracy among the runs that did not diverge;
+    ties go to the earlier grid point. Test accuracy is carried along, never compared."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        val = row.get("best_val_acc")
+        if row.get("diverged") or val is None or not math.isfinite(val):
+            continue
+        cur = best.get(row["method"])
+        if cur is None or val > cur["best_val_acc"]:
+            best[row["method"]] = row
+    return {m: Choice(m, float(r["lr"]), tuple(r["set"]), float(r["best_val_acc"]), float(r["best_test_acc"]))
+            for m, r in best.items()}
+
+
+def load_tuned(path: Path, methods: Sequence[str], cfg: Any) -> dict[str, Choice]:
+    """The choices of a ``tuned.json`` for ``methods``; CliError naming what is wrong."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise CliError(f"--tuned {path}: cannot read it ({exc.strerror})") from None
+    except ValueError as exc:
+        raise CliError(f"--tuned {path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("choice"), dict):
+        raise CliError(f"--tuned {path}: not a tuned.json written by 'flayer tune' (format {FORMAT})")
+    settings = doc.get("settings") or {}
+    for key, value in (("dataset", cfg.data.dataset), ("partition", cfg.data.partition)):
+        if settings.get(key) != value:
+            raise CliError(f"--tuned {path}: tuned on {key} {settings.get(key)!r}, this bench runs {value!r}")
+    missing = [m for m in methods if m not in doc["choice"]]
+    if missing:
+        raise CliError(f"--tuned {path}: no choice for {', '.join(missing)} (every grid point diverged, or the "
+                       f"method was not tuned)")
+    out = {}
+    for m in methods:
+        c = doc["choice"][m]
+        try:
+            lr, sets = float(c["lr"]), tuple(str(x) for x in c.get("set", []))
+            val, test = float(c["best_val_acc"]), float(c["best_test_acc"])
+        except (KeyError, TypeError, ValueError):
+            raise CliError(f"--tuned {path}: the choice for {m} is malformed: {c!r}") from None
+        if not (math.isfinite(lr) and 0 < lr <= 10):
+            raise CliError(f"--tuned {path}: the learning rate chosen for {m} is out of range: {lr}")
+        if any(not s.startswith(f"{m}.") for s in sets):
+            raise CliError(f"--tuned {path}: the options chosen for {m} name another method: {list(sets)}")
+        out[m] = Choice(m, lr, sets, val, test)
+    return out
+
+
+def markdown(rows: Sequence[dict[str, Any]], choice: dict[str, Choice]) -> str:
+    from cli.report import table
+
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{100 * float(x):.2f}"
+
+    body = []
+    for r in rows:
+        c = choice.get(r["method"])
+        chosen = c is not None and c.lr == r["lr"] and list(c.sets) == r["set"]
+        body.append((r["method"], r["label"], pct(r["best_val_acc"]), pct(r["best_test_acc"]),
+                     r["diverged"] or "", "**chosen**" if chosen else ""))
+    return table(["method", "point", "best val acc %", "best test acc %", "diverged", ""], body, markdown=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cli.bench import _methods, _prepare_out, _run_command, check_jobs, run_all
+
+    check_jobs(args)
+    if not (math.isfinite(args.blowup) and args.blowup > 1):
+        raise CliError(f"--blowup must be a finite factor above 1, got {args.blowup}")
+    if args.lr is not None:
+        raise CliError("--lr is what tune chooses: give the grid with --lrs")
+    methods = _methods(args.methods)
+    lrs = parse_lrs(args.lrs)
+    grid = parse_grid(args.grid, methods)
+    cfg = run_config(argparse.Namespace(**{**vars(args), "strategy": None}))
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"tune-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    part_file = _prepare_out(args, cfg, out, name="tune.json",
+                             extra={"lrs": lrs, "grid": args.grid, "train_seed": args.train_seed,
+                                    "blowup": args.blowup})
+    points = grid_points(methods, lrs, grid)
+
+    def run_dir(pt: Point) -> Path:
+        return out / "runs" / pt.method / pt.label
+
+    todo = [pt for pt in points if read_run(run_dir(pt) / "summary.json", pt, cfg.rounds) is None]
+    print(f"flayer tune: {len(methods)} methods, {len(points)} grid points; {len(points) - len(todo)} already done "
+          f"in {out}, {len(todo)} to run, {min(args.jobs, max(1, len(todo)))} at a time", file=sys.stderr)
+    failed = run_all([(f"{pt.method} {pt.label}",
+                       _run_command(args, cfg, pt.method, args.train_seed, part_file, run_dir(pt), lr=pt.lr,
+                                    sets=pt.sets, extra=("--blowup", str(args.blowup))), run_dir(pt))
+                      for pt in todo], args.jobs, args.threads_per_job, "tune")
+    rows = [r for pt in points if (r := read_run(run_dir(pt) / "summary.json", pt, cfg.rounds)) is not None]
+    if not rows:
+        raise CliError(f"no run finished; see the log.txt files under {out / 'runs'}")
+    choice = choose(rows)
+    settings = json.loads((out / "tune.json").read_text())
+    write_json(out / "tuned.json", {"format": FORMAT, "criterion": CRITERION, "settings": settings,
+                                    "grid": {"lrs": lrs, "knobs": args.grid}, "runs": rows,
+                                    "choice": {m: c.as_dict() for m, c in choice.items()}})
+    title = (f"{cfg.data.dataset} {cfg.data.partition}, {cfg.data.clients} clients, {cfg.data.samples or 'all'} "
+             f"samples, {cfg.rounds} rounds, training seed {args.train_seed}; chosen on: {CRITERION}")
+    text = markdown(rows, choice)
+    (out / "tuned.md").write_text(f"{title}\n\n{text}\n")
+    print(title + "\n")
+    print(text)
+    unchosen = [m for m in methods if m not in choice]
+    if unchosen:
+        print(f"\nno choice for {', '.join(unchosen)}: every finished grid point diverged", file=sys.stderr)
+    print(f"\noutputs in {out}/ (tuned.json, tuned.md, runs/); next: flayer bench --tuned {out / 'tuned.json'} ...",
+          file=sys.stderr)
+    if failed:
+        raise CliError(f"{len(failed)} run(s) failed: {'; '.join(failed)}")
+    return 0

@@ -1,0 +1,120 @@
+"""``flayer tune``: choices by validation accuracy, divergence recorded without ending the tuning,
+resumable runs, and ``flayer bench --tuned`` running each method at its chosen point."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.common import CliError
+from cli.main import main
+from cli.tune import FORMAT, Point, choose, grid_points, load_tuned, parse_grid, parse_lrs
+from flayer.config import TrainConfig
+from flayer.partition import make_partition
+from flayer.simulation import simulate
+from flayer.strategies import make_strategy
+from flayer.train import client_data
+
+
+def _row(method: str, lr: float, val: float | None, test: float, diverged: str | None = None) -> dict[str, Any]:
+    return {"method": method, "lr": lr, "set": [], "label": f"lr{lr:g}", "best_val_acc": val,
+            "best_test_acc": test, "diverged": diverged}
+
+
+def test_the_choice_follows_validation_never_test() -> None:
+    rows = [_row("fedavg", 0.01, 0.80, 0.99),  # best test accuracy, worse validation accuracy
+            _row("fedavg", 0.05, 0.85, 0.90),
+            _row("fedavg", 0.1, 0.95, 0.10, diverged="diverged: training loss nan in round 3"),
+            _row("local", 0.01, 0.70, 0.70), _row("local", 0.02, 0.70, 0.75),  # a tie goes to the earlier point
+            _row("ditto", 0.01, None, 0.9)]  # no validation accuracy: never chosen
+    got = choose(rows)
+    assert got["fedavg"].lr == 0.05 and got["fedavg"].test_acc == 0.90
+    assert got["local"].lr == 0.01
+    assert "ditto" not in got
+
+
+def test_grid_flags_are_validated() -> None:
+    assert parse_lrs("0.005, 0.05") == [0.005, 0.05]
+    for bad in ("", "0.1,0.1", "0,0.1", "nan", "x", "11"):
+        with pytest.raises(CliError, match="--lrs"):
+            parse_lrs(bad)
+    grid = parse_grid(["ditto.mu=0.01,0.1"], ["ditto", "fedavg"])
+    assert grid == {"ditto": [["ditto.mu=0.01", "ditto.mu=0.1"]]}
+    points = grid_points(["fedavg", "ditto"], [0.01, 0.1], grid)
+    assert len(points) == 2 + 4 and Point("ditto", 0.1, ("ditto.mu=0.1",)) in points
+    assert Point("ditto", 0.1, ("ditto.mu=0.1",)).label == "lr0.1_mu=0.1"
+    for bad, words in (("ditto.mu", "expected"), ("mu=0.1", "expected"), ("fedala.eta=1", "not among")):
+        with pytest.raises(CliError, match=words):
+            parse_grid([bad], ["ditto"])
+
+
+def _tuned(tmp_path: Path, **changes: Any) -> Path:
+    doc = {"format": FORMAT, "settings": {"dataset": "digits", "partition": "iid"},
+           "choice": {"fedavg": {"lr": 0.05, "set": [], "best_val_acc": 0.9, "best_test_acc": 0.9}}, **changes}
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"format": "other"}, "not a tuned.json"),
+    ({"settings": {"dataset": "fmnist", "partition": "iid"}}, "tuned on dataset 'fmnist'"),
+    ({"choice": {}}, "no choice for fedavg"),
+    ({"choice": {"fedavg": {"lr": -1, "best_val_acc": 0.9, "best_test_acc": 0.9}}}, "out of range"),
+    ({"choice": {"fedavg": {"lr": "x"}}}, "malformed"),
+    ({"choice": {"fedavg": {"lr": 0.1, "set": ["ditto.mu=1"], "best_val_acc": 0.9, "best_test_acc": 0.9}}},
+     "another method"),
+])
+def test_a_bad_tuned_file_is_refused_before_any_run(tmp_path: Path, capsys: Any, changes: dict[str, Any],
+                                                     words: str) -> None:
+    rc = main(["bench", "--dataset", "digits", "--partition", "iid", "--clients", "2", "--rounds", "1", "--seeds",
+               "0", "--methods", "fedavg", "--tuned", str(_tuned(tmp_path, **changes)), "--out",
+               str(tmp_path / "b")])
+    assert rc == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "b" / "partition.npz").exists()
+
+
+def test_a_good_tuned_file_is_read() -> None:
+    class Cfg:
+        class data:  # noqa: N801
+            dataset, partition = "digits", "iid"
+
+    path = Path(__file__).parent / "_tuned_example.json"
+    got = load_tuned(path, ["fedavg", "ditto"], Cfg)
+    assert got["fedavg"].lr == 0.05 and got["ditto"].sets == ("ditto.mu=0.1",)
+
+
+def test_a_diverging_run_stops_early_and_says_why(digits: Any) -> None:
+    part = make_partition(digits.y, digits.num_classes, 2, "iid", seed=0, samples=300)
+    clients = [client_data(digits, c) for c in part.clients]
+    spec = digits.model_spec()
+    ok = simulate(make_strategy("fedavg", spec, TrainConfig(lr=0.05, batch_size=10), {}), clients, 2, 0, val=True)
+    assert ok.diverged is None and len(ok.rounds) == 2
+    assert all(r.val_acc is not None and 0 <= r.val_acc <= 1 for r in ok.rounds)
+    # lr 9: round 1's loss ~1e32, finite (a blow-up); lr 10: NaN weights, refused by the aggregator
+    for lr, words in ((9.0, "over 10 x ln(10)"), (10.0, "refused")):
+        bad = simulate(make_strategy("fedavg", spec, TrainConfig(lr=lr, batch_size=10), {}), clients, 5, 0,
+                       val=True, blowup=10.0)
+        assert bad.diverged is not None and words in bad.diverged and len(bad.rounds) == 1, bad.diverged
+        assert all(math.isfinite(float(v.abs().max())) for v in bad.global_state.values())
+
+
+@pytest.mark.slow
+def test_tune_then_bench_tuned_end_to_end(tmp_path: Path, capsys: Any) -> None:
+    common = ["--dataset", "digits", "--partition", "iid", "--clients", "2", "--samples", "300", "--rounds", "2",
+              "--methods", "fedavg", "--jobs", "2"]
+    out = tmp_path / "tune"
+    assert main(["tune", *common, "--lrs", "0.05,10", "--out", str(out)]) == 0
+    doc = json.loads((out / "tuned.json").read_text())
+    runs = {r["lr"]: r for r in doc["runs"]}
+    assert runs[10.0]["diverged"] and runs[0.05]["diverged"] is None
+    assert doc["choice"]["fedavg"]["lr"] == 0.05
+    assert main(["tune", *common, "--lrs", "0.05,10", "--out", str(out)]) == 0  # resumed: nothing re-run
+    assert "2 already done" in capsys.readouterr().err
+    bench = tmp_path / "bench"
+    assert main(["bench", *common, "--seeds", "0", "--tuned", str(out / "tuned.json"), "--out", str(bench)]) == 0
+    assert "--lr 0.05" in (bench / "runs/fedavg/seed0/log.txt").read_text().splitlines()[0]
