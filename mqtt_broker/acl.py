@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.topics import acl_rules
+from protocol.topics import OBSERVER_USER, acl_rules
 
 __all__ = ["ACCESS_BITS", "Acl", "AclError", "parse_acl", "render_acl", "topic_matches"]
 
@@ -33,16 +33,19 @@ class AclError(ValueError):
     """The ACL file is malformed."""
 
 
-def render_acl(federation: str, coordinator_user: str) -> str:
-    """Mosquitto ACL text for one federation: device rules as patterns, coordinator rules under its user.
+def render_acl(federation: str, coordinator_user: str, observer_user: str = OBSERVER_USER) -> str:
+    """Mosquitto ACL text for one federation: device rules as patterns, the coordinator's and the read-only
+    observer's rules under their users.
 
-    A pattern granted both read and write is written once as ``readwrite``."""
-    rules = acl_rules(federation, coordinator_user)
+    A pattern granted both read and write is written once as ``readwrite``; a deny stays a deny."""
+    rules = acl_rules(federation, coordinator_user, observer_user)
     merged: dict[tuple[str, str], int] = {}
     for who, access, pattern in rules:
-        if who not in ("coordinator", "device") or access not in ("read", "write"):
+        if who not in ("coordinator", "observer", "device") or access not in ("read", "write", "deny"):
             raise AclError(f"acl_rules returned an unknown rule {(who, access, pattern)!r}")
-        merged[(who, pattern)] = merged.get((who, pattern), 0) | ACCESS_BITS[access]
+        if access == "deny" and who == "device":
+            raise AclError(f"a deny pattern would apply to every user: {pattern!r}")
+        merged[(who, pattern)] = 0 if access == "deny" else merged.get((who, pattern), 0) | ACCESS_BITS[access]
     lines = [
         f"# Access rules of federation {federation!r}, generated from protocol.topics.acl_rules.",
         "# Regenerated on every 'flayer broker start': change acl_rules, not this file.",
@@ -51,8 +54,9 @@ def render_acl(federation: str, coordinator_user: str) -> str:
         "",
     ]
     lines += [f"pattern {_ACCESS_NAMES[bits]} {pattern}" for (who, pattern), bits in merged.items() if who == "device"]
-    lines += ["", f"user {coordinator_user}"]
-    lines += [f"topic {_ACCESS_NAMES[bits]} {pattern}" for (who, pattern), bits in merged.items() if who == "coordinator"]
+    for who, user in (("coordinator", coordinator_user), ("observer", observer_user)):
+        lines += ["", f"user {user}"]
+        lines += [f"topic {_ACCESS_NAMES[bits]} {pattern}" for (w, pattern), bits in merged.items() if w == who]
     return "\n".join(lines) + "\n"
 
 
