@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import CliError
+from cli.logfile import add_log_file_flag
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quorum", type=int, metavar="N")
     p.add_argument("--min-devices", type=int, metavar="N")
     p.add_argument("--deadline", type=float, metavar="SECONDS", dest="deadline_s")
+    add_log_file_flag(p)
     p.set_defaults(func=run)
 
 

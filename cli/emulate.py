@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import CliError, add_common_flags
+from cli.logfile import add_log_file_flag
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("emulate", help="run an emulated fleet of edge devices over a real broker",
                        description=__doc__.splitlines()[0])
     add_common_flags(p)
+    add_log_file_flag(p)
     g = p.add_argument_group("fleet (flags override the config's [emulator], [federation] and [edge] tables)")
     g.add_argument("--profiles", metavar="FILE.toml", help="device profiles and [mix] (built-ins without it)")
     g.add_argument("--mix", metavar="NAME=SHARE,...",

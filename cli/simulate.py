@@ -19,6 +19,7 @@ from cli.common import (
     set_threads,
     write_json,
 )
+from cli.logfile import add_log_file_flag
 from cli.progress import Progress
 from cli.report import table
 
@@ -26,6 +27,7 @@ from cli.report import table
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run a federation in one process and report accuracy per round")
     add_common_flags(p)
+    add_log_file_flag(p)
     p.add_argument("--save-models", action="store_true",
                    help="write the final global model and every client's personal model (safetensors) "
                         "under OUT/models/, for 'flayer export'")

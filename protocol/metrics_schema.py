@@ -48,7 +48,7 @@ DEVICE_RESULTS = ("accepted", "refused", "late", "missing")
 MAX_REFUSALS = 50  # per round record: the latest refusals with their reasons
 
 ACC_DEFINITIONS = {
-    "simulate": "sample-weighted test accuracy over the selected clients' test splits, measured after the "
+    "simulate": "sample-weighted test accuracy over every client's test split, measured after the "
                 "download and before local training",
     "coordinator": "sample-weighted test accuracy the accepted devices measured on their test splits after "
                    "the download and before local training",
