@@ -22,12 +22,14 @@ from cli.common import (
 from cli.logfile import add_log_file_flag
 from cli.progress import Progress
 from cli.report import table
+from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run a federation in one process and report accuracy per round")
     add_common_flags(p)
     add_log_file_flag(p)
+    add_tensorboard_flag(p)
     p.add_argument("--save-models", action="store_true",
                    help="write the final global model and every client's personal model (safetensors) "
                         "under OUT/models/, for 'flayer export'")
@@ -158,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     write_json(out / "config.json", dataclasses.asdict(cfg))
     write_json(out / "partition.json", prepared.partition.summary)
     s = run_simulation(cfg, prepared, out, save_models=args.save_models, runtime=args.runtime)
+    if args.tensorboard:
+        TensorBoardSink(args.tensorboard, out / "metrics.jsonl").close()
     rows = [(i + 1, a) for i, a in enumerate(s["acc"])]
     print(table(["round", "test acc"], rows))
     print(f"\n{cfg.strategy} on {cfg.data.dataset} {s['partition']}, {s['clients']} clients, {cfg.rounds} rounds: "

@@ -169,8 +169,9 @@ def validate_record(rec: Any) -> dict[str, Any]:
             raise MetricsSchemaError("round record: a device appears twice in 'devices'")
         if rec["reported"] != sum(d["result"] == "accepted" for d in rec["devices"]):
             raise MetricsSchemaError("round record: 'reported' differs from the devices marked accepted")
-        if rec["acc"] is not None and not 0.0 <= rec["acc"] <= 1.0:
-            raise MetricsSchemaError(f"round record: acc {rec['acc']} is not in [0, 1]")
+        acc = rec["acc"]
+        if acc is not None and not 0.0 <= acc <= 1.0:
+            raise MetricsSchemaError(f"round record: acc {acc} is not in [0, 1]")
     return rec
 
 
@@ -185,7 +186,7 @@ def upgrade(obj: Any, where: str = "record") -> dict[str, Any]:
         if obj.get("schema") != SCHEMA:
             raise MetricsSchemaError(f"{where}: schema {obj.get('schema')!r} is not {SCHEMA!r}")
         version = obj.get("version")
-        if _is_int(version) and version > VERSION:
+        if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
             raise MetricsSchemaError(f"{where}: written by a newer FLAYER Edge (metrics schema version {version}; "
                                      f"this one reads versions 0 to {VERSION}); upgrade flayer-edge to read it")
         try:

@@ -72,8 +72,8 @@ class DashboardServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else host
+        host, port = str(self.server_address[0]), int(self.server_address[1])
+        shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}/" + (f"?token={self.token}" if self.token else "")
 
     def serve_in_thread(self) -> threading.Thread:
