@@ -111,8 +111,11 @@
     const live = src.broker ? (src.connected ? "live: " + src.broker : "broker " + src.broker + " not reachable") : "finished run";
     $("connection").textContent = src.broker_error || src.metrics_error || live;
     $("connection").className = "pill " + (src.broker_error || src.metrics_error ? "bad" : src.connected ? "ok" : "");
-    const current = p.round !== null && p.phase === "train" ? p.round : last ? last.round : "-";
-    $("round").textContent = String(current);
+    // the round open now (the plan), else the last one closed; after the final plan, the federation's last round
+    let current = last ? last.round : null;
+    if (p.round !== null && p.phase === "train") current = Math.max(current || 0, p.round);
+    if (p.phase === "final") current = Math.max(current || 0, p.rounds || p.round - 1);
+    $("round").textContent = current === null ? "-" : String(current);
     $("rounds-total").textContent = p.rounds || (s.run && s.run.rounds) || "-";
     $("phase").textContent = s.end ? (s.end.finished ? "finished" : "stopped") : p.phase ? "phase " + p.phase : "waiting for a plan";
     $("progress").textContent = p.selected ? `${p.done}/${p.selected} done` : "-";
