@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 OUT ?= runs/demo-fleet
 
-.PHONY: demo test test-all bench apt-data apt-broker clean-venv
+.PHONY: demo test test-all bench apt-data apt-broker apt-browser clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,16 +35,22 @@ apt-broker:
 	@command -v mosquitto >/dev/null 2>&1 && command -v mosquitto_passwd >/dev/null 2>&1 || \
 	  ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq mosquitto mosquitto-clients)
 
-# 20 emulated devices with mixed profiles over a real broker (mosquitto when installed, else the embedded one)
-demo: apt-data $(VENV)/.stamp-main
-	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT)
+# the dashboard tests drive a real headless browser (Debian's chromium)
+apt-browser:
+	@command -v chromium >/dev/null 2>&1 || \
+	  ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium)
 
-test: apt-data apt-broker $(VENV)/.stamp-all
+# 20 emulated devices with mixed profiles over a real broker (mosquitto when installed, else the embedded one);
+# it prints the live dashboard's address (http://127.0.0.1:8765/ unless that port is taken): open it to watch
+demo: apt-data $(VENV)/.stamp-main
+	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT) --dashboard
+
+test: apt-data apt-broker apt-browser $(VENV)/.stamp-all
 	@$(BIN)/python -m pytest; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
 
 # slow and benchmark-like tests too
-test-all: apt-data apt-broker $(VENV)/.stamp-all
+test-all: apt-data apt-broker apt-browser $(VENV)/.stamp-all
 	$(BIN)/python -m pytest -m ''
 
 bench: apt-data apt-broker $(VENV)/.stamp-all
