@@ -107,9 +107,11 @@ def render(snap: dict[str, Any]) -> str:
     has_metrics = src["metrics"] is not None
     rows = [(d["id"], d["state"], "never" if d["last_seen_s"] is None else f"{d['last_seen_s']:.0f}s ago",
              "-" if d["link_kbps"] is None else f"{d['link_kbps']:.0f}",
-             d["accepted"] if has_metrics else "-", d["last_result"] or "-", d["round"]) for d in snap["devices"]]
+             d["accepted"] if has_metrics else "-",
+             f"{d['last_result']} (round {d['last_result_round']})" if d["last_result"] else "-")
+            for d in snap["devices"]]
     if rows:
-        lines += ["", table(["device", "state", "last seen", "link kbit/s", "accepted", "last round", "at round"],
+        lines += ["", table(["device", "state", "last seen", "link kbit/s", "accepted", "last round selected"],
                             rows)]
     return "\n".join(lines)
 

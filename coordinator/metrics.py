@@ -41,6 +41,7 @@ class RoundStats:
     clipped: int = 0
     refusals: list[dict[str, str]] = field(default_factory=list)  # the latest, with reasons
     refused_by: dict[str, str] = field(default_factory=dict)  # device -> its last refusal's counter
+    device_acc: dict[str, float] = field(default_factory=dict)  # device -> the accuracy it reported
 
     def refuse(self, counter: str, detail: str, client: str | None = None) -> None:
         self.rejected[counter] += 1
@@ -48,12 +49,14 @@ class RoundStats:
         if client is not None:
             self.refused_by[client] = counter
 
-    def add_eval(self, info: Mapping[str, float]) -> None:
+    def add_eval(self, info: Mapping[str, float], client: str | None = None) -> None:
         """Fold a device's reported evaluation (``test_correct``, ``test_total``, ``train_loss``)."""
         c, t = info.get("test_correct"), info.get("test_total")
         if c is not None and t is not None and t > 0 and 0 <= c <= t:
             self.correct += float(c)
             self.total += float(t)
+            if client is not None:
+                self.device_acc[client] = float(c) / float(t)
         loss = info.get("train_loss")
         if loss is not None and math.isfinite(loss):
             self.losses.append(float(loss))
@@ -71,8 +74,8 @@ class RoundStats:
         """The round's line of the metrics file (``accepted``: the devices whose update was folded in)."""
         done = set(accepted)
         rows = [{"id": c, "result": "accepted" if c in done else
-                 "late" if self.refused_by.get(c) == "late" else "refused" if c in self.refused_by else "missing"}
-                for c in self.selected]
+                 "late" if self.refused_by.get(c) == "late" else "refused" if c in self.refused_by else "missing",
+                 "acc": self.device_acc.get(c)} for c in self.selected]
         return round_record(
             "coordinator", closed_at, round=self.round, wall_s=closed_at - self.opened_at, selected=self.selected,
             devices=rows, refused=self.rejected, bytes_up=self.bytes_in, bytes_down=self.bytes_out, acc=self.acc,

@@ -38,6 +38,7 @@ class Browser:
         assert exe is not None
         self.stderr = profile / "chromium.log"
         profile.mkdir(parents=True, exist_ok=True)
+        (profile / "data" / "DevToolsActivePort").unlink(missing_ok=True)  # a previous chromium's port
         with open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(
                 [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",

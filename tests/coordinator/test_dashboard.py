@@ -27,7 +27,7 @@ def _round(r: int, accepted: list[str], refusals: list[dict] | None = None) -> d
     rows = [{"id": d, "result": "accepted" if d in accepted else "refused" if refusals else "missing"}
             for d in DEVICES]
     return round_record("coordinator", time.time(), round=r, wall_s=1.0, selected=DEVICES, devices=rows,
-                        refused={"bad_norm": len(refusals)} if refusals else {}, bytes_up=1000 * r,
+                        refused={"norm": len(refusals)} if refusals else {}, bytes_up=1000 * r,
                         bytes_down=3000 * r, acc=0.3 + 0.2 * r, train_loss=1.0, closed="quorum", refusals=refusals)
 
 
@@ -70,7 +70,7 @@ def test_page_shows_rounds_devices_and_refusals_pushed_without_reload(served, tm
         assert b.js("document.getElementById('round').textContent") == "1"
         assert b.js("document.getElementById('acc-chart').dataset.rounds") == "1"
         b.js("window.sameDocument = true")  # gone if the page reloads
-        metrics.write(_round(2, ["dev-a", "dev-b"], [{"reason": "bad_norm", "detail": "dev-c round 2: norm 9e9",
+        metrics.write(_round(2, ["dev-a", "dev-b"], [{"reason": "norm", "detail": "dev-c round 2: norm 9e9",
                                                        "device": "dev-c"}]))
         b.wait_js("document.getElementById('round').textContent === '2'", 15, "round 2 pushed to the page")
         assert b.js("window.sameDocument") is True
@@ -81,7 +81,7 @@ def test_page_shows_rounds_devices_and_refusals_pushed_without_reload(served, tm
         assert bars == "1down3000,1up1000,2down6000,2up2000"
         rows = b.js(f"{ROWS}.map(r => [r.dataset.device, r.querySelector('.accepted').textContent, r.dataset.result])")
         assert rows == [["dev-a", "2", "accepted"], ["dev-b", "2", "accepted"], ["dev-c", "1", "refused"]]
-        assert "bad_norm" in b.js("document.getElementById('refusals').textContent")
+        assert "norm" in b.js("document.getElementById('refusals').textContent")
         assert "norm 9e9" in b.js("document.getElementById('refusals').textContent")
         # sort by updates accepted (ascending, then descending) and filter
         b.js("document.querySelector('th[data-key=accepted]').click()")
