@@ -28,7 +28,7 @@ def add_source_flags(p: argparse.ArgumentParser) -> None:
                         "state folder (its metrics.jsonl; an emulator's own broker too)")
     p.add_argument("--broker-state", metavar="DIR", help="the broker's state folder (uses credentials/observer.toml)")
     p.add_argument("--credentials", metavar="FILE",
-                   help="a credentials file that may read the fleet: the observer's or the coordinator's")
+                   help="the observer's credentials file (a copy of BROKER_STATE/credentials/observer.toml)")
     p.add_argument("--metrics", metavar="FILE", help="the run's metrics.jsonl (updates accepted, rounds, refusals)")
 
 
@@ -56,9 +56,9 @@ def resolve_source(args: argparse.Namespace) -> tuple[Any, Path | None]:
             creds = Credentials.load(cred_file)
         except BrokerConfigError as exc:
             raise CliError(str(exc)) from exc
-        if creds.role not in ("observer", "coordinator"):
-            raise CliError(f"{cred_file} holds a {creds.role}'s credentials; use the observer's "
-                           f"(BROKER_STATE/credentials/observer.toml) or the coordinator's")
+        if creds.role != "observer":  # the coordinator's would take over the coordinator's own session
+            raise CliError(f"{cred_file} holds a {creds.role}'s credentials; use the read-only observer's "
+                           f"(BROKER_STATE/credentials/observer.toml)")
     metrics = Path(args.metrics) if args.metrics else find_metrics(run) if run is not None else None
     if metrics is not None and not metrics.is_file():
         raise CliError(f"metrics file {metrics} does not exist")

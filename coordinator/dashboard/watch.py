@@ -66,9 +66,9 @@ def find_metrics(folder: Path) -> Path | None:
 class FleetWatch:
     def __init__(self, creds: Credentials | None, metrics: Path | None, *, stale_after_s: float = 30.0,
                  clock: Callable[[], float] = time.time) -> None:
-        if creds is not None and creds.role not in ("observer", "coordinator"):
+        if creds is not None and creds.role != "observer":  # a coordinator's would take over its session
             raise ValueError(f"credentials of {creds.username!r} are a {creds.role}'s; watching needs the "
-                             f"observer's (or the coordinator's)")
+                             f"observer's (BROKER_STATE/credentials/observer.toml)")
         self.creds, self.metrics_path, self.clock = creds, metrics, clock
         self.view = FleetView(stale_after_s)
         self.topics = Topics(creds.federation) if creds is not None else None
@@ -81,6 +81,7 @@ class FleetWatch:
         self.metrics_error: str | None = None
         self.subscribed_at: float | None = None
         self.last_message_at = 0.0
+        self.takeovers = 0  # disconnects right after connecting: another watcher with the same credentials
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -142,6 +143,11 @@ class FleetWatch:
                 self.subscribed_at = self.clock()
             self.view.version += 1
         elif isinstance(ev, Disconnected):
+            if self.connected and self.subscribed_at is not None and self.clock() - self.subscribed_at < 5.0:
+                self.takeovers += 1
+                if self.takeovers == 3:
+                    log.warning("the broker keeps closing the observer's connection: another watcher (flayer "
+                                "status or dashboard) uses the same observer credentials; one connection each")
             self.connected = False
             self.view.version += 1
         elif isinstance(ev, Received) and ev.payload and self.topics is not None:

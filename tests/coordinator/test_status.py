@@ -3,7 +3,12 @@ a fleet whose devices all went offline after the final plan, and a stopped broke
 
 from __future__ import annotations
 
+import os
 import queue
+import select
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +23,7 @@ from protocol import Plan, Status, Topics, encode_message
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
 FED = "stest"
+ROOT = Path(__file__).resolve().parents[2]
 T = Topics(FED)
 
 
@@ -57,6 +63,7 @@ def test_status_on_a_running_then_stopped_fleet(tmp_path: Path, capsys: pytest.C
         assert "federation stest" in out and "round 1/3 (train): 1/2 selected devices done" in out
         lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.strip().startswith("dev-")}
         assert lines["dev-a"][1] == "idle" and "1234" in lines["dev-a"] and lines["dev-b"][1] == "training"
+        _watch_redraws(state)
         # the federation ends: the final plan, then every device says goodbye
         _say(links["coordinator"], coord, _plan(4, "final"))
         for d, c in devs.items():
@@ -73,10 +80,30 @@ def test_status_on_a_running_then_stopped_fleet(tmp_path: Path, capsys: pytest.C
     assert "no broker answers" in err and "the fleet is stopped" in err
 
 
-def test_status_refuses_a_device_credential(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _watch_redraws(state: Path) -> None:
+    """--watch redraws in place (clear screen, home) until Ctrl-C, which ends it with status 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "status", "--broker-state", str(state), "--watch",
+                             "--interval", "0.2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    out = b""
+    try:
+        deadline = time.monotonic() + 30
+        while out.count(b"\x1b[H\x1b[2J") < 3 and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 0.5)[0]:
+                out += os.read(proc.stdout.fileno(), 65536)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=20)[1]
+    assert proc.returncode == 0, err
+    assert out.count(b"\x1b[H\x1b[2J") >= 3 and out.count(b"dev-a") >= 3, out[-2000:]
+
+
+def test_status_refuses_device_and_coordinator_credentials(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from mqtt_broker import write_broker_files
 
     files = write_broker_files(BrokerConfig(federation=FED), tmp_path / "broker")
     add_device(files.state_dir, "dev-a")
-    assert main(["status", "--credentials", str(files.credentials("dev-a"))]) == 2
-    assert "observer" in capsys.readouterr().err
+    for user in ("dev-a", "coordinator"):  # a device may not read; the coordinator's would take its session over
+        assert main(["status", "--credentials", str(files.credentials(user))]) == 2
+        assert "read-only observer's" in capsys.readouterr().err
