@@ -111,7 +111,7 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
         if cfg.persistence:
             private_dir(files.data_dir)
         cfg.save(files.config)
-        atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user), mode=0o600)
+        _write_acl(files, cfg, [u for u, r in users if r == "observer"])
         if not files.passwd.exists():
             atomic_write(files.passwd, "", mode=0o600)
         tls = None
@@ -130,6 +130,12 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
             _add_user(files, cfg, OBSERVER_USER, "observer")
     log.info("broker files for federation %s written to %s", cfg.federation, files.state_dir)
     return files
+
+
+def _write_acl(files: BrokerFiles, cfg: BrokerConfig, observers: list[str]) -> None:
+    """The ACL file, with a block for the default observer and every other observer user."""
+    names = sorted({OBSERVER_USER, *observers})
+    atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user, names), mode=0o600)
 
 
 def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str, password: str) -> Credentials:
@@ -190,11 +196,20 @@ def add_coordinator(state_dir: str | Path, rotate: bool = False) -> Credentials:
     return _add(state_dir, cfg.coordinator_user, "coordinator", rotate, exist_ok=True)
 
 
-def add_observer(state_dir: str | Path, rotate: bool = False) -> Credentials:
-    """The read-only observer's credentials (``flayer status``, ``flayer dashboard``): created by
-    :func:`write_broker_files`; ``rotate`` renews them. The ACL lets the observer read the round plan,
-    statuses and metrics, and publish nothing."""
-    return _add(state_dir, OBSERVER_USER, "observer", rotate, exist_ok=True)
+def add_observer(state_dir: str | Path, name: str = OBSERVER_USER, rotate: bool = False) -> Credentials:
+    """A read-only observer's credentials (``flayer status``, ``flayer dashboard``); the default one,
+    ``observer``, is created by :func:`write_broker_files`. The broker allows one connection per user, so
+    each watcher running at the same time needs its own observer. The ACL (rewritten here; a running
+    Mosquitto reads it after a reload) lets observers read the round plan, statuses and metrics, and
+    publish nothing. ``rotate`` renews the password."""
+    files = BrokerFiles.at(state_dir)
+    cfg = BrokerConfig.load(files.config)
+    if name == cfg.coordinator_user:
+        raise BrokerConfigError(f"{name!r} is the coordinator's user name; an observer cannot use it")
+    creds = _add(state_dir, name, "observer", rotate, exist_ok=True)
+    with _locked(files):
+        _write_acl(files, cfg, [u for u, r in list_users(files.state_dir) if r == "observer"])
+    return creds
 
 
 def load_credentials(state_dir: str | Path, username: str) -> Credentials:
