@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 OUT ?= runs/demo-fleet
 
-.PHONY: demo test test-all test-loaded docs bench apt-data apt-broker clean-venv
+.PHONY: demo test test-all test-loaded docs bench apt-data apt-broker apt-browser clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,12 +36,18 @@ apt-broker:
 	@command -v mosquitto >/dev/null 2>&1 && command -v mosquitto_passwd >/dev/null 2>&1 || \
 	  ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq mosquitto mosquitto-clients)
 
-# 20 emulated devices with mixed profiles over a real broker (mosquitto when installed, else the embedded one)
+# the dashboard tests drive a real headless browser (Debian's chromium)
+apt-browser:
+	@command -v chromium >/dev/null 2>&1 || \
+	  ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium)
+
+# 20 emulated devices with mixed profiles over a real broker (mosquitto when installed, else the embedded one);
+# it prints the live dashboard's address (http://127.0.0.1:8765/ unless that port is taken): open it to watch
 demo: apt-data $(VENV)/.stamp-main
-	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT)
+	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT) --dashboard
 
 # --durations=10: the ten slowest tests show in every run (and so in every CI log)
-test: apt-data apt-broker $(VENV)/.stamp-all docs
+test: apt-data apt-broker apt-browser $(VENV)/.stamp-all docs
 	@$(BIN)/python -m pytest --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
 
@@ -51,11 +57,11 @@ docs: $(VENV)/.stamp-all
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # slow and benchmark-like tests too
-test-all: apt-data apt-broker $(VENV)/.stamp-all
+test-all: apt-data apt-broker apt-browser $(VENV)/.stamp-all
 	$(BIN)/python -m pytest -m ''
 
 # the default suite with one core kept busy by a bounded process of its own, beside an idle run
-test-loaded: apt-data apt-broker $(VENV)/.stamp-all
+test-loaded: apt-data apt-broker apt-browser $(VENV)/.stamp-all docs
 	$(BIN)/python benchmarks/suite_under_load.py --log-dir runs/suite-under-load
 
 bench: apt-data apt-broker $(VENV)/.stamp-all

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import CliError, add_common_flags, load_data, run_config, set_threads, write_json
+from cli.logfile import add_log_file_flag
 from cli.report import table
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ablate", help="FLAYER without each mechanism, rule zero and flayer-ref, "
                                       "on one partition and seed")
     add_common_flags(p)
+    add_log_file_flag(p)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="A,B,...",
                    help=f"comma-separated, from: {', '.join(VARIANTS)} (default: all but fedavg)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",

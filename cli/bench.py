@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import CliError, add_common_flags, load_data, run_config, write_json
+from cli.logfile import add_log_file_flag
 from cli.progress import Progress
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "results.md, accuracy_vs_round.png and client_spread.png. --seed is the "
                                    "partition's seed; --seeds are the training seeds.")
     add_common_flags(p, rounds=True, strategy=False)
+    add_log_file_flag(p)
     g = p.add_argument_group("bench")
     add_job_flags(g)
     g.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")

@@ -21,7 +21,7 @@ from cli.common import CliError
 if TYPE_CHECKING:
     from mqtt_broker.config import BrokerConfig
 
-SUBCOMMANDS = ("start", "stop", "status", "add-device")
+SUBCOMMANDS = ("start", "stop", "status", "add-device", "add-observer")
 
 
 def _nonneg_int(text: str) -> int:
@@ -85,6 +85,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--rotate", action="store_true", help="issue a new password (and certificate) for an existing device")
     a.set_defaults(func=run)
 
+    o = actions.add_parser("add-observer", help="create another read-only observer (one per watcher running at "
+                                                "once: flayer status, flayer dashboard); a running broker reloads")
+    _state_dir_flag(o)
+    o.add_argument("name", metavar="NAME", help="the observer's user name (the default one is 'observer')")
+    o.add_argument("--rotate", action="store_true", help="issue a new password for an existing observer")
+    o.set_defaults(func=run)
+
 
 def _config(args: argparse.Namespace, stored_path: Path) -> BrokerConfig:
     from mqtt_broker.config import DEFAULT_PORT, DEFAULT_TLS_PORT, BrokerConfig
@@ -112,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     from mqtt_broker.tls import TlsError
 
     try:
-        return {"start": _start, "stop": _stop, "status": _status, "add-device": _add_device}[args.broker_command](args)
+        return {"start": _start, "stop": _stop, "status": _status, "add-device": _add_device,
+                "add-observer": _add_observer}[args.broker_command](args)
     except (BrokerConfigError, BrokerError, PasswordError, TlsError) as exc:
         raise CliError(str(exc)) from exc
 
@@ -184,6 +192,20 @@ def _status(args: argparse.Namespace) -> int:
     for user, role in users:
         print(f"  {role:<11} {user:<24} {files.credentials(user)}")
     return 0 if rec else 3
+
+
+def _add_observer(args: argparse.Namespace) -> int:
+    from mqtt_broker.process import reload_recorded
+    from mqtt_broker.state import BrokerFiles, add_observer
+
+    files = BrokerFiles.at(args.state_dir)
+    creds = add_observer(files.state_dir, args.name, rotate=args.rotate)
+    print(f"credentials of observer {creds.username}: {files.credentials(creds.username)} (read-only; pass it to "
+          f"'flayer status --credentials' or 'flayer dashboard --credentials')")
+    rec = reload_recorded(files.state_dir)
+    if rec is not None:
+        print(f"reloaded the running {rec.kind} broker (pid {rec.pid})")
+    return 0
 
 
 def _add_device(args: argparse.Namespace) -> int:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import CliError
+from cli.logfile import add_log_file_flag
+from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quorum", type=int, metavar="N")
     p.add_argument("--min-devices", type=int, metavar="N")
     p.add_argument("--deadline", type=float, metavar="SECONDS", dest="deadline_s")
+    add_log_file_flag(p)
+    add_tensorboard_flag(p)
     p.set_defaults(func=run)
 
 
@@ -62,6 +66,21 @@ class _Display:
               f"({rec['closed']})", flush=True)
 
 
+def _plots(cfg: Any, result: Any) -> list[str]:
+    """The emulator's accuracy.png and bytes.png, from every round in the metrics file (resumed runs too)."""
+    from cli.plots import round_plots
+    from protocol.metrics_schema import MetricsSchemaError, read_metrics
+
+    try:
+        rounds = {r["round"]: r for r in read_metrics(cfg.state_dir / "metrics.jsonl") if r["kind"] == "round"}
+    except MetricsSchemaError as exc:
+        print(f"flayer coordinator: no plots: {exc}", file=sys.stderr)
+        return []
+    return round_plots(cfg.state_dir, [rounds[r] for r in sorted(rounds)], f"{cfg.run.strategy}: federation in "
+                       f"{cfg.state_dir.name}", "the coordinator received (up) and "
+                       "published (down)")
+
+
 def run(args: argparse.Namespace) -> int:
     from cli.report import table
     from coordinator.checkpoint import CheckpointError
@@ -82,7 +101,14 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_coordinator_config(args.config, overrides)
         creds = Credentials.load(cfg.credentials)
         display = _Display(cfg.run.rounds)
-        coord = Coordinator(cfg, creds, on_round=display.round, on_progress=display.progress)
+        tb = TensorBoardSink(args.tensorboard, cfg.state_dir / "metrics.jsonl") if args.tensorboard else None
+
+        def on_round(rec: dict[str, Any]) -> None:
+            display.round(rec)
+            if tb is not None:
+                tb.poll()
+
+        coord = Coordinator(cfg, creds, on_round=on_round, on_progress=display.progress)
     except (ConfigError, BrokerConfigError, CoordinatorError, ValueError) as exc:
         raise CliError(str(exc)) from exc
     got: list[int] = []
@@ -102,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if tb is not None:
+            tb.close()
     rows = [(r["round"], f"{r['accepted']}/{len(r['selected'])}", sum(r["rejected"].values()),
              r["acc"] if r["acc"] is not None else "-", f"{r['bytes_in'] / 1e6:.2f}", f"{r['wall_s']:.1f}")
             for r in result.history]
@@ -111,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
     counters = {k: v for k, v in sorted(result.counters.items()) if v}
     print(f"\n{result.rounds_done}/{cfg.run.rounds} rounds done; rejections and other counters: "
           f"{counters or 'none'}; final model {result.model_digest[:12]}")
+    plots = _plots(cfg, result)
     print(f"outputs in {cfg.state_dir}/ (metrics.jsonl, checkpoint.safetensors, journal/"
-          f"{', global.safetensors' if result.finished else ''})", file=sys.stderr)
+          f"{', global.safetensors' if result.finished else ''}{''.join(', ' + p for p in plots)})", file=sys.stderr)
     if got:
         print(f"stopped by signal {got[0]}; run the same command to resume", file=sys.stderr)
         return 128 + got[0]

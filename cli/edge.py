@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import CliError
+from cli.logfile import add_log_file_flag
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runtime", choices=("torch", "executorch"),
                    help="where the local SGD runs: torch (default) or the model's ExecuTorch training program "
                         "(CPU; cnn and fasttext; needs the 'executorch' extra)")
+    add_log_file_flag(p)
     p.set_defaults(func=run)
 
 

@@ -3,14 +3,17 @@ device profiles -- running the same code real devices run.
 
 Shows each round as it closes (devices reported of selected, devices online, MB up and down over the
 emulated links, accuracy), device crashes as they happen, then a table per round and per profile,
-and writes rounds.jsonl, devices.jsonl, summary.json and PNG plots under the output folder it names
-at the end. Exit status 0 when every round ran; 2 for a configuration error; 1 when a process of the
-fleet failed (its log is shown); 130 after Ctrl-C (everything it started is stopped).
+and writes metrics.jsonl (the metrics schema, as the run goes), rounds.jsonl, devices.jsonl,
+summary.json and PNG plots under the output folder it names at the end; ``--dashboard`` serves the live
+dashboard meanwhile and prints its address. Exit status 0 when every round ran; 2 for a configuration
+error; 1 when a process of the fleet failed (its log is shown); 130 after Ctrl-C (everything it started
+is stopped).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import time
@@ -18,12 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import CliError, add_common_flags
+from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
+
+DASHBOARD_DEFAULT = "127.0.0.1:8765"
+from cli.logfile import add_log_file_flag
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("emulate", help="run an emulated fleet of edge devices over a real broker",
                        description=__doc__.splitlines()[0])
     add_common_flags(p)
+    add_log_file_flag(p)
+    add_tensorboard_flag(p)
     g = p.add_argument_group("fleet (flags override the config's [emulator], [federation] and [edge] tables)")
     g.add_argument("--profiles", metavar="FILE.toml", help="device profiles and [mix] (built-ins without it)")
     g.add_argument("--mix", metavar="NAME=SHARE,...",
@@ -58,6 +67,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--heartbeat", type=float, metavar="SECONDS", help="devices' status interval (5)")
     g.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="give up after this long (default: never)")
+    g.add_argument("--dashboard", nargs="?", const=DASHBOARD_DEFAULT, metavar="HOST:PORT",
+                   help=f"serve the live dashboard while the fleet runs and print its address ({DASHBOARD_DEFAULT}, "
+                        f"or a free port when that one is taken; see 'flayer dashboard')")
     p.set_defaults(func=run)
 
 
@@ -147,32 +159,55 @@ class _Display:
                   file=sys.stderr)
 
 
-def _plots(result: Any, devices: list[dict[str, Any]]) -> list[str]:
-    from cli.plots import _pyplot, line_plot
+class _Dashboard:
+    """``--dashboard``: started when the fleet is set up (the broker and the observer's credentials exist)."""
 
-    out, rows = result.out, result.rows
-    made = []
-    if rows and line_plot(out / "accuracy.png", {"mean device test acc": [r["acc"] or 0.0 for r in rows]},
-                          "round",
-                          "test accuracy", f"{result.spec.extra.get('strategy')}: {len(result.spec.devices)} "
-                          f"emulated devices", x=[r["round"] for r in rows]):
-        made.append("accuracy.png")
+    def __init__(self, where: str, args: argparse.Namespace) -> None:
+        host, _, port = where.rpartition(":")
+        if not host or not port.isdigit():
+            raise CliError(f"--dashboard {where!r}: expected HOST:PORT, e.g. {DASHBOARD_DEFAULT}")
+        self.host, self.port, self.args = host, int(port), args
+        self.server: Any = None
+
+    def start(self, out: Path, spec: Any) -> None:
+        from cli.dashboard import start_dashboard
+        from mqtt_broker import BrokerConfigError, Credentials
+
+        state = Path(self.args.broker_state) if self.args.broker_state else out / "broker"
+        creds = None
+        try:
+            creds = Credentials.load(state / "credentials" / "observer.toml")
+            if spec.broker_host is not None and spec.broker_port is not None:
+                creds = dataclasses.replace(creds, host=spec.broker_host, port=spec.broker_port)
+        except BrokerConfigError as exc:
+            print(f"dashboard: no observer credentials ({exc}); showing the metrics file only", file=sys.stderr)
+        try:
+            self.server = start_dashboard(creds, out / "metrics.jsonl", self.host, self.port)
+        except CliError:
+            if self.port != int(DASHBOARD_DEFAULT.rpartition(":")[2]):
+                raise
+            self.server = start_dashboard(creds, out / "metrics.jsonl", self.host, 0)  # the default port is taken
+        print(f"dashboard: {self.server.url}  (open it in a browser to watch the fleet)", file=sys.stderr,
+              flush=True)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server.watch.stop()
+
+
+def _plots(result: Any, devices: list[dict[str, Any]]) -> list[str]:
+    from cli.plots import _pyplot, round_plots
+    from protocol.metrics_schema import MetricsSchemaError, read_metrics
+
+    out = result.out
+    try:
+        rounds = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "round"]
+    except MetricsSchemaError:  # a shard > 0 keeps no metrics file
+        rounds = []
+    made = round_plots(out, rounds, f"{result.spec.extra.get('strategy')}: {len(result.spec.devices)} emulated "
+                                    f"devices", "over the emulated links, all devices")
     plt = _pyplot()
-    if plt is not None and rows:
-        xs = [r["round"] for r in rows]
-        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-        ax.bar([x - 0.2 for x in xs], [r["mb_down"] for r in rows], width=0.4, label="down (model chunks)")
-        ax.bar([x + 0.2 for x in xs], [r["mb_up"] for r in rows], width=0.4, label="up (update chunks)")
-        ax.set_xlabel("round")
-        ax.set_ylabel("MB over the emulated links")
-        ax.set_title("bytes per round, all devices")
-        ax.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "bytes.png")
-        plt.close(fig)
-        made.append("bytes.png")
     with_acc = [d for d in devices if d["final_acc"] is not None]
     if plt is not None and with_acc:
         names = sorted({d["profile"] for d in with_acc})
@@ -219,9 +254,20 @@ def run(args: argparse.Namespace) -> int:
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt  # unwinds through the launcher, which stops what it started
 
+    display = _Display(run_cfg.rounds)
+    dashboard = _Dashboard(args.dashboard, args) if args.dashboard else None
+    tb = TensorBoardSink(args.tensorboard, out.resolve() / "metrics.jsonl") if args.tensorboard else None
+
+    def on_event(kind: str, info: dict[str, Any]) -> None:
+        display(kind, info)
+        if kind == "setup" and dashboard is not None:
+            dashboard.start(Path(info["out"]), info["spec"])
+        elif kind == "round" and tb is not None:
+            tb.poll()
+
     old = signal.signal(signal.SIGTERM, on_term)
     try:
-        result = run_fleet(opts, _Display(run_cfg.rounds))
+        result = run_fleet(opts, on_event)
     except (ConfigError, DataError, PartitionError, BrokerConfigError, BrokerError) as exc:
         raise CliError(str(exc)) from exc
     except EmulatorError as exc:
@@ -229,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, old)
+        if dashboard is not None:
+            dashboard.stop()
+        if tb is not None:
+            tb.close()
     rows = result.rows
     if rows:
         print()
@@ -258,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{t['crashes']} crashes, {t['offline_events']} times a device went offline, "
           f"{t['trained_updates']} updates trained, {t['errors']} device errors")
     plots = _plots(result, devices)
-    files = ["rounds.jsonl", "devices.jsonl", "summary.json", *plots,
+    files = ["metrics.jsonl" if shard == 0 else "", "rounds.jsonl", "devices.jsonl", "summary.json", *plots,
              "coordinator/metrics.jsonl" if shard == 0 else "",
              "logs/"]
     print(f"outputs in {result.out}/ ({', '.join(f for f in files if f)})", file=sys.stderr)

@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "coordinator": "cli.coordinator",
     "edge": "cli.edge",
     "emulate": "cli.emulate",
+    "status": "cli.status",
+    "dashboard": "cli.dashboard",
     "export": "cli.export",
 }
 
@@ -70,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     from cli.common import CliError
 
     try:
+        if getattr(args, "log_file", None):
+            from cli.logfile import log_to_file
+
+            log_to_file(args.log_file)
         return int(args.func(args) or 0)
     except CliError as exc:
         print(f"flayer {args.command}: error: {exc}", file=sys.stderr)

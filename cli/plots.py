@@ -59,3 +59,32 @@ def bar_plot(path: Path, labels: Sequence[str], values: Sequence[float], ylabel:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def round_plots(out: Path, rounds: Sequence[Mapping[str, Any]], title: str, bytes_what: str) -> list[str]:
+    """``accuracy.png`` and ``bytes.png`` from the ``round`` records of a metrics file (the same pair for
+    ``flayer emulate`` and ``flayer coordinator``); returns the names written."""
+    made: list[str] = []
+    if not rounds:
+        return made
+    xs = [int(r["round"]) for r in rounds]
+    if line_plot(out / "accuracy.png", {"mean device test acc": [r["acc"] or 0.0 for r in rounds]}, "round",
+                 "test accuracy", title, x=xs):
+        made.append("accuracy.png")
+    plt = _pyplot()
+    if plt is None:
+        return made
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    ax.bar([x - 0.2 for x in xs], [r["bytes_down"] / 1e6 for r in rounds], width=0.4, label="down (model chunks)")
+    ax.bar([x + 0.2 for x in xs], [r["bytes_up"] / 1e6 for r in rounds], width=0.4, label="up (update chunks)")
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"MB {bytes_what}")
+    ax.set_title("bytes per round")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "bytes.png")
+    plt.close(fig)
+    made.append("bytes.png")
+    return made

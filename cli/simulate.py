@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -21,13 +20,17 @@ from cli.common import (
     set_threads,
     write_json,
 )
+from cli.logfile import add_log_file_flag
 from cli.progress import Progress
 from cli.report import table
+from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run a federation in one process and report accuracy per round")
     add_common_flags(p)
+    add_log_file_flag(p)
+    add_tensorboard_flag(p)
     p.add_argument("--save-models", action="store_true",
                    help="write the final global model and every client's personal model (safetensors) "
                         "under OUT/models/, for 'flayer export'")
@@ -59,6 +62,21 @@ def training_runtime(runtime: str, strategy: Any, device: Any) -> Any:
         raise CliError(str(exc)) from exc
 
 
+def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:
+    """A :class:`flayer.simulation.RoundRecord` as a ``round`` record of the metrics schema: every selected
+    client reports (ids are client indices); bytes down count a dense fp32 global model per selected client."""
+    from protocol.metrics_schema import round_record
+
+    selected = [str(c) for c in rec.selected]
+    extra = {k: v for k, v in rec.as_dict().items() if k not in ("round", "selected", "acc", "train_loss")}
+    rows = [{"id": str(c), "result": "accepted", "acc": rec.client_acc[c] if c < len(rec.client_acc) else None}
+            for c in rec.selected]
+    return round_record("simulate", now, round=rec.round, wall_s=rec.seconds, selected=selected, devices=rows,
+                        refused={}, bytes_up=rec.upload_bytes, bytes_down=4 * rec.coordinates * len(selected),
+                        acc=rec.acc, train_loss=rec.train_loss if math.isfinite(rec.train_loss) else None,
+                        closed="all", **extra)
+
+
 def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = None,
                    quiet: bool = False, save_models: bool = False, runtime: str = "torch",
                    blowup: float | None = None) -> dict[str, Any]:
@@ -67,6 +85,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
     from flayer.strategies import make_strategy
     from flayer.train import client_data, pick_device, training_engine
     from protocol import update_sizer
+    from protocol.metrics_schema import MetricsFile, end_record, run_record
 
     try:
         device = pick_device(cfg.train.device)
@@ -78,13 +97,14 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         raise CliError(f"--blowup must be a finite factor above 1, got {blowup}")
     engine = training_runtime(runtime, strategy, device)
     clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
-    metrics_path = out / "metrics.jsonl"
+    metrics = MetricsFile(out / "metrics.jsonl", "w")
+    metrics.write(run_record("simulate", time.time(), cfg.strategy, cfg.rounds, len(clients),
+                             dataset=cfg.data.dataset, seed=cfg.seed))
     progress = None if quiet else Progress(cfg.rounds * len(clients), label or f"{cfg.strategy}")
     t0, c0 = time.perf_counter(), time.process_time()
-    with open(metrics_path, "w") as mf:
+    try:
         def on_round(rec: Any) -> None:
-            mf.write(json.dumps(rec.as_dict()) + "\n")
-            mf.flush()
+            metrics.write(simulate_round_record(rec, time.time()))
             if progress is not None:
                 progress.note = f"round {rec.round}: acc {rec.acc:.4f}"
 
@@ -96,7 +116,11 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
             result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device,
                               on_round=on_round, on_client=on_client, sizer=update_sizer(), val=True,
                               blowup=blowup)
-        mf.write(json.dumps({"final_acc": result.final_acc, "final_client_acc": result.final_client_acc}) + "\n")
+        metrics.write(end_record("simulate", time.time(), len(result.rounds), result.diverged is None,
+                                 result.rounds[-1].acc, final_personal_acc=result.final_acc,
+                                 final_client_acc=result.final_client_acc, diverged=result.diverged))
+    finally:
+        metrics.close()
     if progress is not None:
         progress.close()
     if save_models:
@@ -150,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     write_json(out / "partition.json", prepared.partition.summary)
     s = run_simulation(cfg, prepared, out, save_models=args.save_models, runtime=args.runtime,
                        blowup=args.blowup)
+    if args.tensorboard:
+        TensorBoardSink(args.tensorboard, out / "metrics.jsonl").close()
     rows = [(i + 1, a, "-" if v is None else v) for i, (a, v) in enumerate(zip(s["acc"], s["val_acc"]))]
     print(table(["round", "test acc", "val acc"], rows))
     if s["diverged"]:

@@ -59,11 +59,12 @@ class Inbox:
         self._answered: set[tuple[str, int, str]] = set()
         self.open: OpenRound | None = None  # set by the coordinator: where per-round counts go
 
-    def count(self, counter: str, reason: str) -> None:
-        """Count a refusal (cumulative, and in the metrics of the round open when it arrived) and log it."""
+    def count(self, counter: str, reason: str, client: str | None = None) -> None:
+        """Count a refusal (cumulative, and in the metrics of the round open when it arrived, with its reason
+        and device) and log it."""
         self.counters[counter] += 1
         if self.open is not None:
-            self.open.stats.rejected[counter] += 1
+            self.open.stats.refuse(counter, reason, client)
         log.warning("%s: %s", counter, reason)
 
     def ack(self, client: str, round_: int, digest: str, status: str, reason: str = "") -> None:
@@ -84,7 +85,7 @@ class Inbox:
             env, msg = decode_message(payload, self.limits, kind)
             check_topic(env, parsed)
         except WireError as exc:
-            self.count("bad_message", f"{parsed.kind} of {parsed.client}: {exc.reason}")
+            self.count("bad_message", f"{parsed.kind} of {parsed.client}: {exc.reason}", parsed.client)
             return None
         return env, msg
 
@@ -97,7 +98,7 @@ class Inbox:
             env = decode_envelope(payload, self.limits)
             check_topic(env, parsed)
         except WireError as exc:
-            self.count("bad_chunk", f"update chunk from {client}: {exc.reason}")
+            self.count("bad_chunk", f"update chunk from {client}: {exc.reason}", client)
             return None
         rnd = self.open
         if rnd is not None:
@@ -116,7 +117,7 @@ class Inbox:
         try:
             blob = self.collector.add(env)
         except WireError as exc:
-            self.count("bad_chunk", f"update chunk from {client}: {exc.reason}")
+            self.count("bad_chunk", f"update chunk from {client}: {exc.reason}", client)
             return None
         if blob is None:
             return None
@@ -130,7 +131,7 @@ class Inbox:
 
     def _refuse(self, client: str, round_: int, digest: str, verdict: Verdict) -> None:
         assert verdict.counter is not None
-        self.count(verdict.counter, f"{client} round {round_}: {verdict.reason}")
+        self.count(verdict.counter, f"{client} round {round_}: {verdict.reason}", client)
         self.ack(client, round_, digest, verdict.status, verdict.reason)
 
     def _dropped(self, key: tuple[int, str, str, int, str], held: int, count: int, why: str) -> None:

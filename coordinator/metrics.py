@@ -1,23 +1,27 @@
 """Per-round statistics, cumulative counters and the metrics JSONL file.
 
-One line per closed round in ``<state_dir>/metrics.jsonl``: round, selected, received (complete
-blobs), accepted, rejected by reason, bytes in (update chunks received) and out (model and plan
-published), sample-weighted test accuracy the devices reported (measured after the download,
-before training, as ``flayer simulate`` does), mean training loss, why the round closed, wall
-time, and the cumulative counters.
+``<state_dir>/metrics.jsonl`` follows the metrics schema (:mod:`protocol.metrics_schema`,
+``docs/reference/metrics.md``): a ``run`` line per start, one ``round`` line per closed round and an
+``end`` line. A round line holds the common fields (selected, reported, refusals with reasons,
+bytes up = update chunks received, bytes down = model and plan published, the sample-weighted test
+accuracy the devices reported -- measured after the download, before training, as ``flayer
+simulate`` does --, per-device rows) and the coordinator's own: received (complete blobs), accepted,
+rejected by reason, clipped, bytes_in, bytes_out, model_bytes and the cumulative counters.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from protocol.metrics_schema import MetricsFile, round_record
+
 __all__ = ["MetricsLog", "RoundStats"]
+
+MetricsLog = MetricsFile  # the coordinator's metrics file (kept under its old name)
 
 
 @dataclass
@@ -35,13 +39,24 @@ class RoundStats:
     total: float = 0.0
     losses: list[float] = field(default_factory=list)
     clipped: int = 0
+    refusals: list[dict[str, str]] = field(default_factory=list)  # the latest, with reasons
+    refused_by: dict[str, str] = field(default_factory=dict)  # device -> its last refusal's counter
+    device_acc: dict[str, float] = field(default_factory=dict)  # device -> the accuracy it reported
 
-    def add_eval(self, info: Mapping[str, float]) -> None:
+    def refuse(self, counter: str, detail: str, client: str | None = None) -> None:
+        self.rejected[counter] += 1
+        self.refusals = [*self.refusals[-49:], {"reason": counter, "detail": detail[:300], "device": client or ""}]
+        if client is not None:
+            self.refused_by[client] = counter
+
+    def add_eval(self, info: Mapping[str, float], client: str | None = None) -> None:
         """Fold a device's reported evaluation (``test_correct``, ``test_total``, ``train_loss``)."""
         c, t = info.get("test_correct"), info.get("test_total")
         if c is not None and t is not None and t > 0 and 0 <= c <= t:
             self.correct += float(c)
             self.total += float(t)
+            if client is not None:
+                self.device_acc[client] = float(c) / float(t)
         loss = info.get("train_loss")
         if loss is not None and math.isfinite(loss):
             self.losses.append(float(loss))
@@ -54,25 +69,16 @@ class RoundStats:
     def train_loss(self) -> float | None:
         return sum(self.losses) / len(self.losses) if self.losses else None
 
-    def as_dict(self, closed_at: float, reason: str, counters: Mapping[str, int]) -> dict[str, Any]:
-        return {"round": self.round, "selected": self.selected, "received": self.received,
-                "accepted": self.accepted, "rejected": dict(self.rejected), "clipped": self.clipped,
-                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "model_bytes": self.model_bytes,
-                "acc": self.acc, "train_loss": self.train_loss, "closed": reason,
-                "wall_s": round(closed_at - self.opened_at, 3), "counters": dict(counters)}
-
-
-class MetricsLog:
-    """Appends JSON lines to ``path`` (flushed per line)."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._fh = open(path, "a")
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        self._fh.write(json.dumps(record, sort_keys=True) + "\n")
-        self._fh.flush()
-
-    def close(self) -> None:
-        self._fh.close()
+    def as_dict(self, closed_at: float, reason: str, counters: Mapping[str, int],
+                accepted: Iterable[str] = ()) -> dict[str, Any]:
+        """The round's line of the metrics file (``accepted``: the devices whose update was folded in)."""
+        done = set(accepted)
+        rows = [{"id": c, "result": "accepted" if c in done else
+                 "late" if self.refused_by.get(c) == "late" else "refused" if c in self.refused_by else "missing",
+                 "acc": self.device_acc.get(c)} for c in self.selected]
+        return round_record(
+            "coordinator", closed_at, round=self.round, wall_s=closed_at - self.opened_at, selected=self.selected,
+            devices=rows, refused=self.rejected, bytes_up=self.bytes_in, bytes_down=self.bytes_out, acc=self.acc,
+            train_loss=self.train_loss, closed=reason, late=self.rejected.get("late", 0), refusals=self.refusals,
+            received=self.received, accepted=self.accepted, rejected=dict(self.rejected), clipped=self.clipped,
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out, model_bytes=self.model_bytes, counters=dict(counters))

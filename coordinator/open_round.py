@@ -68,7 +68,7 @@ class OpenRound:
         self.accepted.add(client)
         self.stats.accepted += 1
         self.stats.clipped += int(clipped)
-        self.stats.add_eval(update.info)
+        self.stats.add_eval(update.info, client)
 
     def accept(self, client: str, blob: bytes, verdict: Verdict, now: float) -> None:
         """Journal (append + fsync), then fold: the caller acks only after this returns."""

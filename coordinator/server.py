@@ -37,6 +37,7 @@ from flayer.strategies.base import Strategy
 from mqtt_broker.credentials import Credentials, mqtt_connect_settings
 from mqtt_broker.link import Connected, Disconnected, MqttLink, Received
 from protocol import Kind, Metrics, Plan, Status, Topics, WireLimits, encode_message
+from protocol.metrics_schema import end_record, run_record
 
 from .calibration import Calibration, CalibrationError
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -133,6 +134,8 @@ class Coordinator:
     def run(self) -> CoordinatorResult:
         self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self._restore()
+        self.metrics.write(run_record("coordinator", self.clock(), self.cfg.run.strategy, self.cfg.run.rounds, None,
+                                      federation=self.creds.federation, resumed_after=self.done_round))
         self.link.start()
         try:
             while not self._done and not self._stopping:
@@ -146,6 +149,9 @@ class Coordinator:
         finally:
             if self.open is not None and self.open.journal is not None:
                 self.open.journal.close()
+            last = self.history[-1]["acc"] if self.history else None
+            self.metrics.write(end_record("coordinator", self.clock(), self.done_round, self._done, last,
+                                          counters=dict(self.counters)))
             self.metrics.close()
             self.link.stop()
         assert self.model is not None
@@ -377,7 +383,7 @@ class Coordinator:
         self.inbox.round_closed(r)  # unfinished blobs are counted in this round's metrics
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
                                                        dict(self.counters), dict(self.options)))
-        record = rnd.stats.as_dict(self.clock(), reason, self.counters)
+        record = rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted)
         self.metrics.write(record)
         self.history.append(record)
         prune_journals(self.journal_dir, r, self.fs.keep_journals)

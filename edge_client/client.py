@@ -133,6 +133,7 @@ class EdgeClient:
         self._early_acks: list[Ack] = []  # acks that came while the job that sent their message still ran
         self._heartbeat_at = 0.0
         self._state_name = "online"
+        self._link_kbps: float | None = None  # the last model download's rate (the status carries it)
         self._crashed = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -289,7 +290,8 @@ class EdgeClient:
         blob = self._download.add(payload, self.clock())
         if blob is None:
             return
-        stats, self._download = self._download.stats(), None
+        started, stats, self._download = self._download.started, self._download.stats(), None
+        self._link_kbps = round(len(blob) * 8 / 1000 / max(self.clock() - started, 1e-3), 1)
         log.info("%s: model %s downloaded (%s)", self.id, digest[:12], stats)
         self._progress("downloaded", digest=digest, **stats)
         assert self.plan is not None
@@ -499,5 +501,7 @@ class EdgeClient:
     def _status_payload(self, state: str) -> bytes:
         info: dict[str, str | int | float | bool] = {
             "device": str(self.device), "client_index": self.settings.client_index, "num_train": self.data.num_train}
+        if self._link_kbps is not None:
+            info["link_kbps"] = self._link_kbps
         r = self.plan.round if self.plan is not None else 0
         return encode_message(Status(r, state, self.clock(), info), self.creds.federation, self.id)

@@ -38,6 +38,7 @@ class ModelDownload:
         self.filter = topics.model_filter(digest)
         self.reasm = Reassembler(limits)
         self.chunks = chunks
+        self.started = now
         self.last_chunk_at = now
         self.received = 0  # chunks taken
         self.repeated = 0  # ...of which this download held already

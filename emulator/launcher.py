@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from flayer.config import ConfigError
+from protocol.metrics_schema import MetricsFile, end_record, run_record
 
 from .events import JsonlTail
 from .fleet import THREAD_MODE_LIMIT, FleetSpec, device_ids
@@ -31,6 +32,7 @@ from .options import EmulateConfig, federation_table
 from .procs import Child
 from .profiles import assign_profiles, load_profiles, parse_mix
 from .progress import FleetProgress
+from .report import emulate_round_record
 from .setup import (
     clear_round_plan,
     ensure_credentials,
@@ -91,6 +93,7 @@ class _Launch:
         self.wrapped = False
         self.final_seen = False
         self.seen_train = False
+        self.metrics: Any = None  # the schema's metrics.jsonl (shard 0)
 
     def note(self, text: str) -> None:
         self.on_event("note", {"text": text})
@@ -279,6 +282,9 @@ class _Launch:
             self.on_event("open", ev)
         elif kind == "round":
             r = int(ev["record"]["round"])
+            if self.metrics is not None:
+                self.metrics.write(emulate_round_record(ev["record"], progress.opens.get(r, {}),
+                                                        progress.online_at_close.get(r), progress.link_bytes(r)))
             self.on_event("round", progress.rows()[-1] if progress.records and max(progress.records) == r else
                           {"round": r})
         elif kind in ("crash", "restart", "error", "waiting"):
@@ -315,6 +321,10 @@ def run_fleet(opts: LaunchOptions, on_event: OnEvent = lambda kind, info: None) 
     try:
         spec = launch.setup()
         progress = FleetProgress(dict(zip(spec.devices, spec.profile_of)))
+        if opts.shard == 0:
+            launch.metrics = MetricsFile(launch.out / "metrics.jsonl", "w")
+            launch.metrics.write(run_record("emulate", time.time(), str(spec.extra.get("strategy")),
+                                            opts.cfg.run.rounds, len(spec.devices), federation=spec.federation))
         on_event("setup", {"spec": spec, "broker": launch.broker_desc, "out": launch.out})
         launch.start(spec)
         on_event("started", {"coordinator": launch.coordinator.pid if launch.coordinator else None,
@@ -328,6 +338,11 @@ def run_fleet(opts: LaunchOptions, on_event: OnEvent = lambda kind, info: None) 
         finished = bool(progress.coordinator_done and progress.coordinator_done.get("finished"))
     else:
         finished = all(rc == 0 for rc in exits.values())
+    if launch.metrics is not None:
+        rows = progress.rows()
+        launch.metrics.write(end_record("emulate", time.time(), len(rows), finished, rows[-1]["acc"] if rows else None,
+                                        run_s=round(t2 - t1, 1)))
+        launch.metrics.close()
     result = FleetResult(launch.out, spec, progress, progress.rows(), t1 - t0, t2 - t1, launch.broker_desc,
                          finished,
                          exits)

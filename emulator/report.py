@@ -1,5 +1,7 @@
 """The emulator's outputs beside the coordinator's own ``coordinator/metrics.jsonl``:
 
+- ``metrics.jsonl``: the metrics schema (:mod:`protocol.metrics_schema`), written as the run goes:
+  the coordinator's round records with bytes counted over the devices' emulated links;
 - ``rounds.jsonl``: per round, selected, reported (accepted), devices online when it opened and
   closed, accuracy, MB up and down over the devices' emulated links, the coordinator's MB in,
   rejections, wall time and why it closed;
@@ -18,7 +20,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .launcher import FleetResult
 
-__all__ = ["device_rows", "profile_rows", "write_outputs"]
+__all__ = ["device_rows", "emulate_round_record", "profile_rows", "write_outputs"]
+
+
+def emulate_round_record(rec: dict[str, Any], opened: dict[str, Any], online_close: int | None,
+                         link: tuple[int, int]) -> dict[str, Any]:
+    """The coordinator's ``round`` record as the emulator's: source ``emulate``, bytes up and down as the
+    devices moved them over their emulated links (re-sends included) by the time the round closed, and the
+    devices online when it opened and closed."""
+    from protocol.metrics_schema import ACC_DEFINITIONS, upgrade
+
+    base = upgrade(rec, f"the coordinator's record of round {rec.get('round')}")
+    out = {**base, "source": "emulate", "acc_definition": ACC_DEFINITIONS["emulate"], "bytes_up": int(link[0]),
+           "bytes_down": int(link[1]), "coordinator_bytes_in": base["bytes_up"],
+           "coordinator_bytes_out": base["bytes_down"], "online_open": opened.get("online"),
+           "online_close": online_close}
+    return upgrade(out)
 
 
 def device_rows(result: FleetResult) -> list[dict[str, Any]]:

@@ -41,8 +41,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # what a previous emulator run leaves in its output folder (removed before a new run there)
-OWNED = ("fleet.json", "partition.npz", "federation.toml", "rounds.jsonl", "devices.jsonl", "summary.json",
-         "accuracy.png", "bytes.png", "device_accuracy.png", "broker", "coordinator", "devices", "events",
+OWNED = ("fleet.json", "partition.npz", "federation.toml", "metrics.jsonl", "rounds.jsonl", "devices.jsonl",
+         "summary.json", "accuracy.png", "bytes.png", "device_accuracy.png", "broker", "coordinator", "devices", "events",
          "logs")
 
 

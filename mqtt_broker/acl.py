@@ -18,9 +18,10 @@ Mosquitto's ``acl_file`` semantics, as implemented in 2.0.11:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from protocol.topics import acl_rules
+from protocol.topics import OBSERVER_USER, acl_rules
 
 __all__ = ["ACCESS_BITS", "Acl", "AclError", "parse_acl", "render_acl", "topic_matches"]
 
@@ -33,16 +34,11 @@ class AclError(ValueError):
     """The ACL file is malformed."""
 
 
-def render_acl(federation: str, coordinator_user: str) -> str:
-    """Mosquitto ACL text for one federation: device rules as patterns, coordinator rules under its user.
+def render_acl(federation: str, coordinator_user: str, observers: Sequence[str] = (OBSERVER_USER,)) -> str:
+    """Mosquitto ACL text for one federation: device rules as patterns, the coordinator's rules under its
+    user, and a block per read-only observer user (each denied its own names: see acl_rules).
 
-    A pattern granted both read and write is written once as ``readwrite``."""
-    rules = acl_rules(federation, coordinator_user)
-    merged: dict[tuple[str, str], int] = {}
-    for who, access, pattern in rules:
-        if who not in ("coordinator", "device") or access not in ("read", "write"):
-            raise AclError(f"acl_rules returned an unknown rule {(who, access, pattern)!r}")
-        merged[(who, pattern)] = merged.get((who, pattern), 0) | ACCESS_BITS[access]
+    A pattern granted both read and write is written once as ``readwrite``; a deny stays a deny."""
     lines = [
         f"# Access rules of federation {federation!r}, generated from protocol.topics.acl_rules.",
         "# Regenerated on every 'flayer broker start': change acl_rules, not this file.",
@@ -50,9 +46,21 @@ def render_acl(federation: str, coordinator_user: str) -> str:
         "# users whose name is their device id. 'topic' lines apply to the user above them.",
         "",
     ]
-    lines += [f"pattern {_ACCESS_NAMES[bits]} {pattern}" for (who, pattern), bits in merged.items() if who == "device"]
-    lines += ["", f"user {coordinator_user}"]
-    lines += [f"topic {_ACCESS_NAMES[bits]} {pattern}" for (who, pattern), bits in merged.items() if who == "coordinator"]
+    blocks: list[tuple[str, str]] = [("coordinator", coordinator_user)] + [("observer", o) for o in observers]
+    for i, (role, user) in enumerate(blocks):
+        merged: dict[tuple[str, str], int] = {}
+        for who, access, pattern in acl_rules(federation, coordinator_user, user if role == "observer"
+                                              else OBSERVER_USER):
+            if who not in ("coordinator", "observer", "device") or access not in ("read", "write", "deny"):
+                raise AclError(f"acl_rules returned an unknown rule {(who, access, pattern)!r}")
+            if access == "deny" and who == "device":
+                raise AclError(f"a deny pattern would apply to every user: {pattern!r}")
+            merged[(who, pattern)] = 0 if access == "deny" else merged.get((who, pattern), 0) | ACCESS_BITS[access]
+        if i == 0:
+            lines += [f"pattern {_ACCESS_NAMES[bits]} {pattern}" for (who, pattern), bits in merged.items()
+                      if who == "device"]
+        lines += ["", f"user {user}"]
+        lines += [f"topic {_ACCESS_NAMES[bits]} {pattern}" for (w, pattern), bits in merged.items() if w == role]
     return "\n".join(lines) + "\n"
 
 

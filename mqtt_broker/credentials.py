@@ -4,7 +4,7 @@ edge client or coordinator loads, and what paho needs to connect with them.
 File layout (``<state>/credentials/<username>.toml``)::
 
     federation = "default"
-    role = "device"                  # or "coordinator"
+    role = "device"                  # or "coordinator", or "observer" (read-only: status and dashboard)
     username = "dev-1"               # also the MQTT client id
     password = "..."
     host = "127.0.0.1"
@@ -35,7 +35,7 @@ from protocol.topics import TopicError, validate_id
 
 __all__ = ["ConnectSettings", "Credentials", "TlsSettings", "make_client", "mqtt_connect_settings"]
 
-ROLES = ("device", "coordinator")
+ROLES = ("device", "coordinator", "observer")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ Layout (default ``.flayer/broker``, mode 0700)::
     mosquitto.conf         generated
     acl                    generated from protocol.topics.acl_rules
     passwd                 username:hash (0600)
-    credentials/<user>.toml one per device and for the coordinator (0600, holds the password)
+    credentials/<user>.toml one per device, for the coordinator and the read-only observer (0600, holds
+                           the password)
     tls/                   CA, server and client certificates (keys 0600), when TLS is on
     data/                  Mosquitto persistence
     broker.log             the broker's log (no secrets)
@@ -32,9 +33,9 @@ from mqtt_broker.fsutil import atomic_write, free_port, private_dir
 from mqtt_broker.mosquitto_conf import render_mosquitto_conf
 from mqtt_broker.passwords import hash_password, new_password, set_passwd_entry
 from mqtt_broker.tls import client_cert_paths, ensure_ca_and_server, make_client_cert
-from protocol.topics import TopicError, validate_id
+from protocol.topics import OBSERVER_USER, TopicError, validate_id
 
-__all__ = ["BrokerFiles", "add_coordinator", "add_device", "list_users", "load_credentials", "write_broker_files"]
+__all__ = ["BrokerFiles", "add_coordinator", "add_device", "add_observer", "list_users", "load_credentials", "write_broker_files"]
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
         if cfg.persistence:
             private_dir(files.data_dir)
         cfg.save(files.config)
-        atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user), mode=0o600)
+        _write_acl(files, cfg, [u for u, r in users if r == "observer"])
         if not files.passwd.exists():
             atomic_write(files.passwd, "", mode=0o600)
         tls = None
@@ -125,8 +126,16 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
             _write_credentials(files, cfg, user, role, creds.password)
         if not files.credentials(cfg.coordinator_user).exists():
             _add_user(files, cfg, cfg.coordinator_user, "coordinator")
+        if not files.credentials(OBSERVER_USER).exists():
+            _add_user(files, cfg, OBSERVER_USER, "observer")
     log.info("broker files for federation %s written to %s", cfg.federation, files.state_dir)
     return files
+
+
+def _write_acl(files: BrokerFiles, cfg: BrokerConfig, observers: list[str]) -> None:
+    """The ACL file, with a block for the default observer and every other observer user."""
+    names = sorted({OBSERVER_USER, *observers})
+    atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user, names), mode=0o600)
 
 
 def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str, password: str) -> Credentials:
@@ -160,6 +169,8 @@ def _add(state_dir: str | Path, user: str, role: str, rotate: bool, exist_ok: bo
         raise BrokerConfigError(str(exc)) from exc
     if role == "device" and user == cfg.coordinator_user:
         raise BrokerConfigError(f"{user!r} is the coordinator's user name; a device cannot use it")
+    if role == "device" and user == OBSERVER_USER:
+        raise BrokerConfigError(f"{user!r} is the read-only observer's user name; a device cannot use it")
     with _locked(files):
         path = files.credentials(user)
         if path.exists() and not rotate:
@@ -183,6 +194,22 @@ def add_coordinator(state_dir: str | Path, rotate: bool = False) -> Credentials:
     """The coordinator's credentials (created by :func:`write_broker_files`; ``rotate`` renews them)."""
     cfg = BrokerConfig.load(BrokerFiles.at(state_dir).config)
     return _add(state_dir, cfg.coordinator_user, "coordinator", rotate, exist_ok=True)
+
+
+def add_observer(state_dir: str | Path, name: str = OBSERVER_USER, rotate: bool = False) -> Credentials:
+    """A read-only observer's credentials (``flayer status``, ``flayer dashboard``); the default one,
+    ``observer``, is created by :func:`write_broker_files`. The broker allows one connection per user, so
+    each watcher running at the same time needs its own observer. The ACL (rewritten here; a running
+    Mosquitto reads it after a reload) lets observers read the round plan, statuses and metrics, and
+    publish nothing. ``rotate`` renews the password."""
+    files = BrokerFiles.at(state_dir)
+    cfg = BrokerConfig.load(files.config)
+    if name == cfg.coordinator_user:
+        raise BrokerConfigError(f"{name!r} is the coordinator's user name; an observer cannot use it")
+    creds = _add(state_dir, name, "observer", rotate, exist_ok=True)
+    with _locked(files):
+        _write_acl(files, cfg, [u for u, r in list_users(files.state_dir) if r == "observer"])
+    return creds
 
 
 def load_credentials(state_dir: str | Path, username: str) -> Credentials:

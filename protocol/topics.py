@@ -13,6 +13,9 @@ topic                                       written by                 read by
 ``metrics/<client>``                        that client                coordinator
 ==========================================  ========================  ================================
 
+The read-only ``observer`` user (``flayer status``, ``flayer dashboard``) reads ``round``,
+``status/+`` and ``metrics/+`` and nothing else, and may publish nothing.
+
 Federation and client ids are 1-64 characters of ``[A-Za-z0-9_-]`` (no MQTT wildcards or
 separators), digests are lowercase hex. Broker ACLs (``mqtt_broker``) are generated from
 :func:`acl_rules`, so the topics and the access rules cannot drift apart.
@@ -24,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
+    "OBSERVER_USER",
     "ROOT",
     "ParsedTopic",
     "TopicError",
@@ -33,6 +37,7 @@ __all__ = [
 ]
 
 ROOT = "fl"
+OBSERVER_USER = "observer"  # the read-only user of status and dashboard; no device may take this name
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _DIGEST = re.compile(r"[0-9a-f]{8,128}")
 
@@ -135,11 +140,16 @@ def _nonneg(text: str) -> int:
     return int(text)
 
 
-def acl_rules(federation: str, coordinator_user: str) -> list[tuple[str, str, str]]:
-    """Access rules as (who, access, topic pattern): ``who`` is ``coordinator`` or ``device``
-    (device patterns use Mosquitto's ``%u`` = the connecting username); access is read|write."""
+def acl_rules(federation: str, coordinator_user: str,
+              observer_user: str = OBSERVER_USER) -> list[tuple[str, str, str]]:
+    """Access rules as (who, access, topic pattern): ``who`` is ``coordinator``, ``observer`` or ``device``
+    (device patterns use Mosquitto's ``%u`` = the connecting username); access is read|write|deny.
+
+    Mosquitto applies the device patterns to every user, so the observer's rules deny what those patterns
+    would give it under its own name (and the model, which devices read); deny rules win over the rest."""
     t = Topics(federation)
     validate_id(coordinator_user, "coordinator user")
+    validate_id(observer_user, "observer user")
     p = t.prefix
     return [
         ("coordinator", "write", f"{p}/round"),
@@ -148,6 +158,14 @@ def acl_rules(federation: str, coordinator_user: str) -> list[tuple[str, str, st
         ("coordinator", "read", f"{p}/update/#"),
         ("coordinator", "read", f"{p}/status/#"),
         ("coordinator", "read", f"{p}/metrics/#"),
+        ("observer", "read", f"{p}/round"),
+        ("observer", "read", f"{p}/status/#"),
+        ("observer", "read", f"{p}/metrics/#"),
+        ("observer", "deny", f"{p}/model/#"),
+        ("observer", "deny", f"{p}/update/#"),
+        ("observer", "deny", f"{p}/ack/#"),
+        ("observer", "deny", f"{p}/status/{observer_user}"),
+        ("observer", "deny", f"{p}/metrics/{observer_user}"),
         ("device", "read", f"{p}/round"),
         ("device", "read", f"{p}/model/#"),
         ("device", "read", f"{p}/ack/%u"),

@@ -8,6 +8,7 @@ import pytest
 
 from cli.main import main
 from flayer.config import ConfigError, load_run_config
+from protocol.metrics_schema import read_metrics
 
 
 def test_config_file_and_flag_override(tmp_path):
@@ -62,8 +63,9 @@ def test_simulate_fedavg_end_to_end(tmp_path):
                            "--out", str(out), "--save-models"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert "round" in proc.stdout and "final-round acc" in proc.stdout
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [x["round"] for x in lines[:3]] == [1, 2, 3] and "final_acc" in lines[3]
+    lines = read_metrics(out / "metrics.jsonl")  # validated against the metrics schema
+    assert [x["kind"] for x in lines] == ["run", "round", "round", "round", "end"]
+    assert [x["round"] for x in lines[1:4]] == [1, 2, 3] and lines[4]["final_personal_acc"] > 0
     summary = json.loads((out / "summary.json").read_text())
     # iid digits with lr 0.05 learns within 3 rounds, far above the 10% chance level
     assert summary["best_acc"] > 0.5

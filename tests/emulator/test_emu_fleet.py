@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from emutestlib import emulate, events_of, finish, read_jsonl, wait_until
 
+from protocol.metrics_schema import read_metrics
+
 pytestmark = pytest.mark.integration
 
 # always on; "steady" is shaped (8 Mbit/s up) and 20x slower than this host (digits rounds take ~20 ms)
@@ -46,7 +48,10 @@ def test_ten_devices_run_two_rounds(tmp_path: Path) -> None:
     rows = read_jsonl(out / "rounds.jsonl")
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["selected"] == 10 and r["reported"] == 10 and r["acc"] is not None for r in rows)
-    metrics = read_jsonl(out / "coordinator/metrics.jsonl")
+    metrics = [m for m in read_metrics(out / "coordinator/metrics.jsonl") if m["kind"] == "round"]
+    unified = read_metrics(out / "metrics.jsonl")  # the emulator's own, same schema
+    assert [m["kind"] for m in unified] == ["run", "round", "round", "end"]
+    assert all(m["source"] == "emulate" and m["reported"] == 10 and m["bytes_down"] > 0 for m in unified[1:3])
     assert [m["accepted"] for m in metrics] == [10, 10]
     model_mb = metrics[0]["model_bytes"] / 1e6
     assert all(r["mb_down"] >= 10 * model_mb and r["mb_up"] > 0 for r in rows)

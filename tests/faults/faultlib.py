@@ -222,7 +222,8 @@ class ProcFederation:
         import json
 
         path = self.coord_state / "metrics.jsonl"
-        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        return [m for m in lines if m.get("kind") == "round"]  # the run and end lines carry no round
 
     def closed_rounds(self) -> list[int]:
         return [int(m["round"]) for m in self.metrics()]

@@ -14,6 +14,7 @@ from flayer.partition import make_partition
 from flayer.simulation import simulate
 from flayer.strategies import make_strategy
 from flayer.train import client_data
+from protocol.metrics_schema import read_metrics
 
 TRAIN = TrainConfig(lr=0.05, batch_size=10, device="cpu")
 
@@ -52,8 +53,9 @@ def test_records_are_sample_weighted_and_count_uploads(digits, clients):
 def test_simulate_and_ablate_commands(tmp_path, capsys):
     common = ["--dataset", "digits", "--clients", "3", "--rounds", "2", "--seed", "1", "--threads", "1"]
     assert main(["simulate", "--strategy", "flayer", *common, "--out", str(tmp_path / "sim")]) == 0
-    lines = (tmp_path / "sim" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["round"] for line in lines[:2]] == [1, 2] and "final_acc" in json.loads(lines[2])
+    lines = read_metrics(tmp_path / "sim" / "metrics.jsonl")  # validated against the metrics schema
+    assert [r["kind"] for r in lines] == ["run", "round", "round", "end"]
+    assert [r["round"] for r in lines[1:3]] == [1, 2] and lines[3]["final_acc"] == lines[2]["acc"]
     capsys.readouterr()
     assert main(["ablate", *common, "--variants", "flayer,zero", "--out", str(tmp_path / "abl")]) == 0
     out = capsys.readouterr().out

@@ -6,7 +6,6 @@ Against Mosquitto every device is its own process (``flayer edge``) and so is th
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from edge_client.client import EdgeClient
 from edge_client.config import load_device_config
 from flayer.state import load_tensors
 from mqtt_broker import mosquitto_available
+from protocol.metrics_schema import read_metrics
 
 pytestmark = pytest.mark.integration
 DEVICES = [f"dev-{i}" for i in range(5)]
@@ -48,8 +48,11 @@ def _assert_matches_simulator(state: dict[str, torch.Tensor], run) -> None:  # t
 
 
 def _check_outputs(tmp: Path, run) -> None:  # type: ignore[no-untyped-def]
-    lines = [json.loads(x) for x in (tmp / "coord/metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp / "coord/metrics.jsonl")  # validated against the metrics schema
+    assert [r["kind"] for r in records] == ["run", "round", "round", "round", "end"]
+    lines = [r for r in records if r["kind"] == "round"]
     assert [r["round"] for r in lines] == [1, 2, 3]
+    assert all(r["reported"] == 5 and [d["result"] for d in r["devices"]] == ["accepted"] * 5 for r in lines)
     assert all(r["accepted"] == 5 and r["selected"] == DEVICES and not r["rejected"] for r in lines)
     assert all(r["acc"] is not None and 0 < r["acc"] <= 1 for r in lines)
     for d in DEVICES:

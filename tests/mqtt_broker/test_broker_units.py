@@ -38,22 +38,24 @@ def _spec(role: str, me: str, topic: str, access: str) -> bool:
     }
     if role == "device":
         return device_rights[access]
+    if role == "observer":  # read-only: the plan, statuses and metrics (not its own names), never a write
+        return access == "read" and (kind == "round" or (kind in ("status", "metrics") and owner != me))
     coordinator_rights = {"write": kind in ("round", "model", "ack"), "read": kind in ("update", "status", "metrics")}
     return coordinator_rights[access] or device_rights[access]
 
 
 def _topics() -> list[str]:
     out = [T.round(), T.model_chunk("ab" * 16, 3), "fl/f1-x/round", "fl/f1", "other/x", "$SYS/broker/uptime"]
-    for who in ("dev-a", "dev-b", "coordinator"):
+    for who in ("dev-a", "dev-b", "coordinator", "observer"):
         out += [T.update_chunk(who, 2, 0), T.ack(who), T.status(who), T.metrics(who)]
     return out
 
 
 @pytest.mark.parametrize("access", ["read", "write"])
-@pytest.mark.parametrize("user", ["dev-a", "dev-b", "coordinator"])
+@pytest.mark.parametrize("user", ["dev-a", "dev-b", "coordinator", "observer"])
 def test_rendered_acl_matches_the_topic_table(user: str, access: str) -> None:
     acl = parse_acl(render_acl(FED, "coordinator"))
-    role = "coordinator" if user == "coordinator" else "device"
+    role = user if user in ("coordinator", "observer") else "device"
     for topic in _topics():
         assert acl.allows(user, user, topic, access) == _spec(role, user, topic, access), (user, access, topic)
 
@@ -61,9 +63,10 @@ def test_rendered_acl_matches_the_topic_table(user: str, access: str) -> None:
 def test_acl_text_uses_patterns_for_devices_and_a_user_block_for_the_coordinator() -> None:
     text = render_acl(FED, "boss")
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-    user_at = lines.index("user boss")
+    user_at, observer_at = lines.index("user boss"), lines.index("user observer")
     assert all(ln.startswith("pattern ") for ln in lines[:user_at])
-    assert all(ln.startswith("topic ") for ln in lines[user_at + 1:])
+    assert all(ln.startswith("topic ") for ln in lines[user_at + 1:observer_at] + lines[observer_at + 1:])
+    assert "topic deny fl/f1/model/#" in lines[observer_at:] and "topic deny fl/f1/status/observer" in lines
     assert "pattern write fl/f1/update/%u/#" in lines and "pattern read fl/f1/ack/%u" in lines
     assert "topic read fl/f1/update/#" in lines and "topic write fl/f1/round" in lines
 

@@ -1,0 +1,75 @@
+"""``flayer dashboard``: a read-only web page that shows the fleet live (or a finished run's folder).
+
+It reads the broker as the read-only observer and the run's metrics file, and serves one page (from
+the package: nothing is fetched from elsewhere) with the round's progress, accuracy and bytes per
+round as charts, a device table that sorts and filters, and the latest refusals with their reasons;
+updates are pushed to the page (Server-Sent Events). Bound to 127.0.0.1 by default; bound to another
+address it requires a token (printed in the address). Runs until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cli.common import CliError
+from cli.logfile import add_log_file_flag
+from cli.status import add_source_flags, resolve_source
+
+DEFAULT_PORT = 8765
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dashboard", help="serve a live web page of the fleet (read-only)",
+                       description=__doc__.splitlines()[0])
+    add_source_flags(p)
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                   help="address to listen on (127.0.0.1; any other address requires a token)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="PORT", help=f"port ({DEFAULT_PORT}; 0: any free)")
+    p.add_argument("--token", metavar="TOKEN", help="access token (generated when bound beyond loopback)")
+    p.add_argument("--stale-after", type=float, default=30.0, metavar="SECONDS",
+                   help="a device silent this long counts as offline (30)")
+    add_log_file_flag(p)
+    p.set_defaults(func=run)
+
+
+def start_dashboard(creds: Any, metrics: Path | None, host: str, port: int, token: str | None = None,
+                    stale_after_s: float = 30.0) -> Any:
+    """A started :class:`coordinator.dashboard.server.DashboardServer` (and its watch) in background threads;
+    ``close()`` it and ``watch.stop()`` when done. CliError when the address cannot be bound."""
+    from coordinator.dashboard.server import DashboardServer
+    from coordinator.dashboard.watch import FleetWatch
+
+    if token is not None and len(token) < 16:
+        raise CliError("--token must be at least 16 characters")
+    watch = FleetWatch(creds, metrics, stale_after_s=stale_after_s).start()
+    try:
+        server = DashboardServer(watch, host, port, token)
+    except OSError as exc:
+        watch.stop()
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    server.serve_in_thread()
+    return server
+
+
+def run(args: argparse.Namespace) -> int:
+    creds, metrics = resolve_source(args)
+    if creds is None and metrics is None:
+        raise CliError("nothing to show: give a run folder, --metrics FILE, --broker-state DIR or --credentials FILE")
+    server = start_dashboard(creds, metrics, args.host, args.port, args.token, args.stale_after)
+    what = " and ".join(x for x in (f"broker {creds.host}:{creds.port} as {creds.username}" if creds else "",
+                                    f"metrics {metrics}" if metrics else "") if x)
+    print(f"dashboard: {server.url}  ({what}; Ctrl-C to stop)", flush=True)
+    if server.token:
+        print("dashboard: the address holds the access token; share it only with whoever may watch", file=sys.stderr)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.close()
+        server.watch.stop()
