@@ -5,6 +5,12 @@ through screening (:func:`coordinator.intake.screen`), the size limit and the Ch
 hands back complete, validated updates. Everything it refuses is counted, logged and -- for
 updates, once per (re-)sent blob -- acknowledged with the reason. It owns no round state: the
 coordinator passes the open round in.
+
+Bounded work per sender: a blob whose envelope declares more than the round's model can hold is
+refused at its first chunk (nothing is collected), and a device refused ``max_malformed`` times in
+the open round (malformed, oversize, wrong sender or model, invalid, over the norm bound, bad
+chunk) is cut off for the rest of that round: its update chunks are dropped at once, counted
+``cut_off``, and it is told once why.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from protocol import (
 )
 
 from .config import FederationSettings
-from .intake import Verdict, screen, validate
+from .intake import STRIKES, Verdict, screen, validate
 from .open_round import OpenRound
 
 __all__ = ["CompleteUpdate", "Inbox"]
@@ -57,14 +63,31 @@ class Inbox:
         self.counters = counters
         self.collector = ChunkCollector(limits, fs.max_pending_bytes, on_drop=self._dropped)
         self._answered: set[tuple[str, int, str]] = set()
+        self.strikes: Counter[tuple[int, str]] = Counter()  # (round, client) -> refusals that count
         self.open: OpenRound | None = None  # set by the coordinator: where per-round counts go
 
-    def count(self, counter: str, reason: str) -> None:
+    def count(self, counter: str, reason: str, n: int = 1, quiet: bool = False) -> None:
         """Count a refusal (cumulative, and in the metrics of the round open when it arrived) and log it."""
-        self.counters[counter] += 1
+        self.counters[counter] += n
         if self.open is not None:
-            self.open.stats.rejected[counter] += 1
-        log.warning("%s: %s", counter, reason)
+            self.open.stats.rejected[counter] += n
+        if not quiet:
+            log.warning("%s: %s", counter, reason)
+
+    def _strike(self, client: str, counter: str | None, digest: str = "0" * 64) -> None:
+        rnd = self.open
+        if rnd is None or counter not in STRIKES:
+            return
+        self.strikes[(rnd.number, client)] += 1
+        if self.strikes[(rnd.number, client)] == self.fs.max_malformed:
+            reason = (f"{client} is cut off for round {rnd.number}: {self.fs.max_malformed} refused updates or "
+                      f"chunks (max_malformed)")
+            log.warning("%s", reason)
+            self.ack(client, rnd.number, digest, "rejected", reason)
+
+    def cut_off(self, client: str) -> bool:
+        rnd = self.open
+        return rnd is not None and self.strikes[(rnd.number, client)] >= self.fs.max_malformed
 
     def ack(self, client: str, round_: int, digest: str, status: str, reason: str = "") -> None:
         payload = encode_message(Ack(round_, client, digest, status, reason[:500]), self.topics.federation,
@@ -93,20 +116,25 @@ class Inbox:
         """One update chunk; the accepted update once its blob is complete and valid, else None."""
         client = parsed.client
         assert client is not None
+        rnd = self.open
+        if self.cut_off(client):
+            self.count("cut_off", "", quiet=True)
+            return None
         try:
             env = decode_envelope(payload, self.limits)
             check_topic(env, parsed)
         except WireError as exc:
             self.count("bad_chunk", f"update chunk from {client}: {exc.reason}")
+            self._strike(client, "bad_chunk")
             return None
-        rnd = self.open
         if rnd is not None:
             rnd.stats.bytes_in += len(payload)
         verdict = screen(client, env.round, rnd.number if rnd else None, done_round,
                          rnd.selected if rnd else frozenset(), rnd.accepted if rnd else set(), accepted_before)
-        if verdict is None and env.total_size > self.fs.max_update_bytes:
-            verdict = Verdict("rejected", f"update of {env.total_size} bytes exceeds max_update_bytes "
-                                          f"{self.fs.max_update_bytes}", "oversize")
+        if verdict is None and rnd is not None and env.total_size > rnd.ctx.blob_cap:
+            verdict = Verdict("rejected", f"update of {env.total_size} bytes exceeds {rnd.ctx.blob_cap} "
+                                          f"(max_update_bytes {self.fs.max_update_bytes}, or what the model holds)",
+                              "oversize")
         if verdict is not None:
             key = (client, env.round, env.digest)
             if env.index == 0 or key not in self._answered:  # once per (re-)sent blob
@@ -117,6 +145,7 @@ class Inbox:
             blob = self.collector.add(env)
         except WireError as exc:
             self.count("bad_chunk", f"update chunk from {client}: {exc.reason}")
+            self._strike(client, "bad_chunk", env.digest)
             return None
         if blob is None:
             return None
@@ -132,6 +161,7 @@ class Inbox:
         assert verdict.counter is not None
         self.count(verdict.counter, f"{client} round {round_}: {verdict.reason}")
         self.ack(client, round_, digest, verdict.status, verdict.reason)
+        self._strike(client, verdict.counter, digest)
 
     def _dropped(self, key: tuple[int, str, str, int, str], held: int, count: int, why: str) -> None:
         self.count("incomplete", f"{key[2]} round {key[3]}: unfinished update blob {key[4][:12]} dropped "
@@ -141,3 +171,4 @@ class Inbox:
         """Forget unfinished blobs (each counted ``incomplete``) and answers of rounds up to ``number``."""
         self.collector.discard((k for k in self.collector.keys() if k[3] <= number), f"round {number} closed")
         self._answered = {k for k in self._answered if k[1] > number - 2}
+        self.strikes = Counter({k: v for k, v in self.strikes.items() if k[0] > number})

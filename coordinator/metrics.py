@@ -35,6 +35,7 @@ class RoundStats:
     total: float = 0.0
     losses: list[float] = field(default_factory=list)
     clipped: int = 0
+    weight_capped: int = 0  # accepted updates whose num_samples was cut to max_samples
 
     def add_eval(self, info: Mapping[str, float]) -> None:
         """Fold a device's reported evaluation (``test_correct``, ``test_total``, ``train_loss``)."""
@@ -57,6 +58,7 @@ class RoundStats:
     def as_dict(self, closed_at: float, reason: str, counters: Mapping[str, int]) -> dict[str, Any]:
         return {"round": self.round, "selected": self.selected, "received": self.received,
                 "accepted": self.accepted, "rejected": dict(self.rejected), "clipped": self.clipped,
+                "weight_capped": self.weight_capped,
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "model_bytes": self.model_bytes,
                 "acc": self.acc, "train_loss": self.train_loss, "closed": reason,
                 "wall_s": round(closed_at - self.opened_at, 3), "counters": dict(counters)}

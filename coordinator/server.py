@@ -15,13 +15,20 @@ those, or of the last closed rounds (their journals), are acked ``duplicate``. A
 round's model and plan are published again (a restarted broker may have lost them). Stop
 (:meth:`Coordinator.stop`, e.g. on SIGINT/SIGTERM) ends the loop after the current event; everything
 acknowledged is already on disk.
+
+Against a hostile device (docs/explanation/security-hostile-devices.md): the receive queue is bounded
+in bytes, per sender too, and served round-robin (:mod:`coordinator.receive`); each round has a norm
+bound, explicit or automatic, saved with the checkpoint (:mod:`coordinator.guard`); a round whose
+aggregate is not finite quarantines the updates that made it so before anything is published or
+checkpointed; update or metrics messages the broker retained are never taken as input: they are
+counted ``retained`` and cleared (an empty retained payload), and each round's close subscribes
+again so the broker re-sends, and the coordinator clears, whatever was retained meanwhile.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
 import threading
 import time
 from collections import Counter
@@ -41,11 +48,13 @@ from protocol import Kind, Metrics, Plan, Status, Topics, WireLimits, encode_mes
 from .calibration import Calibration, CalibrationError
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
+from .guard import NormHistory, Quarantine
 from .inbox import CompleteUpdate, Inbox
 from .journal import prune_journals
 from .metrics import MetricsLog
 from .open_round import OpenRound, folded_in, journaled_round
 from .publish import ModelBlob, Publisher, StopRequested, make_plan, model_blob
+from .receive import ReceiveQueue
 from .registry import DeviceRegistry
 from .result import CoordinatorResult
 from .rounds import select_devices
@@ -77,7 +86,7 @@ class Coordinator:
         self.strategy = strategy or make_strategy(cfg.run.strategy, cfg.spec, cfg.run.train, cfg.options)
         self.topics = Topics(creds.federation)
         self.limits = limits or WireLimits(max_blob_bytes=max(cfg.federation.max_update_bytes, 1 << 20))
-        self.events: queue.Queue[Any] = queue.Queue()
+        self.events = ReceiveQueue(self.fs.queue_bytes, self.fs.queue_sender_bytes)
         self.on_round, self.on_progress = on_round, on_progress
         self.registry = DeviceRegistry(self.fs.stale_after_s)
         self.counters: Counter[str] = Counter()
@@ -99,6 +108,9 @@ class Coordinator:
         self._calibrated = False
         self.journal_dir = cfg.state_dir / "journal"
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
+        self.norms = NormHistory(self.fs.norm_auto, self.fs.norm_window, self.fs.norm_warmup)
+        self.quarantine = Quarantine(cfg.state_dir)
+        self._cleared: set[str] = set()  # retained junk this coordinator emptied (its echo is ignored)
 
     @property
     def open(self) -> OpenRound | None:
@@ -165,6 +177,7 @@ class Coordinator:
         else:
             self.done_round, self.global_state = ckpt.round, ckpt.global_state
             self.counters.update(ckpt.counters)
+            self.norms.add(ckpt.norms)
             self._calibrated = True  # a checkpoint exists only after a calibration (if any)
             if ckpt.options != self.options:  # options a calibration resolved
                 self.options = ckpt.options
@@ -184,23 +197,26 @@ class Coordinator:
             plan, replay = found
             self.open = self._begin(plan.round, plan.selected)
             self._resumed = True
-            log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay), plan.round)
+            log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay, self.quarantine),
+                     plan.round)
             self.open.open_journal(self.journal_dir)  # cuts a torn tail; re-sent updates may arrive at once
 
     def _begin(self, number: int, selected: tuple[str, ...] | list[str]) -> OpenRound:
         assert self.model is not None
+        bound = self.norms.bound(self.fs.norm_bound, self.global_state)
+        log.info("round %d: update norm bound %s", number, "none" if bound is None else f"{bound:.4g}")
         return OpenRound.begin(number, selected, self.strategy, self.global_state, self.model.digest, self.fs,
-                               self.creds.federation, self.limits, self.clock())
+                               self.creds.federation, self.limits, self.clock(), bound)
 
     # ---- events -------------------------------------------------------------------------------
     def _next_event(self) -> Any:
+        for sender, n in self.events.take_dropped().items():
+            self.inbox.count("queue_full", f"{n} message(s) from {sender or 'no sender'} dropped: the receive "
+                                           f"queue is full", n)
         now = self.clock()
         timer = self.open.timer if self.open is not None else None
         wake = timer.next_wakeup() if timer is not None else now + 1.0
-        try:
-            return self.events.get(timeout=min(1.0, max(0.0, wake - now)))
-        except queue.Empty:
-            return None
+        return self.events.get(timeout=min(1.0, max(0.0, wake - now)))
 
     def _handle(self, ev: Any) -> None:
         if isinstance(ev, Received):
@@ -219,8 +235,14 @@ class Coordinator:
 
     def _on_message(self, ev: Received) -> None:
         parsed = self.inbox.parse(ev.topic)
-        if parsed is None or (not ev.payload and parsed.kind != "update"):
+        if parsed is None:
+            return
+        if not ev.payload and (parsed.kind != "update" or ev.topic in self._cleared):
+            self._cleared.discard(ev.topic)
             return  # an empty payload clears a retained message
+        if ev.retain and parsed.kind in ("update", "metrics"):
+            self._clear_retained(ev.topic, parsed.client)
+            return
         if parsed.kind == "update":
             try:
                 done = self.inbox.update_chunk(parsed, ev.payload, self.done_round, self.accepted_before)
@@ -241,6 +263,12 @@ class Coordinator:
                 if status != "accepted":
                     self.inbox.count(status if status in ("duplicate", "not_selected") else "bad_message", reason)
                 self.inbox.ack(parsed.client, 0, env.digest, status, reason)
+
+    def _clear_retained(self, topic: str, client: str | None) -> None:
+        """A device left a retained message where only live input belongs: never input, emptied."""
+        self.inbox.count("retained", f"{topic}: a retained message from {client} is ignored and cleared")
+        self._cleared.add(topic)
+        self.link.publish(topic, b"", retain=True)
 
     def _accept(self, up: CompleteUpdate) -> None:
         rnd = self.open
@@ -360,7 +388,7 @@ class Coordinator:
         self.options = {**self.options, **resolved}
         self._calibrated = True
         save_checkpoint(self.cfg.state_dir, Checkpoint(0, self.global_state, self.model.digest, self.identity(),
-                                                       dict(self.counters), dict(self.options)))
+                                                       dict(self.counters), dict(self.options), self.norms.norms))
         log.info("calibration resolved %s from %d report(s)", resolved, len(cal.reports))
         if self.on_progress is not None:
             self.on_progress("calibrated", {"resolved": resolved, "reports": len(cal.reports)})
@@ -369,14 +397,19 @@ class Coordinator:
         rnd = self.open
         assert rnd is not None
         r = rnd.number
-        self.global_state = rnd.close()
+        self.global_state, left_out = rnd.close(self.quarantine)
+        if left_out:
+            self.counters["quarantined"] += len(left_out)
+        self.norms.add(rnd.norms)
         self.model = model_blob(self.global_state)
         self.done_round = r
         self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
         self.accepted_before[r] = set(rnd.accepted)
         self.inbox.round_closed(r)  # unfinished blobs are counted in this round's metrics
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
-                                                       dict(self.counters), dict(self.options)))
+                                                       dict(self.counters), dict(self.options), self.norms.norms))
+        if self._connected_once:  # the broker re-sends what is retained under update/ and metrics/: cleared
+            self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
         record = rnd.stats.as_dict(self.clock(), reason, self.counters)
         self.metrics.write(record)
         self.history.append(record)

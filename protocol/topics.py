@@ -146,8 +146,10 @@ def acl_rules(federation: str, coordinator_user: str) -> list[tuple[str, str, st
         ("coordinator", "write", f"{p}/model/#"),
         ("coordinator", "write", f"{p}/ack/#"),
         ("coordinator", "read", f"{p}/update/#"),
+        ("coordinator", "write", f"{p}/update/#"),  # only to empty what a device left retained there
         ("coordinator", "read", f"{p}/status/#"),
         ("coordinator", "read", f"{p}/metrics/#"),
+        ("coordinator", "write", f"{p}/metrics/#"),  # (same)
         ("device", "read", f"{p}/round"),
         ("device", "read", f"{p}/model/#"),
         ("device", "read", f"{p}/ack/%u"),

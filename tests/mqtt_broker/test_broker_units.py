@@ -38,7 +38,8 @@ def _spec(role: str, me: str, topic: str, access: str) -> bool:
     }
     if role == "device":
         return device_rights[access]
-    coordinator_rights = {"write": kind in ("round", "model", "ack"), "read": kind in ("update", "status", "metrics")}
+    coordinator_rights = {"write": kind in ("round", "model", "ack", "update", "metrics"),  # update, metrics: to clear
+                          "read": kind in ("update", "status", "metrics")}                 # retained junk
     return coordinator_rights[access] or device_rights[access]
 
 
@@ -65,7 +66,7 @@ def test_acl_text_uses_patterns_for_devices_and_a_user_block_for_the_coordinator
     assert all(ln.startswith("pattern ") for ln in lines[:user_at])
     assert all(ln.startswith("topic ") for ln in lines[user_at + 1:])
     assert "pattern write fl/f1/update/%u/#" in lines and "pattern read fl/f1/ack/%u" in lines
-    assert "topic read fl/f1/update/#" in lines and "topic write fl/f1/round" in lines
+    assert "topic readwrite fl/f1/update/#" in lines and "topic write fl/f1/round" in lines
 
 
 def test_dangerous_usernames_get_no_pattern_rights_and_unknown_users_only_device_rights() -> None:
