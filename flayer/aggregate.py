@@ -177,7 +177,8 @@ class Aggregator:
                 new = np.where(wc > 0, p + acc / np.where(wc > 0, wc, 1.0), p)
             else:
                 new = (p * wc + acc) / self.total_weight
-            out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
+            with np.errstate(over="ignore"):  # an overflow to Inf is the caller's to detect (is_finite_state)
+                out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
         return out
 
 
@@ -256,7 +257,8 @@ class RobustAggregator:
                 continue
             p = prev.numpy().reshape(-1).astype(np.float64)
             new = p + self._robust(name)
-            out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
+            with np.errstate(over="ignore"):  # an overflow to Inf is the caller's to detect (is_finite_state)
+                out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
         return out
 
 
