@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mqtt_broker.link import MqttLink
+from mqtt_broker.link import MqttLink, Received
 from protocol import (
     Ack,
     ChunkCollector,
@@ -64,6 +64,7 @@ class Inbox:
         self.collector = ChunkCollector(limits, fs.max_pending_bytes, on_drop=self._dropped)
         self._answered: set[tuple[str, int, str]] = set()
         self.strikes: Counter[tuple[int, str]] = Counter()  # (round, client) -> refusals that count
+        self._cleared: set[str] = set()  # topics of retained junk this coordinator emptied (echo ignored)
         self.open: OpenRound | None = None  # set by the coordinator: where per-round counts go
 
     def count(self, counter: str, reason: str, n: int = 1, quiet: bool = False) -> None:
@@ -93,6 +94,26 @@ class Inbox:
         payload = encode_message(Ack(round_, client, digest, status, reason[:500]), self.topics.federation,
                                  self.sender)
         self.link.publish(self.topics.ack(client), payload)
+
+    def count_dropped(self, dropped: Mapping[str, int]) -> None:
+        """Messages the receive queue dropped (coordinator.receive), by sender."""
+        for sender, n in dropped.items():
+            self.count("queue_full", f"{n} message(s) from {sender or 'no sender'} dropped: the receive queue "
+                                     f"is full", n)
+
+    def not_input(self, parsed: ParsedTopic, ev: Received) -> bool:
+        """True for what is no input: an empty payload (a retained message cleared; for updates only
+        the echo of this coordinator's own clearing), and a retained update or metrics message -- a
+        device left it on the broker: counted ``retained`` and emptied (an empty retained payload)."""
+        if not ev.payload and (parsed.kind != "update" or ev.topic in self._cleared):
+            self._cleared.discard(ev.topic)
+            return True
+        if ev.retain and parsed.kind in ("update", "metrics"):
+            self.count("retained", f"{ev.topic}: a retained message from {parsed.client} is ignored and cleared")
+            self._cleared.add(ev.topic)
+            self.link.publish(ev.topic, b"", retain=True)
+            return True
+        return False
 
     def parse(self, topic: str) -> ParsedTopic | None:
         try:

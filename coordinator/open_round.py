@@ -125,10 +125,12 @@ class OpenRound:
         log.error("round %d: the aggregate is not finite (tensor %r); folding the journal again", self.number, bad)
         records = read_journal(journal_path(self.journal_dir, self.number)).updates
 
+        def fold_of(v: Verdict) -> Callable[[Any], None]:
+            return lambda agg: agg.fold(v.update, weight=v.weight, checked_norm=v.norm)
+
         def folds() -> Iterator[tuple[tuple[str, str], Callable[[Any], None]]]:
             for rec, verdict in self._valid(records, quarantine):
-                yield (rec.client, rec.digest), lambda agg, v=verdict: agg.fold(v.update, weight=v.weight,
-                                                                                checked_norm=v.norm)
+                yield (rec.client, rec.digest), fold_of(verdict)
 
         self.aggregator, left_out = finite_fold(self.fresh, folds())
         for client, digest in left_out:

@@ -16,13 +16,9 @@ round's model and plan are published again (a restarted broker may have lost the
 (:meth:`Coordinator.stop`, e.g. on SIGINT/SIGTERM) ends the loop after the current event; everything
 acknowledged is already on disk.
 
-Against a hostile device (docs/explanation/security-hostile-devices.md): the receive queue is bounded
-in bytes, per sender too, and served round-robin (:mod:`coordinator.receive`); each round has a norm
-bound, explicit or automatic, saved with the checkpoint (:mod:`coordinator.guard`); a round whose
-aggregate is not finite quarantines the updates that made it so before anything is published or
-checkpointed; update or metrics messages the broker retained are never taken as input: they are
-counted ``retained`` and cleared (an empty retained payload), and each round's close subscribes
-again so the broker re-sends, and the coordinator clears, whatever was retained meanwhile.
+Against a hostile device (docs/explanation/security-hostile-devices.md): a bounded, fair receive queue
+(:mod:`coordinator.receive`), a norm bound per round and the quarantine of updates that would make
+the aggregate non-finite (:mod:`coordinator.guard`), retained input ignored and cleared (the inbox).
 """
 
 from __future__ import annotations
@@ -90,7 +86,7 @@ class Coordinator:
         self.on_round, self.on_progress = on_round, on_progress
         self.registry = DeviceRegistry(self.fs.stale_after_s)
         self.counters: Counter[str] = Counter()
-        self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=False)
+        self.link = MqttLink(mqtt_connect_settings(creds), self._post, clean_session=False)
         self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters)
         self.publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
                                    self.fs.publish_timeout_s, lambda: self._stopping)
@@ -110,7 +106,6 @@ class Coordinator:
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
         self.norms = NormHistory(self.fs.norm_auto, self.fs.norm_window, self.fs.norm_warmup)
         self.quarantine = Quarantine(cfg.state_dir)
-        self._cleared: set[str] = set()  # retained junk this coordinator emptied (its echo is ignored)
 
     @property
     def open(self) -> OpenRound | None:
@@ -120,6 +115,10 @@ class Coordinator:
     @open.setter
     def open(self, rnd: OpenRound | None) -> None:
         self.inbox.open = rnd
+
+    def _post(self, event: Any) -> None:
+        """paho's callbacks: enqueue only (a message over the queue's bounds is dropped and counted)."""
+        self.events.put(event)
 
     # ---- public -------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -210,9 +209,7 @@ class Coordinator:
 
     # ---- events -------------------------------------------------------------------------------
     def _next_event(self) -> Any:
-        for sender, n in self.events.take_dropped().items():
-            self.inbox.count("queue_full", f"{n} message(s) from {sender or 'no sender'} dropped: the receive "
-                                           f"queue is full", n)
+        self.inbox.count_dropped(self.events.take_dropped())
         now = self.clock()
         timer = self.open.timer if self.open is not None else None
         wake = timer.next_wakeup() if timer is not None else now + 1.0
@@ -237,11 +234,7 @@ class Coordinator:
         parsed = self.inbox.parse(ev.topic)
         if parsed is None:
             return
-        if not ev.payload and (parsed.kind != "update" or ev.topic in self._cleared):
-            self._cleared.discard(ev.topic)
-            return  # an empty payload clears a retained message
-        if ev.retain and parsed.kind in ("update", "metrics"):
-            self._clear_retained(ev.topic, parsed.client)
+        if self.inbox.not_input(parsed, ev):  # retained junk (cleared), or the echo of a clear
             return
         if parsed.kind == "update":
             try:
@@ -263,12 +256,6 @@ class Coordinator:
                 if status != "accepted":
                     self.inbox.count(status if status in ("duplicate", "not_selected") else "bad_message", reason)
                 self.inbox.ack(parsed.client, 0, env.digest, status, reason)
-
-    def _clear_retained(self, topic: str, client: str | None) -> None:
-        """A device left a retained message where only live input belongs: never input, emptied."""
-        self.inbox.count("retained", f"{topic}: a retained message from {client} is ignored and cleared")
-        self._cleared.add(topic)
-        self.link.publish(topic, b"", retain=True)
 
     def _accept(self, up: CompleteUpdate) -> None:
         rnd = self.open

@@ -120,7 +120,7 @@ class AclTopicPlugin(BaseTopicPlugin):
         return allowed
 
 
-class _SnapshotDict(dict):  # type: ignore[type-arg]
+class _SnapshotDict(dict):
     """A dict whose iteration walks a snapshot: amqtt iterates its subscriptions across awaits while
     other clients (un)subscribe, and a broadcast died on "dictionary changed size during iteration"."""
 
@@ -157,7 +157,7 @@ class FilteringBroker(Broker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._subscriptions = _SnapshotDict(self._subscriptions)
+        self._subscriptions: dict[str, list[tuple[Session, int]]] = _SnapshotDict(self._subscriptions)
 
     async def _handle_message_delivery(self, client_session: Session, handler: BrokerProtocolHandler,
                                        wait_deliver: asyncio.Future[Any]) -> bool:

@@ -22,9 +22,9 @@ BASE = "ab" * 32
 
 
 def _ctx(**kw: object) -> IntakeContext:
-    args: dict[str, object] = dict(federation="fed", round=2, base_digest=BASE, shapes=SHAPES, limits=WireLimits(),
-                                   max_update_bytes=1 << 26, selected=frozenset({"dev-1"}),
-                                   payload_cap=payload_bound(SHAPES))
+    args: dict[str, object] = {"federation": "fed", "round": 2, "base_digest": BASE, "shapes": SHAPES,
+                               "limits": WireLimits(), "max_update_bytes": 1 << 26, "selected": frozenset({"dev-1"}),
+                               "payload_cap": payload_bound(SHAPES)}
     args.update(kw)
     return IntakeContext(**args)  # type: ignore[arg-type]
 

@@ -112,7 +112,7 @@ def test_poison_that_overflows_the_aggregate_is_quarantined(
                 thread.join(30)
                 coord = live_coordinator(tmp_path, live_fed, rounds=2, **kw)
                 thread = coord.start()
-                wait_until(lambda: coord.open is not None and "dev-a" in coord.open.accepted, 30, "the replay")
+                wait_until(lambda c=coord: c.open is not None and "dev-a" in c.open.accepted, 30, "the replay")
             for i, dev in enumerate((b, c)):
                 assert dev.ack(dev.send(honest_update(shapes, hd[dev.id], seed=10 * r + i), r)).status == "accepted"
         result = _finished(coord, thread)
