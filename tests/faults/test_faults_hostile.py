@@ -213,3 +213,38 @@ def test_retained_junk_is_never_input_and_is_cleared(tmp_path: Path, live_fed: F
         for dev in (a, b, c):
             dev.close()
         coord.stop()
+
+
+def test_devices_survive_a_huge_finite_global_model(
+    tmp_path: Path, live_fed: FedBroker, digits_shards: list, faults_ledger: Any
+) -> None:
+    """The reported attack with every bound off (``norm_auto = 0``, a weight cap above 2**32): round 1
+    folds the attacker's 3e38 update, so round 2's model is finite but huge. The honest devices (real
+    EdgeClients) get NaN gradient norms on it: each skips round 2 with a reported reason and neither
+    exits; round 2 closes at its deadline, and the federation finishes."""
+    from edge_client.client import EdgeClient
+    from edge_client.config import EdgeSettings
+
+    coord = live_coordinator(tmp_path, live_fed, rounds=2, norm_auto=0.0, max_samples=2**33, deadline_s=8.0)
+    thread = coord.start()
+    a = Device(live_fed.devices["dev-a"], T)
+    devices = [EdgeClient(EdgeSettings(state_dir=str(tmp_path / d), client_index=i, device="cpu", heartbeat_s=1.0),
+                          live_fed.devices[d], digits_shards[i]) for i, d in enumerate(("dev-b", "dev-c"))]
+    try:
+        for dev in devices:
+            dev.start()
+        plan = a.plan(1)
+        assert a.ack(a.send(_huge(_shapes(coord), UpdateHeader(FEDERATION, 1, "dev-a", plan.model_digest)), 1)).status \
+            == "accepted"
+        result = _finished(coord, thread)
+        assert [h["accepted"] for h in result.history] == [3, 0]
+        for dev in devices:
+            assert dev.wait(30) and dev.error is None and dev.finished, dev.error
+            assert dev.rounds_trained == [1] and "round 2" in dev.skipped[2], dev.skipped
+        faults_ledger.fault("huge finite global model (bounds off): devices skip the round, never exit", 1, True,
+                            3, 3)
+    finally:
+        a.close()
+        for dev in devices:
+            dev.stop()
+        coord.stop()
