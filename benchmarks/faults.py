@@ -4,7 +4,9 @@ Runs the tests marked ``faults`` (tests/faults and the broker's security tests i
 real processes, a real Mosquitto) with ``FLAYER_FAULTS_LEDGER`` set, so each test records what it
 injected or tried and what came of it, then prints one table: faults injected (by type), runs
 completed, updates acknowledged to devices vs aggregated by the coordinator; bad inputs tried vs
-rejected (by type); unauthorised attempts vs delivered. Totals last.
+rejected (by type); unauthorised attempts vs delivered. A second table lists one hostile device's
+attacks on a live federation: payloads sent, runs completed, honest updates of the attacked round
+lost, coordinator crashes, and the coordinator's peak RSS where it ran as its own process. Totals last.
 
     python benchmarks/faults.py            # the whole suite, slow tests included (~6 min on 2 cores)
     python benchmarks/faults.py --fast     # only the tests of the default pytest run
@@ -32,6 +34,19 @@ from faultledger import ENV, Row, read_rows
 from cli.report import table
 
 KIND_NAMES = {"fault": "fault", "bad_input": "bad input", "unauthorised": "unauthorised"}
+ATTACK_HEADER = ["attack", "payloads sent", "runs ok", "honest updates lost", "crashes", "peak RSS MB"]
+
+
+def attacks(rows: list[Row]) -> tuple[list[list[object]], str]:
+    """(one table row per attack, the totals line)."""
+    mine = [r for r in rows if r.kind == "attack"]
+    out: list[list[object]] = [
+        [r.what, r.tried, r.ok, r.honest_lost or 0, r.crashes or 0,
+         "" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}"]
+        for r in mine
+    ]
+    return out, (f"attacks tried: {len(mine)} ({sum(r.tried for r in mine)} payloads)  honest updates lost "
+                 f"{sum(r.honest_lost or 0 for r in mine)}  crashes {sum(r.crashes or 0 for r in mine)}")
 
 
 def run_suite(ledger: Path, fast: bool, extra: list[str]) -> tuple[int, str, float]:
@@ -128,9 +143,14 @@ def main() -> int:
             markdown=args.markdown,
         )
     )
+    attack_rows, attack_total = attacks(rows)
+    if attack_rows:
+        print()
+        print(table(ATTACK_HEADER, attack_rows, markdown=args.markdown))
     print()
     for t in totals:
         print("  ".join(x for x in map(str, t) if x))
+    print(attack_total)
     print(status)
     bad = [
         r
@@ -138,6 +158,7 @@ def main() -> int:
         if (r.kind == "fault" and (not r.ok or (r.acked or 0) > (r.aggregated or 0)))
         or (r.kind == "bad_input" and r.ok != r.tried)
         or (r.kind == "unauthorised" and r.ok)
+        or (r.kind == "attack" and (not r.ok or r.honest_lost or r.crashes))
     ]
     return 1 if bad or (args.ledger is None and rc != 0) else 0
 

@@ -50,11 +50,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s = actions.add_parser("start", help="write the configuration and start the broker in the background")
     _state_dir_flag(s)
     s.add_argument("--federation", metavar="F", help="federation id (default: the stored one, else 'default')")
-    s.add_argument("--host", metavar="ADDR", help="listen address (default 127.0.0.1; 0.0.0.0 for every interface)")
+    s.add_argument("--host", metavar="ADDR", help="listen address (default 127.0.0.1; 0.0.0.0 for every interface); "
+                   "with --tls the plain listener stays on loopback unless --insecure-plain")
     s.add_argument("--port", type=_nonneg_int, metavar="P", help="MQTT port (default: stored, else 1883; 0 = a free one)")
     s.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
                    help="also open a TLS listener (own CA, client certificates)")
     s.add_argument("--tls-port", type=_nonneg_int, metavar="P", help="TLS port (default: stored, else 8883; 0 = a free one)")
+    s.add_argument("--tls-host", metavar="ADDR", help="TLS listen address (default: --host)")
+    s.add_argument("--plain", action=argparse.BooleanOptionalAction, default=None,
+                   help="the plain (password only) listener; --no-plain needs --tls (default: on)")
+    s.add_argument("--insecure-plain", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --tls, keep the plain listener on --host even off loopback (a password alone "
+                        "opens it; a warning is logged)")
     s.add_argument("--require-certificate", action=argparse.BooleanOptionalAction, default=None,
                    help="TLS clients must present a certificate of the federation CA (default: yes)")
     s.add_argument("--identity-as-username", dest="use_identity_as_username", action=argparse.BooleanOptionalAction,
@@ -99,7 +106,8 @@ def _config(args: argparse.Namespace, stored_path: Path) -> BrokerConfig:
     stored = BrokerConfig.load(stored_path) if stored_path.exists() else None
     base = stored or BrokerConfig(port=DEFAULT_PORT, tls_port=DEFAULT_TLS_PORT)
     changes = {k: v for k, v in (("federation", args.federation), ("host", args.host), ("port", args.port),
-                                 ("tls", args.tls), ("tls_port", args.tls_port),
+                                 ("tls", args.tls), ("tls_port", args.tls_port), ("tls_host", args.tls_host),
+                                 ("plain", args.plain), ("insecure_plain", args.insecure_plain),
                                  ("require_certificate", args.require_certificate),
                                  ("use_identity_as_username", args.use_identity_as_username),
                                  ("advertise_host", args.advertise_host), ("max_packet_size", args.max_packet_size),
@@ -136,11 +144,14 @@ def _start(args: argparse.Namespace) -> int:
         previous = {sig: signal.signal(sig, lambda *_: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     broker = start_broker(cfg, files.state_dir, kind=args.kind, detach=not args.foreground)
     cfg = broker.config
-    tls = f", TLS port {cfg.tls_port}" if cfg.tls else ""
-    lines = [f"{broker.kind} broker running: pid {broker.pid}, federation {cfg.federation}, {cfg.host}:{cfg.port}{tls}",
+    tls = f", TLS {cfg.tls_host or cfg.host}:{cfg.tls_port}" if cfg.tls else ""
+    plain = f"plain {cfg.plain_host}:{cfg.port}" if cfg.plain else "plain listener off"
+    lines = [f"{broker.kind} broker running: pid {broker.pid}, federation {cfg.federation}, {plain}{tls}",
              f"state folder:            {files.state_dir}",
              f"coordinator credentials: {files.credentials(cfg.coordinator_user)}",
              f"log:                     {files.log}"]
+    if cfg.warning:
+        lines.append(f"WARNING: {cfg.warning}")
     if broker.kind == "embedded":
         lines.append("embedded broker: max_packet_size, queue limits, persistence and TLS are NOT enforced (see docs/explanation/broker.md)")
     if not args.foreground:
@@ -184,7 +195,8 @@ def _status(args: argparse.Namespace) -> int:
     state = f"running ({rec.kind}, pid {rec.pid})" if rec else "not running"
     print(f"broker:     {state}")
     print(f"federation: {cfg.federation}")
-    print(f"listener:   {cfg.host}:{cfg.port}" + (f", TLS {cfg.tls_host or cfg.host}:{cfg.tls_port}" if cfg.tls else ""))
+    plain = f"{cfg.plain_host}:{cfg.port}" if cfg.plain else "plain off"
+    print(f"listener:   {plain}" + (f", TLS {cfg.tls_host or cfg.host}:{cfg.tls_port}" if cfg.tls else ""))
     print(f"limits:     max_packet_size {cfg.max_packet_size} (payload <= {cfg.max_payload}), "
           f"max_inflight {cfg.max_inflight_messages}, max_queued {cfg.max_queued_messages} / {cfg.max_queued_bytes} B")
     users = list_users(files.state_dir)

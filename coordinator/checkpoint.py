@@ -37,11 +37,12 @@ class Checkpoint:
     identity: dict[str, Any]  # what must match to resume
     counters: dict[str, int] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)  # strategy options in force (after calibration)
+    norms: list[float] = field(default_factory=list)  # recent accepted update norms (coordinator.guard)
 
 
 def save_checkpoint(folder: Path, ckpt: Checkpoint) -> Path:
     meta = {"kind": KIND, "round": ckpt.round, "model_digest": ckpt.model_digest, "identity": ckpt.identity,
-            "counters": ckpt.counters, "options": ckpt.options}
+            "counters": ckpt.counters, "options": ckpt.options, "norms": [float(n) for n in ckpt.norms]}
     return save_tensors(folder / CHECKPOINT_NAME, ckpt.global_state, meta)
 
 
@@ -65,4 +66,10 @@ def load_checkpoint(folder: Path, identity: Mapping[str, Any]) -> Checkpoint | N
                               f"state_dir, or remove it to start over")
     return Checkpoint(meta["round"], tensors, str(meta.get("model_digest", "")), meta["identity"],
                       {str(k): int(v) for k, v in dict(meta.get("counters", {})).items()},
-                      dict(meta.get("options", {})))
+                      dict(meta.get("options", {})), _norms(meta.get("norms", [])))
+
+
+def _norms(raw: Any) -> list[float]:
+    if not isinstance(raw, list) or not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in raw):
+        raise CheckpointError("checkpoint: 'norms' must be a list of numbers")
+    return [float(n) for n in raw]

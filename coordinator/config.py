@@ -13,8 +13,15 @@
     min_updates = 1                 # fewer at the deadline: extend once by extend_s, else close anyway
     extend_s = 0.0
     max_update_bytes = 67108864     # larger update blobs are refused (devices check before sending)
-    norm_bound = 50.0               # optional L2 bound on an update's deltas
+    norm_bound = 50.0               # explicit L2 bound on an update's deltas (default: automatic)
     norm_policy = "reject"          # or "clip": scale an update down to the bound
+    norm_auto = 10.0                # no norm_bound: bound = norm_auto x median of the recent accepted
+    norm_window = 50                #   norms (the last norm_window), or norm_auto x the model's own
+    norm_warmup = 3                 #   norm until norm_warmup norms were accepted; 0 = no bound
+    max_samples = 100000            # an update's aggregation weight is min(num_samples, max_samples)
+    max_malformed = 3               # a device refused this often in a round is cut off for the round
+    queue_bytes = 268435456         # received messages waiting for the worker, all senders ...
+    queue_sender_bytes = 100663296  # ... and one sender (more is dropped, counted queue_full)
     value_codec = "fp32"            # what devices upload with (fp32 is lossless)
     compress = false                # zstd on uploads
 
@@ -70,6 +77,13 @@ class FederationSettings:
     max_pending_bytes: int = 1 << 30  # unfinished update chunks held in memory
     publish_timeout_s: float = 120.0  # waiting for the broker's PUBACKs of a model
     calibration_s: float = 300.0  # round 0 (calibration) deadline, for strategies that need one
+    norm_auto: float = 10.0  # automatic norm bound: a multiple of the recent accepted norms (0: off)
+    norm_window: int = 50
+    norm_warmup: int = 3
+    max_samples: int = 100_000  # cap on the aggregation weight an update claims
+    max_malformed: int = 3  # refusals of one device in one round before it is cut off for that round
+    queue_bytes: int = 256 * 2**20  # the receive queue between the MQTT callbacks and the worker
+    queue_sender_bytes: int = 96 * 2**20  # one sender's share of it
 
     def __post_init__(self) -> None:
         if not self.credentials:
@@ -93,6 +107,15 @@ class FederationSettings:
             raise ConfigError(f"norm_bound must be a positive number (leave it out for none), got {self.norm_bound}")
         if self.value_codec not in VALUE_CODECS:
             raise ConfigError(f"value_codec must be one of {', '.join(VALUE_CODECS)}, got {self.value_codec!r}")
+        if not (self.norm_auto >= 0 and math.isfinite(self.norm_auto)):
+            raise ConfigError(f"norm_auto must be >= 0 (0: no automatic bound), got {self.norm_auto}")
+        if self.norm_window < 1 or self.norm_warmup < 1 or self.norm_warmup > self.norm_window:
+            raise ConfigError(f"need 1 <= norm_warmup ({self.norm_warmup}) <= norm_window ({self.norm_window})")
+        if self.max_samples < 1 or self.max_malformed < 1:
+            raise ConfigError("max_samples and max_malformed must be >= 1")
+        if not 1 <= self.queue_sender_bytes <= self.queue_bytes:
+            raise ConfigError(f"need 1 <= queue_sender_bytes ({self.queue_sender_bytes}) <= queue_bytes "
+                              f"({self.queue_bytes})")
         if self.keep_journals < 1:
             raise ConfigError(f"keep_journals must be >= 1, got {self.keep_journals}")
 

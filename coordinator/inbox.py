@@ -5,6 +5,12 @@ through screening (:func:`coordinator.intake.screen`), the size limit and the Ch
 hands back complete, validated updates. Everything it refuses is counted, logged and -- for
 updates, once per (re-)sent blob -- acknowledged with the reason. It owns no round state: the
 coordinator passes the open round in.
+
+Bounded work per sender: a blob whose envelope declares more than the round's model can hold is
+refused at its first chunk (nothing is collected), and a device refused ``max_malformed`` times in
+the open round (malformed, oversize, wrong sender or model, invalid, over the norm bound, bad
+chunk) is cut off for the rest of that round: its update chunks are dropped at once, counted
+``cut_off``, and it is told once why.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mqtt_broker.link import MqttLink
+from mqtt_broker.link import MqttLink, Received
 from protocol import (
     Ack,
     ChunkCollector,
@@ -33,7 +39,7 @@ from protocol import (
 )
 
 from .config import FederationSettings
-from .intake import Verdict, screen, validate
+from .intake import STRIKES, Verdict, screen, validate
 from .open_round import OpenRound
 
 __all__ = ["CompleteUpdate", "Inbox"]
@@ -57,20 +63,60 @@ class Inbox:
         self.counters = counters
         self.collector = ChunkCollector(limits, fs.max_pending_bytes, on_drop=self._dropped)
         self._answered: set[tuple[str, int, str]] = set()
+        self.strikes: Counter[tuple[int, str]] = Counter()  # (round, client) -> refusals that count
+        self._cleared: set[str] = set()  # topics of retained junk this coordinator emptied (echo ignored)
         self.open: OpenRound | None = None  # set by the coordinator: where per-round counts go
 
-    def count(self, counter: str, reason: str, client: str | None = None) -> None:
+    def count(self, counter: str, reason: str, client: str | None = None, *, n: int = 1,
+              quiet: bool = False) -> None:
         """Count a refusal (cumulative, and in the metrics of the round open when it arrived, with its reason
-        and device) and log it."""
-        self.counters[counter] += 1
+        and device) and log it (unless ``quiet``)."""
+        self.counters[counter] += n
         if self.open is not None:
-            self.open.stats.refuse(counter, reason, client)
-        log.warning("%s: %s", counter, reason)
+            self.open.stats.refuse(counter, reason, client, n)
+        if not quiet:
+            log.warning("%s: %s", counter, reason)
+
+    def _strike(self, client: str, counter: str | None, digest: str = "0" * 64) -> None:
+        rnd = self.open
+        if rnd is None or counter not in STRIKES:
+            return
+        self.strikes[(rnd.number, client)] += 1
+        if self.strikes[(rnd.number, client)] == self.fs.max_malformed:
+            reason = (f"{client} is cut off for round {rnd.number}: {self.fs.max_malformed} refused updates or "
+                      f"chunks (max_malformed)")
+            log.warning("%s", reason)
+            self.ack(client, rnd.number, digest, "rejected", reason)
+
+    def cut_off(self, client: str) -> bool:
+        rnd = self.open
+        return rnd is not None and self.strikes[(rnd.number, client)] >= self.fs.max_malformed
 
     def ack(self, client: str, round_: int, digest: str, status: str, reason: str = "") -> None:
         payload = encode_message(Ack(round_, client, digest, status, reason[:500]), self.topics.federation,
                                  self.sender)
         self.link.publish(self.topics.ack(client), payload)
+
+    def count_dropped(self, dropped: Mapping[str, int]) -> None:
+        """Messages the receive queue dropped (coordinator.receive), by sender."""
+        for sender, n in dropped.items():
+            self.count("queue_full", f"{n} message(s) from {sender or 'no sender'} dropped: the receive queue "
+                                     f"is full", sender or None, n=n)
+
+    def not_input(self, parsed: ParsedTopic, ev: Received) -> bool:
+        """True for what is no input: an empty payload (a retained message cleared; for updates only
+        the echo of this coordinator's own clearing), and a retained update or metrics message -- a
+        device left it on the broker: counted ``retained`` and emptied (an empty retained payload)."""
+        if not ev.payload and (parsed.kind != "update" or ev.topic in self._cleared):
+            self._cleared.discard(ev.topic)
+            return True
+        if ev.retain and parsed.kind in ("update", "metrics"):
+            self.count("retained", f"{ev.topic}: a retained message from {parsed.client} is ignored and cleared",
+                       parsed.client)
+            self._cleared.add(ev.topic)
+            self.link.publish(ev.topic, b"", retain=True)
+            return True
+        return False
 
     def parse(self, topic: str) -> ParsedTopic | None:
         try:
@@ -94,20 +140,25 @@ class Inbox:
         """One update chunk; the accepted update once its blob is complete and valid, else None."""
         client = parsed.client
         assert client is not None
+        rnd = self.open
+        if self.cut_off(client):
+            self.count("cut_off", "", client, quiet=True)
+            return None
         try:
             env = decode_envelope(payload, self.limits)
             check_topic(env, parsed)
         except WireError as exc:
             self.count("bad_chunk", f"update chunk from {client}: {exc.reason}", client)
+            self._strike(client, "bad_chunk")
             return None
-        rnd = self.open
         if rnd is not None:
             rnd.stats.bytes_in += len(payload)
         verdict = screen(client, env.round, rnd.number if rnd else None, done_round,
                          rnd.selected if rnd else frozenset(), rnd.accepted if rnd else set(), accepted_before)
-        if verdict is None and env.total_size > self.fs.max_update_bytes:
-            verdict = Verdict("rejected", f"update of {env.total_size} bytes exceeds max_update_bytes "
-                                          f"{self.fs.max_update_bytes}", "oversize")
+        if verdict is None and rnd is not None and env.total_size > rnd.ctx.blob_cap:
+            verdict = Verdict("rejected", f"update of {env.total_size} bytes exceeds {rnd.ctx.blob_cap} "
+                                          f"(max_update_bytes {self.fs.max_update_bytes}, or what the model holds)",
+                              "oversize")
         if verdict is not None:
             key = (client, env.round, env.digest)
             if env.index == 0 or key not in self._answered:  # once per (re-)sent blob
@@ -118,6 +169,7 @@ class Inbox:
             blob = self.collector.add(env)
         except WireError as exc:
             self.count("bad_chunk", f"update chunk from {client}: {exc.reason}", client)
+            self._strike(client, "bad_chunk", env.digest)
             return None
         if blob is None:
             return None
@@ -133,6 +185,7 @@ class Inbox:
         assert verdict.counter is not None
         self.count(verdict.counter, f"{client} round {round_}: {verdict.reason}", client)
         self.ack(client, round_, digest, verdict.status, verdict.reason)
+        self._strike(client, verdict.counter, digest)
 
     def _dropped(self, key: tuple[int, str, str, int, str], held: int, count: int, why: str) -> None:
         self.count("incomplete", f"{key[2]} round {key[3]}: unfinished update blob {key[4][:12]} dropped "
@@ -142,3 +195,4 @@ class Inbox:
         """Forget unfinished blobs (each counted ``incomplete``) and answers of rounds up to ``number``."""
         self.collector.discard((k for k in self.collector.keys() if k[3] <= number), f"round {number} closed")
         self._answered = {k for k in self._answered if k[1] > number - 2}
+        self.strikes = Counter({k: v for k, v in self.strikes.items() if k[0] > number})

@@ -42,10 +42,13 @@ class RoundStats:
     refusals: list[dict[str, str]] = field(default_factory=list)  # the latest, with reasons
     refused_by: dict[str, str] = field(default_factory=dict)  # device -> its last refusal's counter
     device_acc: dict[str, float] = field(default_factory=dict)  # device -> the accuracy it reported
+    weight_capped: int = 0  # accepted updates whose num_samples was cut to max_samples
 
-    def refuse(self, counter: str, detail: str, client: str | None = None) -> None:
-        self.rejected[counter] += 1
-        self.refusals = [*self.refusals[-49:], {"reason": counter, "detail": detail[:300], "device": client or ""}]
+    def refuse(self, counter: str, detail: str, client: str | None = None, n: int = 1) -> None:
+        self.rejected[counter] += n
+        if detail:  # a silent count (e.g. every chunk of a device cut off) does not crowd out the latest reasons
+            self.refusals = [*self.refusals[-49:], {"reason": counter, "detail": detail[:300],
+                                                    "device": client or ""}]
         if client is not None:
             self.refused_by[client] = counter
 
@@ -81,4 +84,5 @@ class RoundStats:
             devices=rows, refused=self.rejected, bytes_up=self.bytes_in, bytes_down=self.bytes_out, acc=self.acc,
             train_loss=self.train_loss, closed=reason, late=self.rejected.get("late", 0), refusals=self.refusals,
             received=self.received, accepted=self.accepted, rejected=dict(self.rejected), clipped=self.clipped,
+            weight_capped=self.weight_capped,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, model_bytes=self.model_bytes, counters=dict(counters))

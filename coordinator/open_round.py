@@ -3,26 +3,30 @@
 :class:`OpenRound` holds the selection, the strategy's streaming aggregator, the intake context, the
 per-round statistics, the timer and the round's journal. :meth:`OpenRound.accept` is the one path
 an update takes into the aggregate -- journal (fsync) first, then fold -- and :meth:`OpenRound.replay`
-re-folds a journal after a restart through the same validation.
+re-folds a journal after a restart through the same validation (quarantined records skipped).
+:meth:`OpenRound.close` checks that the next global model is finite; when it is not, the round's
+journal is folded again one update at a time and the updates that make it non-finite are quarantined
+(:mod:`coordinator.guard`), so neither this run nor a restart publishes or checkpoints such a model.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from flayer.aggregate import is_finite_state
 from flayer.strategies.base import Strategy
-from flayer.update import Update
-from protocol import Kind, Plan, WireError, WireLimits, decode_message
+from protocol import Kind, Plan, WireError, WireLimits, decode_message, payload_bound
 
 from .config import FederationSettings
+from .guard import Quarantine, finite_fold
 from .intake import IntakeContext, Verdict, validate
-from .journal import Journal, JournalReplay, journal_path, read_journal
+from .journal import Journal, JournalRecord, JournalReplay, journal_path, read_journal
 from .metrics import RoundStats
 from .rounds import RoundTimer
 
@@ -41,16 +45,21 @@ class OpenRound:
     accepted: set[str] = field(default_factory=set)
     timer: RoundTimer | None = None
     journal: Journal | None = None
+    fresh: Callable[[], Any] | None = None  # an empty aggregator of this round
+    journal_dir: Path | None = None
+    norms: list[float] = field(default_factory=list)  # of the accepted updates
 
     @classmethod
     def begin(cls, number: int, selected: tuple[str, ...] | list[str], strategy: Strategy,
               global_state: Mapping[str, torch.Tensor], model_digest: str, fs: FederationSettings, federation: str,
-              limits: WireLimits, now: float) -> OpenRound:
-        agg = strategy.aggregator(global_state, fs.norm_bound)
+              limits: WireLimits, now: float, norm_bound: float | None = None) -> OpenRound:
+        """``norm_bound``: the round's bound (explicit or automatic, :class:`coordinator.guard.NormHistory`)."""
+        agg = strategy.aggregator(global_state, norm_bound)
         sel = frozenset(selected)
-        ctx = IntakeContext(federation, number, model_digest, agg.shapes, limits, fs.max_update_bytes, fs.norm_bound,
-                            fs.norm_policy, sel)
-        return cls(number, sel, agg, ctx, RoundStats(number, sorted(sel), now))
+        ctx = IntakeContext(federation, number, model_digest, agg.shapes, limits, fs.max_update_bytes, norm_bound,
+                            fs.norm_policy, sel, fs.max_samples, payload_bound(agg.shapes))
+        return cls(number, sel, agg, ctx, RoundStats(number, sorted(sel), now),
+                   fresh=lambda: strategy.aggregator(global_state, norm_bound))
 
     def start_timer(self, fs: FederationSettings, now: float) -> RoundTimer:
         self.timer = RoundTimer(now, now + fs.deadline_s, len(self.selected), fs.quorum, fs.grace_s, fs.min_updates,
@@ -60,43 +69,76 @@ class OpenRound:
 
     def open_journal(self, folder: Path) -> Journal:
         self.journal = Journal(folder, self.number)
+        self.journal_dir = folder
         return self.journal
 
-    def fold(self, client: str, update: Update, clipped: bool = False, norm: float | None = None) -> None:
-        """Fold an update that :func:`coordinator.intake.validate` accepted (``norm``: its checked norm)."""
-        self.aggregator.fold(update, checked_norm=norm)
+    def fold(self, client: str, verdict: Verdict) -> None:
+        """Fold an update that :func:`coordinator.intake.validate` accepted."""
+        update = verdict.update
+        assert update is not None
+        self.aggregator.fold(update, weight=verdict.weight, checked_norm=verdict.norm)
         self.accepted.add(client)
+        self.norms.append(verdict.norm)
         self.stats.accepted += 1
-        self.stats.clipped += int(clipped)
+        self.stats.clipped += int(verdict.clipped)
+        self.stats.weight_capped += int(verdict.weight < update.num_samples)
         self.stats.add_eval(update.info, client)
 
     def accept(self, client: str, blob: bytes, verdict: Verdict, now: float) -> None:
         """Journal (append + fsync), then fold: the caller acks only after this returns."""
         assert self.journal is not None and verdict.update is not None
         self.journal.append_update(client, self.number, blob)
-        self.fold(client, verdict.update, verdict.clipped, verdict.norm)
+        self.fold(client, verdict)
         if self.timer is not None:
             self.timer.accepted(len(self.accepted), now)
 
-    def replay(self, replay: JournalReplay) -> int:
-        """Fold the journaled updates of this round again (same validation); returns how many."""
-        for rec in replay.updates:
-            if rec.round != self.number or rec.client in self.accepted:
+    def _valid(self, records: list[JournalRecord], quarantine: Quarantine) -> Iterator[tuple[JournalRecord, Verdict]]:
+        for rec in records:
+            if rec.round != self.number or (rec.round, rec.client, rec.digest) in quarantine:
                 continue
             verdict = validate(rec.client, rec.data, self.ctx)
             if not verdict.accepted or verdict.update is None:
                 log.error("journal of round %d: the update of %s no longer validates (%s)", self.number,
                           rec.client, verdict.reason)
                 continue
-            self.fold(rec.client, verdict.update, verdict.clipped, verdict.norm)
+            yield rec, verdict
+
+    def replay(self, replay: JournalReplay, quarantine: Quarantine) -> int:
+        """Fold the journaled updates of this round again (same validation, quarantined ones left out);
+        returns how many."""
+        for rec, verdict in self._valid(replay.updates, quarantine):
+            if rec.client not in self.accepted:
+                self.fold(rec.client, verdict)
         return len(self.accepted)
 
-    def close(self) -> dict[str, torch.Tensor]:
-        """The next global state; the journal is closed (it stays on disk until pruned)."""
+    def close(self, quarantine: Quarantine) -> tuple[dict[str, torch.Tensor], list[str]]:
+        """(the next global state, finite; the clients whose updates were quarantined to keep it so).
+        The journal is closed (it stays on disk until pruned)."""
         if self.journal is not None:
             self.journal.close()
             self.journal = None
-        return self.aggregator.result()
+        result = self.aggregator.result()
+        bad = is_finite_state(result)
+        if bad is None:
+            return result, []
+        assert self.fresh is not None and self.journal_dir is not None
+        log.error("round %d: the aggregate is not finite (tensor %r); folding the journal again", self.number, bad)
+        records = read_journal(journal_path(self.journal_dir, self.number)).updates
+
+        def fold_of(v: Verdict) -> Callable[[Any], None]:
+            return lambda agg: agg.fold(v.update, weight=v.weight, checked_norm=v.norm)
+
+        def folds() -> Iterator[tuple[tuple[str, str], Callable[[Any], None]]]:
+            for rec, verdict in self._valid(records, quarantine):
+                yield (rec.client, rec.digest), fold_of(verdict)
+
+        self.aggregator, left_out = finite_fold(self.fresh, folds())
+        for client, digest in left_out:
+            quarantine.add(self.number, client, digest, f"with it the aggregate's tensor {bad!r} is not finite")
+            self.accepted.discard(client)
+        self.stats.accepted -= len(left_out)
+        self.stats.rejected["quarantined"] += len(left_out)
+        return self.aggregator.result(), [c for c, _ in left_out]
 
 
 def journaled_round(folder: Path, number: int, limits: WireLimits, model_digest: str

@@ -15,13 +15,16 @@ those, or of the last closed rounds (their journals), are acked ``duplicate``. A
 round's model and plan are published again (a restarted broker may have lost them). Stop
 (:meth:`Coordinator.stop`, e.g. on SIGINT/SIGTERM) ends the loop after the current event; everything
 acknowledged is already on disk.
+
+Against a hostile device (docs/explanation/security-hostile-devices.md): a bounded, fair receive queue
+(:mod:`coordinator.receive`), a norm bound per round and the quarantine of updates that would make
+the aggregate non-finite (:mod:`coordinator.guard`), retained input ignored and cleared (the inbox).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
 import threading
 import time
 from collections import Counter
@@ -42,11 +45,13 @@ from protocol.metrics_schema import end_record, run_record
 from .calibration import Calibration, CalibrationError
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
+from .guard import NormHistory, Quarantine
 from .inbox import CompleteUpdate, Inbox
 from .journal import prune_journals
 from .metrics import MetricsLog
 from .open_round import OpenRound, folded_in, journaled_round
 from .publish import ModelBlob, Publisher, StopRequested, make_plan, model_blob
+from .receive import ReceiveQueue
 from .registry import DeviceRegistry
 from .result import CoordinatorResult
 from .rounds import select_devices
@@ -78,11 +83,11 @@ class Coordinator:
         self.strategy = strategy or make_strategy(cfg.run.strategy, cfg.spec, cfg.run.train, cfg.options)
         self.topics = Topics(creds.federation)
         self.limits = limits or WireLimits(max_blob_bytes=max(cfg.federation.max_update_bytes, 1 << 20))
-        self.events: queue.Queue[Any] = queue.Queue()
+        self.events = ReceiveQueue(self.fs.queue_bytes, self.fs.queue_sender_bytes)
         self.on_round, self.on_progress = on_round, on_progress
         self.registry = DeviceRegistry(self.fs.stale_after_s)
         self.counters: Counter[str] = Counter()
-        self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=False)
+        self.link = MqttLink(mqtt_connect_settings(creds), self._post, clean_session=False)
         self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters)
         self.publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
                                    self.fs.publish_timeout_s, lambda: self._stopping)
@@ -100,6 +105,8 @@ class Coordinator:
         self._calibrated = False
         self.journal_dir = cfg.state_dir / "journal"
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
+        self.norms = NormHistory(self.fs.norm_auto, self.fs.norm_window, self.fs.norm_warmup)
+        self.quarantine = Quarantine(cfg.state_dir)
 
     @property
     def open(self) -> OpenRound | None:
@@ -109,6 +116,10 @@ class Coordinator:
     @open.setter
     def open(self, rnd: OpenRound | None) -> None:
         self.inbox.open = rnd
+
+    def _post(self, event: Any) -> None:
+        """paho's callbacks: enqueue only (a message over the queue's bounds is dropped and counted)."""
+        self.events.put(event)
 
     # ---- public -------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -171,6 +182,7 @@ class Coordinator:
         else:
             self.done_round, self.global_state = ckpt.round, ckpt.global_state
             self.counters.update(ckpt.counters)
+            self.norms.add(ckpt.norms)
             self._calibrated = True  # a checkpoint exists only after a calibration (if any)
             if ckpt.options != self.options:  # options a calibration resolved
                 self.options = ckpt.options
@@ -190,23 +202,24 @@ class Coordinator:
             plan, replay = found
             self.open = self._begin(plan.round, plan.selected)
             self._resumed = True
-            log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay), plan.round)
+            log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay, self.quarantine),
+                     plan.round)
             self.open.open_journal(self.journal_dir)  # cuts a torn tail; re-sent updates may arrive at once
 
     def _begin(self, number: int, selected: tuple[str, ...] | list[str]) -> OpenRound:
         assert self.model is not None
+        bound = self.norms.bound(self.fs.norm_bound, self.global_state)
+        log.info("round %d: update norm bound %s", number, "none" if bound is None else f"{bound:.4g}")
         return OpenRound.begin(number, selected, self.strategy, self.global_state, self.model.digest, self.fs,
-                               self.creds.federation, self.limits, self.clock())
+                               self.creds.federation, self.limits, self.clock(), bound)
 
     # ---- events -------------------------------------------------------------------------------
     def _next_event(self) -> Any:
+        self.inbox.count_dropped(self.events.take_dropped())
         now = self.clock()
         timer = self.open.timer if self.open is not None else None
         wake = timer.next_wakeup() if timer is not None else now + 1.0
-        try:
-            return self.events.get(timeout=min(1.0, max(0.0, wake - now)))
-        except queue.Empty:
-            return None
+        return self.events.get(timeout=min(1.0, max(0.0, wake - now)))
 
     def _handle(self, ev: Any) -> None:
         if isinstance(ev, Received):
@@ -225,8 +238,10 @@ class Coordinator:
 
     def _on_message(self, ev: Received) -> None:
         parsed = self.inbox.parse(ev.topic)
-        if parsed is None or (not ev.payload and parsed.kind != "update"):
-            return  # an empty payload clears a retained message
+        if parsed is None:
+            return
+        if self.inbox.not_input(parsed, ev):  # retained junk (cleared), or the echo of a clear
+            return
         if parsed.kind == "update":
             try:
                 done = self.inbox.update_chunk(parsed, ev.payload, self.done_round, self.accepted_before)
@@ -366,7 +381,7 @@ class Coordinator:
         self.options = {**self.options, **resolved}
         self._calibrated = True
         save_checkpoint(self.cfg.state_dir, Checkpoint(0, self.global_state, self.model.digest, self.identity(),
-                                                       dict(self.counters), dict(self.options)))
+                                                       dict(self.counters), dict(self.options), self.norms.norms))
         log.info("calibration resolved %s from %d report(s)", resolved, len(cal.reports))
         if self.on_progress is not None:
             self.on_progress("calibrated", {"resolved": resolved, "reports": len(cal.reports)})
@@ -375,14 +390,19 @@ class Coordinator:
         rnd = self.open
         assert rnd is not None
         r = rnd.number
-        self.global_state = rnd.close()
+        self.global_state, left_out = rnd.close(self.quarantine)
+        if left_out:
+            self.counters["quarantined"] += len(left_out)
+        self.norms.add(rnd.norms)
         self.model = model_blob(self.global_state)
         self.done_round = r
         self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
         self.accepted_before[r] = set(rnd.accepted)
         self.inbox.round_closed(r)  # unfinished blobs are counted in this round's metrics
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
-                                                       dict(self.counters), dict(self.options)))
+                                                       dict(self.counters), dict(self.options), self.norms.norms))
+        if self._connected_once:  # the broker re-sends what is retained under update/ and metrics/: cleared
+            self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
         record = rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted)
         self.metrics.write(record)
         self.history.append(record)

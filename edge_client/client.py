@@ -61,6 +61,7 @@ from .runtime import TrainingRuntime
 from .store import DeviceStore, StoredState, UploadRecord
 from .work import (
     EdgeError,
+    SkipRound,
     StrategyCache,
     Upload,
     calibration_report,
@@ -124,6 +125,7 @@ class EdgeClient:
         self.error: BaseException | None = None
         self.finished = self.stored.finished
         self.rounds_trained: list[int] = []
+        self.skipped: dict[int, str] = {}  # rounds this device could not train, and why (SkipRound)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._busy = False  # a job is running
@@ -311,7 +313,7 @@ class EdgeClient:
         elif plan.phase == "calibrate":
             self._set_state("training")
             self._submit("calibrated", plan.round, self._calibrate_job, strategy, plan, global_state)
-        elif self.id in plan.selected and plan.round > self.stored.done_round:
+        elif self.id in plan.selected and plan.round > self.stored.done_round and plan.round not in self.skipped:
             self._set_state("training")
             self._submit("trained", plan.round, self._train_job, strategy, plan, global_state, state)
 
@@ -382,6 +384,15 @@ class EdgeClient:
     # ---- results, acks, timers (worker) -----------------------------------------------------------
     def _on_job(self, job: _Job) -> None:
         self._busy = False
+        if isinstance(job.error, SkipRound):  # a bad global model must not end the device: skip the round
+            self.skipped[job.round] = str(job.error)
+            log.warning("%s: skipping round %d: %s", self.id, job.round, job.error)
+            self._progress("skipped", round=job.round, reason=str(job.error))
+            self._set_state("idle")
+            self._heartbeat_at = 0.0  # the status carrying the reason goes out now
+            if self.plan is not None:
+                self._on_plan(self.plan)  # the plan may have moved on while the job ran
+            return
         if job.error is not None:
             raise job.error
         if job.kind == "trained":
@@ -503,5 +514,8 @@ class EdgeClient:
             "device": str(self.device), "client_index": self.settings.client_index, "num_train": self.data.num_train}
         if self._link_kbps is not None:
             info["link_kbps"] = self._link_kbps
+        if self.skipped:
+            last = max(self.skipped)
+            info.update({"skipped_round": last, "skip_reason": self.skipped[last][:256]})
         r = self.plan.round if self.plan is not None else 0
         return encode_message(Status(r, state, self.clock(), info), self.creds.federation, self.id)

@@ -16,8 +16,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from flayer.aggregate import is_finite_state
 from flayer.config import ConfigError, TrainConfig, from_mapping
 from flayer.simulation import ClientEval, client_round
 from flayer.spec import ModelSpec
@@ -43,12 +45,14 @@ from protocol import (
 
 __all__ = [
     "EdgeError",
+    "SkipRound",
     "StrategyCache",
     "UpdateTooLarge",
     "Upload",
     "autocast_for",
     "calibration_report",
     "check_data_fits",
+    "check_finite_round",
     "decode_global",
     "round_context",
     "save_personal",
@@ -62,6 +66,27 @@ class EdgeError(RuntimeError):
 
 class UpdateTooLarge(EdgeError):
     """The encoded update exceeds the limit; raised before anything is sent."""
+
+
+class SkipRound(Exception):
+    """This round cannot be trained (a global model, loss or update that is not finite): the device
+    reports the reason and waits for the next round; nothing is sent."""
+
+
+def check_finite_round(plan: Plan, global_state: Mapping[str, torch.Tensor] | None = None,
+                       result: LocalResult | None = None) -> None:
+    """SkipRound when the global model, the training loss or the update holds NaN or Inf."""
+    if global_state is not None and (bad := is_finite_state(global_state)) is not None:
+        raise SkipRound(f"the global model of round {plan.round} is not finite (tensor {bad!r})")
+    if result is None:
+        return
+    loss = result.metrics.get("train_loss")
+    if isinstance(loss, float) and not math.isfinite(loss):
+        raise SkipRound(f"round {plan.round}: the training loss is {loss}")
+    for name, d in result.update.deltas.items():
+        if not np.isfinite(d.values).all():
+            raise SkipRound(f"round {plan.round}: the update of tensor {name!r} is not finite (a gradient norm or "
+                            f"weight went to NaN or Inf during training)")
 
 
 @dataclass(frozen=True)
@@ -148,10 +173,13 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
                      max_update_bytes: int, amp: bool) -> Upload:
     """The local round (``client_round``, exactly as the simulator runs it) and the upload's bytes.
 
-    Raises :class:`UpdateTooLarge` naming the sizes and the limit before anything is sent."""
+    Raises :class:`UpdateTooLarge` naming the sizes and the limit before anything is sent, and
+    :class:`SkipRound` when the global model, the loss or the update is not finite."""
+    check_finite_round(plan, global_state)
     with autocast_for(ctx.device, amp):
         ev, result = client_round(strategy, global_state, state, data, ctx, train=True)
     assert result is not None
+    check_finite_round(plan, None, result)
     update = Update(result.update.deltas, result.update.num_samples, _report(result, ev))
     blob = encode_update(update, UpdateHeader(federation, plan.round, sender, plan.model_digest),
                          UpdateOptions(plan.value_codec, zstd=plan.compress))

@@ -12,21 +12,35 @@ Both follow from three running sums per tensor -- sum_k n_k * delta_k, the per-c
 senders' weights, and the total weight -- so memory is O(model) whatever the number of clients.
 Updates carry deltas against the previous global model; the aggregate of a client's model value is
 ``prev + delta``.
+
+Two robust rules, for fleets that expect faulty or hostile devices (the rules Flower ships as
+FedMedian and FedTrimmedAvg), applied per coordinate to the clients that sent it, unweighted, the
+previous global value where nobody did:
+
+- ``median``: the coordinate-wise median of the sent deltas;
+- ``trimmed``: the coordinate-wise mean after dropping the ``floor(trim * c)`` smallest and largest
+  of the ``c`` deltas sent for that coordinate (``trim`` in [0, 0.5)).
+
+They keep every update until the round closes: memory O(model x updates) (:class:`RobustAggregator`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 from .update import TensorDelta, Update
 
-__all__ = ["SERVER_RULES", "Aggregator", "UpdateError", "check_update"]
+__all__ = ["ROBUST_RULES", "SERVER_RULES", "Aggregator", "RobustAggregator", "UpdateError", "check_update",
+           "is_finite_state", "make_aggregator"]
 
-SERVER_RULES = ("carry", "zero")
+ROBUST_RULES = ("median", "trimmed")
+SERVER_RULES = ("carry", "zero", *ROBUST_RULES)
+DEFAULT_TRIM = 0.2  # Flower's FedTrimmedAvg default (beta)
 
 
 class UpdateError(ValueError):
@@ -93,8 +107,8 @@ class Aggregator:
 
     def __init__(self, global_state: Mapping[str, torch.Tensor], rule: str = "carry",
                  max_norm: float | None = None) -> None:
-        if rule not in SERVER_RULES:
-            raise ValueError(f"server rule must be one of {SERVER_RULES}, got {rule!r}")
+        if rule not in ("carry", "zero"):
+            raise ValueError(f"the streaming rules are carry and zero, got {rule!r} (see make_aggregator)")
         self.rule = rule
         self.max_norm = max_norm
         self._prev = {k: v.detach().cpu() for k, v in global_state.items()}
@@ -111,9 +125,7 @@ class Aggregator:
         ``checked_norm``: the caller already ran :func:`check_update` on ``update`` against these
         shapes (and this bound) and got this norm; the second pass is skipped."""
         norm = check_update(update, self.shapes, self.max_norm) if checked_norm is None else checked_norm
-        w = float(update.num_samples if weight is None else weight)
-        if not (w > 0 and math.isfinite(w)):
-            raise UpdateError(f"aggregation weight must be positive and finite, got {w}")
+        w = _weight(update, weight)
         for name, d in update.deltas.items():
             self._add(name, d, w)
         self.total_weight += w
@@ -165,5 +177,104 @@ class Aggregator:
                 new = np.where(wc > 0, p + acc / np.where(wc > 0, wc, 1.0), p)
             else:
                 new = (p * wc + acc) / self.total_weight
-            out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
+            with np.errstate(over="ignore"):  # an overflow to Inf is the caller's to detect (is_finite_state)
+                out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
         return out
+
+
+def _weight(update: Update, weight: float | None) -> float:
+    w = float(update.num_samples if weight is None else weight)
+    if not (w > 0 and math.isfinite(w)):
+        raise UpdateError(f"aggregation weight must be positive and finite, got {w}")
+    return w
+
+
+class RobustAggregator:
+    """Coordinate-wise ``median`` or ``trimmed`` mean of the deltas each coordinate received
+    (module docstring). Same interface as :class:`Aggregator`; weights only count contributors."""
+
+    def __init__(self, global_state: Mapping[str, torch.Tensor], rule: str = "median",
+                 max_norm: float | None = None, trim: float = DEFAULT_TRIM) -> None:
+        if rule not in ROBUST_RULES:
+            raise ValueError(f"robust rule must be one of {ROBUST_RULES}, got {rule!r}")
+        if not 0 <= trim < 0.5:
+            raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+        self.rule, self.max_norm, self.trim = rule, max_norm, trim
+        self._prev = {k: v.detach().cpu() for k, v in global_state.items()}
+        self.shapes = {k: tuple(v.shape) for k, v in self._prev.items()}
+        self._sent: dict[str, list[TensorDelta]] = {k: [] for k in self._prev}
+        self.total_weight = 0.0
+        self.contributors = 0
+
+    def fold(self, update: Update, weight: float | None = None, checked_norm: float | None = None) -> float:
+        norm = check_update(update, self.shapes, self.max_norm) if checked_norm is None else checked_norm
+        self.total_weight += _weight(update, weight)
+        for name, d in update.deltas.items():
+            self._sent[name].append(d)
+        self.contributors += 1
+        return norm
+
+    def unsent(self) -> int:
+        total = 0
+        for name, shape in self.shapes.items():
+            total += int(np.count_nonzero(self._stack(name)[1] == 0)) if self._sent[name] \
+                else int(np.prod(shape, dtype=np.int64))
+        return total
+
+    def _stack(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(k x numel float32, NaN where a client sent nothing, each column sorted; per-column count)."""
+        numel = int(np.prod(self.shapes[name], dtype=np.int64))
+        rows = np.full((len(self._sent[name]), numel), np.nan, dtype=np.float32)
+        for row, d in zip(rows, self._sent[name]):
+            if d.indices is None:
+                row[:] = d.values
+            else:
+                row[d.indices] = d.values
+        count = np.count_nonzero(~np.isnan(rows), axis=0)
+        rows.sort(axis=0)  # NaN sorts last: column j holds its count[j] sent values first
+        return rows, count
+
+    def _robust(self, name: str) -> np.ndarray:
+        """Per coordinate: the rule's value over the sent deltas (0 where nothing was sent)."""
+        rows, c = self._stack(name)
+        if self.rule == "median":
+            lo = np.take_along_axis(rows, np.maximum((c - 1) // 2, 0)[None], 0)[0].astype(np.float64)
+            hi = np.take_along_axis(rows, np.maximum(c // 2, 0)[None], 0)[0].astype(np.float64)
+            out = (lo + hi) / 2
+        else:
+            t = np.floor(self.trim * c).astype(np.int64)
+            cs = np.zeros((rows.shape[0] + 1, rows.shape[1]), dtype=np.float64)
+            np.cumsum(np.nan_to_num(rows, nan=0.0), axis=0, dtype=np.float64, out=cs[1:])
+            total = np.take_along_axis(cs, (c - t)[None], 0)[0] - np.take_along_axis(cs, t[None], 0)[0]
+            out = total / np.maximum(c - 2 * t, 1)
+        return np.where(c > 0, out, 0.0)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for name, prev in self._prev.items():
+            if not self._sent[name]:
+                out[name] = prev.clone()
+                continue
+            p = prev.numpy().reshape(-1).astype(np.float64)
+            new = p + self._robust(name)
+            with np.errstate(over="ignore"):  # an overflow to Inf is the caller's to detect (is_finite_state)
+                out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
+        return out
+
+
+def make_aggregator(global_state: Mapping[str, torch.Tensor], rule: str = "carry", max_norm: float | None = None,
+                    trim: float = DEFAULT_TRIM) -> Any:
+    """The aggregator of server rule ``rule`` (``carry``, ``zero``, ``median`` or ``trimmed``)."""
+    if rule not in SERVER_RULES:
+        raise ValueError(f"server rule must be one of {SERVER_RULES}, got {rule!r}")
+    if rule in ROBUST_RULES:
+        return RobustAggregator(global_state, rule, max_norm, trim)
+    return Aggregator(global_state, rule, max_norm)
+
+
+def is_finite_state(state: Mapping[str, torch.Tensor]) -> str | None:
+    """None when every tensor of ``state`` is finite, else the name of the first that is not."""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None

@@ -43,9 +43,12 @@ __all__ = [
 def eq4_multiplier(grad_norm: float, i: int, num_layers: int, eps: float, cap: float | None) -> float:
     """The bracket of Eq. 4: ``min(1 + ln(1 + 1/max(||g||, eps)) * i / L, cap)``.
 
-    ``cap=None`` leaves it uncapped. Raises ValueError for a negative or NaN norm, ``eps <= 0``,
-    ``L < 1`` or ``cap < 1``.
+    ``cap=None`` leaves it uncapped. A NaN norm (a model that is no longer finite) gives NaN: the
+    training that follows is not finite either, which the caller detects and reports (a device skips
+    the round). Raises ValueError for a negative norm, ``eps <= 0``, ``L < 1`` or ``cap < 1``.
     """
+    if math.isnan(grad_norm):
+        return math.nan
     if not grad_norm >= 0.0:
         raise ValueError(f"gradient norm must be >= 0, got {grad_norm}")
     if not eps > 0.0 or num_layers < 1:

@@ -14,6 +14,12 @@ The limits are chosen for a federation's traffic, not for chat-sized messages:
   exceed (model chunks) and (devices x chunks per update). ``max_queued_bytes`` (1 GiB) bounds
   the memory that queue may hold. ``max_inflight_messages`` stays at Mosquitto's 20.
 - ``persistence``: retained plan and model chunks and queued QoS 1 messages survive a broker restart.
+
+Listeners: the plain one (password only) on ``host``, the TLS one on ``tls_host`` (default ``host``).
+With TLS on, a password alone must not open a door to the network: the plain listener then binds to
+loopback (for a coordinator on the same host) even when ``host`` is a network address, or is off
+(``plain = false``); ``insecure_plain = true`` keeps it on ``host`` anyway, with a warning
+(:attr:`BrokerConfig.warning`).
 """
 
 from __future__ import annotations
@@ -121,6 +127,8 @@ class BrokerConfig:
     max_queued_bytes: int = 1 << 30
     persistence: bool = True
     coordinator_user: str = "coordinator"
+    plain: bool = True  # the plain (password only) listener; off only with TLS
+    insecure_plain: bool = False  # with TLS: keep the plain listener on ``host`` even off loopback
 
     def __post_init__(self) -> None:
         try:
@@ -139,9 +147,12 @@ class BrokerConfig:
         _check_int(self.tls_port, "tls_port", 0, 65535)
         if self.port and self.port == self.tls_port:
             raise BrokerConfigError(f"port and tls_port are both {self.port}")
-        for name in ("tls", "require_certificate", "use_identity_as_username", "persistence"):
+        for name in ("tls", "require_certificate", "use_identity_as_username", "persistence", "plain",
+                     "insecure_plain"):
             if not isinstance(getattr(self, name), bool):
                 raise BrokerConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not self.plain and not self.tls:
+            raise BrokerConfigError("the plain listener can be off only with TLS on (there would be no listener)")
         if self.use_identity_as_username and not self.require_certificate:
             raise BrokerConfigError("use_identity_as_username needs require_certificate")
         _check_int(self.max_packet_size, "max_packet_size", MIN_PACKET_SIZE, MAX_PACKET_SIZE)
@@ -154,8 +165,25 @@ class BrokerConfig:
         return payload_limit(self.max_packet_size)
 
     @property
+    def plain_host(self) -> str:
+        """Where the plain listener binds: ``host``, except loopback when TLS is on (module docstring)."""
+        if self.tls and not self.insecure_plain and not is_loopback(self.host):
+            return "127.0.0.1"
+        return self.host
+
+    @property
+    def warning(self) -> str | None:
+        """Why this configuration is risky, or None."""
+        if self.tls and self.plain and self.insecure_plain and not is_loopback(self.host):
+            return (f"the plain listener on {self.host}:{self.port or 'auto'} accepts a password alone from the "
+                    f"network although TLS is on (insecure_plain); drop --insecure-plain to keep it on loopback")
+        return None
+
+    @property
     def connect_host(self) -> str:
-        """Address clients (and the readiness probe) connect to."""
+        """Address clients (and the readiness probe) connect to on the plain listener."""
+        if self.plain_host != self.host:
+            return self.plain_host
         if self.advertise_host:
             return self.advertise_host
         return "127.0.0.1" if _is_wildcard(self.host) else self.host

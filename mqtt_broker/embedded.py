@@ -76,6 +76,7 @@ class PasswdAuthPlugin(BaseAuthPlugin):
     def __init__(self, context: Any) -> None:
         super().__init__(context)
         self.passwd = _Watched(Path(self.config.password_file), read_passwd)
+        self.granted: dict[str, str] = {}  # username -> the hash its current session was admitted with
 
     async def authenticate(self, *, session: Session) -> bool | None:
         users = self.passwd.refresh()
@@ -90,6 +91,7 @@ class PasswdAuthPlugin(BaseAuthPlugin):
         if session.client_id != name:
             log.info("refused %r: client id %r differs from the username", name, session.client_id)
             return False
+        self.granted[name] = hashed
         return True
 
 
@@ -118,15 +120,70 @@ class AclTopicPlugin(BaseTopicPlugin):
         return allowed
 
 
+class _SnapshotDict(dict):
+    """A dict whose iteration walks a snapshot: amqtt iterates its subscriptions across awaits while
+    other clients (un)subscribe, and a broadcast died on "dictionary changed size during iteration"."""
+
+    def __iter__(self) -> Any:
+        return iter(list(super().__iter__()))
+
+    def items(self) -> Any:
+        return list(super().items())
+
+    def keys(self) -> Any:
+        return list(super().keys())
+
+    def values(self) -> Any:
+        return list(super().values())
+
+
 class FilteringBroker(Broker):
-    """Two fixes over amqtt 0.12.1 (pinned), both found by reading its broker.py:
+    """Five fixes over amqtt 0.12.1 (pinned), all found by reading its broker.py:
 
     - it deletes (clean session) or rewrites (persistent session) the existing session of a client
       id BEFORE authenticating the new CONNECT, so anyone could wipe or hijack a connected device's
       session by sending its client id: here the CONNECT is authenticated first;
     - it sends retained messages to a subscriber without the receive check, and on each connection
-      re-sends retained messages matching ANY client's subscriptions: here each one is checked.
+      re-sends retained messages matching ANY client's subscriptions: here each one is checked;
+    - a PUBLISH to a ``$`` topic (or an invalid topic) ended the client's message loop while its
+      connection stayed up, so every later PUBLISH was acknowledged and silently dropped: here such a
+      message is dropped (logged) and the loop goes on;
+    - a broadcast iterated the subscriptions across awaits and died when a client (un)subscribed
+      meanwhile: here iteration walks a snapshot (:class:`_SnapshotDict`);
+    - a changed or removed password did not end the open session of that user: here
+      :meth:`cut_changed_credentials` (every second, and on SIGHUP) closes those connections, so a
+      rotated device must reconnect with its new password.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._subscriptions: dict[str, list[tuple[Session, int]]] = _SnapshotDict(self._subscriptions)
+
+    async def _handle_message_delivery(self, client_session: Session, handler: BrokerProtocolHandler,
+                                       wait_deliver: asyncio.Future[Any]) -> bool:
+        message = wait_deliver.result() if wait_deliver.done() and not wait_deliver.exception() else None
+        topic = getattr(message, "topic", None)
+        if topic is not None and (not topic or topic.startswith("$") or "#" in topic or "+" in topic):
+            log.info("dropped a PUBLISH from %r to the invalid or reserved topic %r", client_session.username, topic)
+            return True
+        return bool(await super()._handle_message_delivery(client_session, handler, wait_deliver))
+
+    async def cut_changed_credentials(self) -> list[str]:
+        """Close the connections of users whose password changed or was removed since their session was
+        admitted; returns their names."""
+        auth = next((p for p in self.plugins_manager.plugins if isinstance(p, PasswdAuthPlugin)), None)
+        if auth is None:
+            return []
+        users = auth.passwd.refresh()
+        cut = []
+        for session, handler in list(self._sessions.values()):
+            name = session.username
+            if name and users.get(name) != auth.granted.get(name) and session.transitions.state == "connected" \
+                    and handler is not None and handler.writer is not None:
+                log.info("closing the session of %r: its password changed", session.username)
+                await handler.writer.close()
+                cut.append(str(session.username))
+        return cut
 
     async def _initialize_client_session(self, reader: Any, writer: Any, remote_address: str,
                                          remote_port: int) -> tuple[BrokerProtocolHandler, Session]:
@@ -194,17 +251,27 @@ async def serve(state_dir: Path) -> None:
     await broker.start()
     log.info("embedded broker (amqtt) for federation %s listening on %s:%d", cfg.federation, cfg.host, cfg.port)
     log.info("not enforced: %s", "; ".join(NOT_ENFORCED))
+
+    async def watch_passwords() -> None:
+        while not stop.is_set():
+            await broker.cut_changed_credentials()
+            await asyncio.sleep(1.0)
+
+    watcher = asyncio.ensure_future(watch_passwords())
     await stop.wait()
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
     await broker.shutdown()
     log.info("embedded broker stopped")
 
 
-def _reload(broker: Broker) -> None:
+def _reload(broker: FilteringBroker) -> None:
     for plugin in broker.plugins_manager.plugins:
         if isinstance(plugin, PasswdAuthPlugin):
             plugin.passwd.refresh(force=True)
         elif isinstance(plugin, AclTopicPlugin):
             plugin.acl.refresh(force=True)
+    asyncio.ensure_future(broker.cut_changed_credentials())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,11 +75,9 @@ def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl:
         "connection_messages true",
         "log_timestamp true",
         "log_timestamp_format %Y-%m-%dT%H:%M:%S",
-        "",
-        f"listener {cfg.port} {cfg.host}",
-        "protocol mqtt",
-        *_listener_auth(passwd, acl),
     ]
+    if cfg.plain:  # with TLS on: loopback unless insecure_plain (BrokerConfig.plain_host)
+        lines += ["", f"listener {cfg.port} {cfg.plain_host}", "protocol mqtt", *_listener_auth(passwd, acl)]
     if tls is not None:
         ca, cert, key = tls
         lines += [

@@ -212,7 +212,10 @@ class ManagedBroker:
             raise BrokerError(f"a {existing.kind} broker already runs for {self.files.state_dir} "
                               f"(pid {existing.pid}, port {existing.port}); stop it first")
         cfg = self.config
-        ports = [(cfg.host, cfg.port)] + ([(cfg.tls_host or cfg.host, cfg.tls_port)] if cfg.tls else [])
+        if cfg.warning:
+            log.warning("%s", cfg.warning)
+        ports = ([(cfg.plain_host, cfg.port)] if cfg.plain else []) + \
+            ([(cfg.tls_host or cfg.host, cfg.tls_port)] if cfg.tls else [])
         for host, port in ports:
             if port_in_use(host, port):
                 raise BrokerError(f"port {port} on {host} is already in use; choose another port (or 0 for a free one)")
@@ -240,7 +243,7 @@ class ManagedBroker:
         (probed by binding, so no half-open TLS handshake lands in the broker's log)."""
         assert self._proc is not None
         deadline = time.monotonic() + timeout
-        plain_ready = False
+        plain_ready = not cfg.plain
         while True:
             if self._proc.poll() is not None:
                 raise BrokerError(f"{self.kind} exited with code {self._proc.returncode} while starting; its log "

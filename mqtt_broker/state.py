@@ -82,7 +82,7 @@ def _locked(files: BrokerFiles) -> Iterator[None]:
 
 
 def _resolve_ports(cfg: BrokerConfig, old: BrokerConfig | None) -> BrokerConfig:
-    port = cfg.port or (old.port if old and old.port else free_port(cfg.host))
+    port = cfg.port or (old.port if old and old.port else free_port(cfg.plain_host))
     tls_port = 0
     if cfg.tls:
         tls_port = cfg.tls_port or (old.tls_port if old and old.tls_port else 0)

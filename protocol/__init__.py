@@ -16,10 +16,13 @@ from .sparse import Method, entropy_bits
 from .topics import ParsedTopic, TopicError, Topics, acl_rules, validate_id
 from .update_codec import (
     DecodedUpdate,
+    UpdateHead,
     UpdateHeader,
     UpdateOptions,
     decode_update,
     encode_update,
+    payload_bound,
+    read_update_head,
     update_sizer,
 )
 from .values import VALUE_CODECS, ValueCodec
@@ -44,6 +47,7 @@ __all__ = [
     "Status",
     "TopicError",
     "Topics",
+    "UpdateHead",
     "UpdateHeader",
     "UpdateOptions",
     "ValueCodec",
@@ -65,6 +69,8 @@ __all__ = [
     "max_body_per_chunk",
     "mqtt_payload_limit",
     "parse_message",
+    "payload_bound",
+    "read_update_head",
     "update_sizer",
     "validate_id",
 ]

@@ -156,8 +156,10 @@ def acl_rules(federation: str, coordinator_user: str,
         ("coordinator", "write", f"{p}/model/#"),
         ("coordinator", "write", f"{p}/ack/#"),
         ("coordinator", "read", f"{p}/update/#"),
+        ("coordinator", "write", f"{p}/update/#"),  # only to empty what a device left retained there
         ("coordinator", "read", f"{p}/status/#"),
         ("coordinator", "read", f"{p}/metrics/#"),
+        ("coordinator", "write", f"{p}/metrics/#"),  # (same)
         ("observer", "read", f"{p}/round"),
         ("observer", "read", f"{p}/status/#"),
         ("observer", "read", f"{p}/metrics/#"),

@@ -19,7 +19,11 @@ Decoding checks every field before it is used -- lengths against the bytes left,
 shapes and limits, positions in range and strictly increasing, values finite, known version and
 codecs, the zstd output size -- and raises :class:`~protocol.errors.WireError` for anything else.
 Given ``shapes`` (name -> shape of the global model), a tensor the model lacks or a shape that
-differs is rejected before anything is allocated for it.
+differs is rejected before anything is allocated for it, and a zstd payload may not declare more
+than :func:`payload_bound`: the most an honest encoder writes for that model (every tensor
+dense, fp32), so a small zstd frame cannot make the receiver inflate more than the model holds.
+:func:`read_update_head` reads the fixed header alone (no decompression), for the receiver's cheap
+checks (sender, round, model digest, declared payload size) before any real work.
 """
 
 from __future__ import annotations
@@ -46,10 +50,13 @@ __all__ = [
     "UPDATE_MAGIC",
     "UPDATE_VERSION",
     "DecodedUpdate",
+    "UpdateHead",
     "UpdateHeader",
     "UpdateOptions",
     "decode_update",
     "encode_update",
+    "payload_bound",
+    "read_update_head",
     "update_sizer",
 ]
 
@@ -187,10 +194,66 @@ def update_sizer(options: UpdateOptions = UpdateOptions()) -> Callable[[Update],
 
 # ---- decode -------------------------------------------------------------------------------------
 
-def _decompress(r: Reader, limits: WireLimits) -> memoryview:
+def payload_bound(shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """The largest payload (before compression) an encoder writes for a model of these tensor shapes:
+    every tensor dense, fp32 values, its record header, and position bytes never above a bitmask's."""
+    total = 0
+    for name, shape in shapes.items():
+        numel = math.prod(int(s) for s in shape)
+        total += 2 + len(name.encode("utf-8")) + _RECORD.size + 4 * len(shape) + _SIZES.size
+        total += 8 + (numel + 7) // 8 + 4 * numel
+    return total
+
+
+@dataclass(frozen=True)
+class UpdateHead:
+    """The fixed header of an update blob, read without touching its payload."""
+
+    header: UpdateHeader
+    num_samples: int
+    tensors: int
+    compressed: bool
+    payload_bytes: int  # declared (zstd: the u32 before the frame) or actual (uncompressed)
+
+
+def _read_head(r: Reader, limits: WireLimits) -> tuple[UpdateHead, int]:
+    magic, version, flags, flen, slen, round_, num_samples, digest, ntensors, ninfo = _HEAD.unpack(
+        r.take(_HEAD.size, "header"))
+    if magic != UPDATE_MAGIC:
+        raise WireError(f"update: bad magic {magic!r}")
+    if version != UPDATE_VERSION:
+        raise WireError(f"update: unsupported format version {version} (this decoder reads {UPDATE_VERSION})")
+    if flags & ~FLAG_ZSTD:
+        raise WireError(f"update: unknown flags {flags:#04x}")
+    header = UpdateHeader(r.text(flen, "federation", ascii_only=True), round_,
+                          r.text(slen, "sender", ascii_only=True), digest.hex())
+    problem = header.problems()
+    if problem:
+        raise WireError(f"update: {problem}")
+    if num_samples < 1:
+        raise WireError("update: num_samples must be >= 1")
+    if ntensors > limits.max_tensors or ninfo > limits.max_info:
+        raise WireError(f"update: {ntensors} tensors / {ninfo} info entries exceed the limits "
+                        f"({limits.max_tensors} / {limits.max_info})")
+    return UpdateHead(header, num_samples, ntensors, bool(flags & FLAG_ZSTD), 0), ninfo
+
+
+def read_update_head(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> UpdateHead:
+    """Header, sample count and declared payload size of an update blob, without decompressing or
+    decoding its payload (cost: the header and info bytes). WireError when they are malformed."""
+    r = Reader(data, "update")
+    head, ninfo = _read_head(r, limits)
+    for _ in range(ninfo):
+        r.take(r.u8("info key length"), "info key")
+        r.f64("info value")
+    size = r.u32("payload length") if head.compressed else len(data) - r.pos
+    return UpdateHead(head.header, head.num_samples, head.tensors, head.compressed, size)
+
+
+def _decompress(r: Reader, limits: WireLimits, cap: int) -> memoryview:
     raw_len = r.u32("payload length")
-    if raw_len > limits.max_blob_bytes:
-        raise WireError(f"update: payload of {raw_len} bytes exceeds the limit {limits.max_blob_bytes}")
+    if raw_len > min(cap, limits.max_blob_bytes):
+        raise WireError(f"update: payload of {raw_len} bytes exceeds the limit {min(cap, limits.max_blob_bytes)}")
     frame = r.rest()
     try:
         declared = zstandard.frame_content_size(frame)
@@ -258,26 +321,11 @@ def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = DEF
     if len(data) > limits.max_blob_bytes:
         raise WireError(f"update: {len(data)} bytes exceed the limit {limits.max_blob_bytes}")
     r = Reader(data, "update")
-    magic, version, flags, flen, slen, round_, num_samples, digest, ntensors, ninfo = _HEAD.unpack(
-        r.take(_HEAD.size, "header"))
-    if magic != UPDATE_MAGIC:
-        raise WireError(f"update: bad magic {magic!r}")
-    if version != UPDATE_VERSION:
-        raise WireError(f"update: unsupported format version {version} (this decoder reads {UPDATE_VERSION})")
-    if flags & ~FLAG_ZSTD:
-        raise WireError(f"update: unknown flags {flags:#04x}")
-    header = UpdateHeader(r.text(flen, "federation", ascii_only=True), round_,
-                          r.text(slen, "sender", ascii_only=True), digest.hex())
-    problem = header.problems()
-    if problem:
-        raise WireError(f"update: {problem}")
+    head, ninfo = _read_head(r, limits)
+    header, num_samples, ntensors = head.header, head.num_samples, head.tensors
     if expect is not None and header != expect:
         raise WireError(f"update: header {header} does not match the expected {expect}")
-    if num_samples < 1:
-        raise WireError("update: num_samples must be >= 1")
-    if ntensors > limits.max_tensors or ninfo > limits.max_info:
-        raise WireError(f"update: {ntensors} tensors / {ninfo} info entries exceed the limits "
-                        f"({limits.max_tensors} / {limits.max_info})")
+    cap = payload_bound(shapes) if shapes is not None else limits.max_blob_bytes
     info: dict[str, float] = {}
     for _ in range(ninfo):
         klen = r.u8("info key length")
@@ -286,7 +334,7 @@ def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = DEF
         if not 1 <= klen <= MAX_INFO_KEY_BYTES or key in info or not math.isfinite(value):
             raise WireError(f"update: info entry {key!r} is empty, repeated or not finite")
         info[key] = value
-    body = Reader(_decompress(r, limits) if flags & FLAG_ZSTD else r.rest(), "update payload")
+    body = Reader(_decompress(r, limits, cap) if head.compressed else r.rest(), "update payload")
     deltas: dict[str, TensorDelta] = {}
     seen: set[str] = set()
     total = [0]
@@ -294,4 +342,4 @@ def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = DEF
         name, delta = _read_tensor(body, limits, shapes, seen, total)
         deltas[name] = delta
     body.done()
-    return DecodedUpdate(header, Update(deltas, num_samples, info), bool(flags & FLAG_ZSTD))
+    return DecodedUpdate(header, Update(deltas, num_samples, info), head.compressed)

@@ -8,7 +8,10 @@ Tests record through the ``faults_ledger`` fixture (tests/conftest.py); when the
   completed, updates the devices saw acknowledged and updates the coordinator aggregated;
 - ``bad_input``: payloads an authorised device published: how many, how many the coordinator
   rejected (each with a logged reason and a counter);
-- ``unauthorised``: attempts outside a role (publish, read, connect): how many, how many succeeded.
+- ``unauthorised``: attempts outside a role (publish, read, connect): how many, how many succeeded;
+- ``attack``: one hostile device's attack on a live federation: payloads sent, whether the run
+  completed, honest updates of the attacked round lost, coordinator crashes, and (where the
+  coordinator is its own process) its peak RSS in MB.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 __all__ = ["ENV", "Ledger", "Row", "read_rows"]
 
 ENV = "FLAYER_FAULTS_LEDGER"
-KINDS = ("fault", "bad_input", "unauthorised")
+KINDS = ("fault", "bad_input", "unauthorised", "attack")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class Row:
     ok: int  # fault: runs completed; bad_input: rejected; unauthorised: delivered (should be 0)
     acked: int | None = None  # fault rows: updates acknowledged to devices
     aggregated: int | None = None  # fault rows: updates in the aggregate
+    honest_lost: int | None = None  # attack rows: honest updates of the attacked round not aggregated
+    crashes: int | None = None  # attack rows: coordinator crashes
+    peak_rss_mb: float | None = None  # attack rows: the coordinator process's peak RSS (None: in-process)
 
 
 class Ledger:
@@ -64,6 +70,11 @@ class Ledger:
 
     def unauthorised(self, what: str, tried: int, delivered: int) -> None:
         self._add(Row(self.test, "unauthorised", what, tried, delivered))
+
+    def attack(self, what: str, sent: int, *, honest_lost: int, crashes: int, completed: bool = True,
+               peak_rss_mb: float | None = None) -> None:
+        self._add(Row(self.test, "attack", what, sent, int(completed), None, None, honest_lost, crashes,
+                      peak_rss_mb))
 
 
 def read_rows(path: str | Path) -> list[Row]:

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..aggregate import Aggregator
+from ..aggregate import DEFAULT_TRIM, Aggregator, RobustAggregator, make_aggregator
 from ..config import TrainConfig, from_mapping
 from ..models import ModelSpec, build_model
 from ..train import ClientData
@@ -169,8 +169,15 @@ class Strategy(ABC):
 
     # ---- server side ------------------------------------------------------------------------
     def server_rule(self) -> str:
-        """``carry`` or ``zero`` (see :mod:`flayer.aggregate`)."""
+        """``carry``, ``zero``, ``median`` or ``trimmed`` (see :mod:`flayer.aggregate`)."""
         return "carry"
 
-    def aggregator(self, global_state: Mapping[str, torch.Tensor], max_norm: float | None = None) -> Aggregator:
-        return Aggregator(global_state, self.server_rule(), max_norm)
+    def server_trim(self) -> float:
+        """Rule ``trimmed``: the fraction of the deltas dropped at each end, per coordinate."""
+        return DEFAULT_TRIM
+
+    def aggregator(self, global_state: Mapping[str, torch.Tensor],
+                   max_norm: float | None = None) -> Aggregator | RobustAggregator:
+        agg: Aggregator | RobustAggregator = make_aggregator(global_state, self.server_rule(), max_norm,
+                                                            self.server_trim())
+        return agg

@@ -78,7 +78,8 @@ class FlayerOptions:
     masks: bool = True  # Eq. 5-9 layer-wise upload masks (off: upload everything)
     mask_floor: float = 0.1
     mask_cap: float = 1.0
-    server_rule: Literal["carry", "zero"] = "carry"
+    server_rule: Literal["carry", "zero", "median", "trimmed"] = "carry"
+    server_trim: float = 0.2  # rule "trimmed": fraction dropped at each end, per coordinate
 
     def __post_init__(self) -> None:
         if self.head_layers != "auto" and self.head_layers is not None and self.head_layers < 1:
@@ -91,6 +92,8 @@ class FlayerOptions:
             raise ValueError(f"lr_eps must be > 0, got {self.lr_eps}")
         if self.lr_cap is not None and not self.lr_cap >= 1:
             raise ValueError(f"lr_cap must be >= 1 (it caps a multiplier >= 1), got {self.lr_cap}")
+        if not 0 <= self.server_trim < 0.5:
+            raise ValueError(f"server_trim must be in [0, 0.5), got {self.server_trim}")
         if not 0 < self.mask_floor <= self.mask_cap <= 1:
             raise ValueError(f"need 0 < mask_floor <= mask_cap <= 1, got {self.mask_floor}, {self.mask_cap}")
 
@@ -238,6 +241,9 @@ class Flayer(Strategy):
     # ---- server side -----------------------------------------------------------------------------------
     def server_rule(self) -> str:
         return self.options.server_rule
+
+    def server_trim(self) -> float:
+        return self.options.server_trim
 
 
 class FlayerRef(Flayer):

@@ -26,7 +26,7 @@ SELECTED = ["dev-a", "dev-b", "dev-c"]  # selected every round; dev-x is authori
 
 def live_coordinator(tmp: Path, fb: FedBroker, rounds: int, **fed: Any) -> Coordinator:
     """The coordinator of a digits federation whose rounds select dev-a, dev-b and dev-c."""
-    kw: dict[str, Any] = dict(quorum=3, min_devices=3, over_selection=1.0, deadline_s=120.0, **fed)
+    kw: dict[str, Any] = {"quorum": 3, "min_devices": 3, "over_selection": 1.0, "deadline_s": 120.0, **fed}
     path = federation_toml(
         tmp / "federation.toml",
         fb.state_dir / "credentials/coordinator.toml",

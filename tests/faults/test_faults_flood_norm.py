@@ -30,7 +30,7 @@ pytestmark = [
 def test_a_flood_of_unfinished_blobs_does_not_lock_out_other_devices(
     tmp_path: Path, live_fed: FedBroker, faults_ledger: Any
 ) -> None:
-    coord = live_coordinator(tmp_path, live_fed, rounds=1)
+    coord = live_coordinator(tmp_path, live_fed, rounds=1, max_malformed=10_000)  # the flood is not cut off
     thread = coord.start()
     a, b, c = (Device(live_fed.devices[d], T) for d in SELECTED)
     n = 4200  # more than the collector's whole budget of unfinished blobs (4096)
@@ -70,13 +70,17 @@ def test_a_flood_of_unfinished_blobs_does_not_lock_out_other_devices(
         coord.stop()
 
 
-@pytest.mark.parametrize("policy", [None, "reject", "clip"])
+@pytest.mark.parametrize("policy", ["off", "auto", "reject", "clip"])
 def test_huge_norm_with_and_without_a_bound(
-    tmp_path: Path, live_fed: FedBroker, policy: str | None, faults_ledger: Any
+    tmp_path: Path, live_fed: FedBroker, policy: str, faults_ledger: Any
 ) -> None:
-    """No bound: a large (finite) update is within a device's role and is folded. ``reject``: refused
-    (counter ``norm``). ``clip``: scaled down to the bound and folded (counter ``clipped``)."""
-    kw = {} if policy is None else {"norm_bound": 5.0, "norm_policy": policy}
+    """No bound (``norm_auto = 0``): a large (finite) update is within a device's role and is folded.
+    ``auto`` (the default: no ``norm_bound``; in round 1, 10 x the model's own norm) and ``reject``
+    (an explicit bound): refused (counter ``norm``). ``clip``: scaled down to the bound and folded
+    (counter ``clipped``)."""
+    kw: dict[str, Any] = {"off": {"norm_auto": 0.0}, "auto": {}}.get(policy, {"norm_bound": 5.0,
+                                                                            "norm_policy": policy})
+    refused = policy in ("auto", "reject")
     coord = live_coordinator(tmp_path, live_fed, rounds=1, **kw)
     thread = coord.start()
     a, b, c = (Device(live_fed.devices[d], T) for d in SELECTED)
@@ -88,11 +92,11 @@ def test_huge_norm_with_and_without_a_bound(
         norm = check_update(decode_update(huge).update, shapes)  # the coordinator's own norm
         assert norm > 1000
         status = a.ack(a.send(huge, 1)).status
-        assert status == ("rejected" if policy == "reject" else "accepted")
+        assert status == ("rejected" if refused else "accepted")
         blobs = {d.id: honest_update(shapes, hd[d.id], seed=i) for i, d in enumerate((b, c))}
         for dev in (b, c):
             assert dev.ack(dev.send(blobs[dev.id], 1)).status == "accepted"
-        if policy == "reject":  # dev-a sends an honest update after all
+        if refused:  # dev-a sends an honest update after all
             blobs["dev-a"] = honest_update(shapes, hd["dev-a"], seed=2)
             assert a.ack(a.send(blobs["dev-a"], 1)).status == "accepted"
         thread.join(60)
@@ -100,18 +104,19 @@ def test_huge_norm_with_and_without_a_bound(
         assert not isinstance(result, BaseException) and result is not None and result.finished
         g0 = initial_global_state(coord.strategy, 0)
         agg = coord.strategy.aggregator(g0, coord.fs.norm_bound)
-        if policy != "reject":
+        if not refused:
             up = decode_update(huge).update
             agg.fold(clip_update(up, 5.0 / norm * (1 - 1e-6)) if policy == "clip" else up)
-        for d in ("dev-b", "dev-c") if policy != "reject" else ("dev-b", "dev-c", "dev-a"):
+        for d in ("dev-b", "dev-c") if not refused else ("dev-b", "dev-c", "dev-a"):
             agg.fold(decode_update(blobs[d]).update)
         want = agg.result()
         assert all(torch.equal(result.global_state[k], want[k]) for k in want)
         assert all(bool(torch.isfinite(v).all()) for v in result.global_state.values())
         rejected, clipped = result.history[0]["rejected"], result.history[0]["clipped"]
-        if policy == "reject":
+        if refused:
             assert rejected == {"norm": 1} and clipped == 0
-            faults_ledger.bad_input("huge norm (norm_bound, policy reject)", 1, 1)
+            faults_ledger.bad_input(f"huge norm ({'automatic bound' if policy == 'auto' else 'norm_bound'}, "
+                                    f"policy reject)", 1, 1)
         elif policy == "clip":
             assert rejected == {} and clipped == 1 and result.counters["clipped"] == 1
             faults_ledger.bad_input("huge norm (norm_bound, policy clip: clipped)", 1, 1)

@@ -51,13 +51,13 @@ MATRIX = {
         "round": "rw",
         "model": "rw",
         "update/own": "rw",
-        "update/other": "r",
+        "update/other": "rw",  # write: to empty what a device left retained there
         "ack/own": "rw",
         "ack/other": "w",
         "status/own": "rw",
         "status/other": "r",
         "metrics/own": "rw",
-        "metrics/other": "r",
+        "metrics/other": "rw",  # (same)
         "other federation": "",
         "$SYS": "",
         "outside fl/": "",

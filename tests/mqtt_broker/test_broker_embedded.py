@@ -71,3 +71,52 @@ def test_embedded_does_not_enforce_max_packet_size_as_documented(tmp_path: Path)
         coord.close()
         dev.close()
         rb.broker.stop()
+
+
+def test_embedded_cuts_the_session_of_a_rotated_password(tmp_path: Path) -> None:
+    """Rotating a device's password ends its open session; the old password no longer connects."""
+    broker = start_broker(BrokerConfig(federation=FEDERATION, persistence=False), tmp_path, kind="embedded")
+    try:
+        old = add_device(tmp_path, "dev-r")
+        probe = connect_probe(old)
+        assert probe.client.is_connected()
+        new = add_device(tmp_path, "dev-r", rotate=True)
+        deadline = time.monotonic() + 10
+        while probe.client.is_connected() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not probe.client.is_connected(), "the rotated device's session is still open"
+        probe.close()
+        assert try_connect(mqtt_connect_settings(old), timeout=2)[0] not in (None, 0)
+        connect_probe(new).close()
+    finally:
+        broker.stop()
+
+
+def test_embedded_keeps_a_client_after_a_publish_to_a_dollar_topic(tmp_path: Path) -> None:
+    """A PUBLISH to a ``$`` topic is dropped; the client's later publishes are still delivered."""
+    broker = start_broker(BrokerConfig(federation=FEDERATION, persistence=False), tmp_path, kind="embedded")
+    try:
+        dev = add_device(tmp_path, "dev-d")
+        coord = connect_probe(load_credentials(tmp_path, "coordinator"))
+        coord.subscribe(T.all_updates())
+        probe = connect_probe(dev)
+        probe.publish("$SYS/junk", b"x")
+        probe.publish(T.update_chunk("dev-d", 0, 0), b"after")
+        assert coord.wait_for(lambda ms: [p for _, p, _ in ms] == [b"after"], 5)
+        probe.close()
+        coord.close()
+    finally:
+        broker.stop()
+
+
+def test_subscription_snapshot_survives_changes_during_iteration() -> None:
+    from mqtt_broker.embedded import _SnapshotDict
+
+    subs = _SnapshotDict({"a": [1], "b": [2]})
+    seen = []
+    for key, value in subs.items():  # a plain dict raises "dictionary changed size during iteration"
+        subs[key + "x"] = value
+        seen.append(key)
+    for key in subs:
+        subs.pop("bx", None)
+    assert seen == ["a", "b"] and set(subs) == {"a", "b", "ax"}

@@ -40,7 +40,8 @@ def _spec(role: str, me: str, topic: str, access: str) -> bool:
         return device_rights[access]
     if role == "observer":  # read-only: the plan, statuses and metrics (not its own names), never a write
         return access == "read" and (kind == "round" or (kind in ("status", "metrics") and owner != me))
-    coordinator_rights = {"write": kind in ("round", "model", "ack"), "read": kind in ("update", "status", "metrics")}
+    coordinator_rights = {"write": kind in ("round", "model", "ack", "update", "metrics"),  # update, metrics: to clear
+                          "read": kind in ("update", "status", "metrics")}                 # retained junk
     return coordinator_rights[access] or device_rights[access]
 
 
@@ -68,7 +69,7 @@ def test_acl_text_uses_patterns_for_devices_and_a_user_block_for_the_coordinator
     assert all(ln.startswith("topic ") for ln in lines[user_at + 1:observer_at] + lines[observer_at + 1:])
     assert "topic deny fl/f1/model/#" in lines[observer_at:] and "topic deny fl/f1/status/observer" in lines
     assert "pattern write fl/f1/update/%u/#" in lines and "pattern read fl/f1/ack/%u" in lines
-    assert "topic read fl/f1/update/#" in lines and "topic write fl/f1/round" in lines
+    assert "topic readwrite fl/f1/update/#" in lines and "topic write fl/f1/round" in lines
 
 
 def test_dangerous_usernames_get_no_pattern_rights_and_unknown_users_only_device_rights() -> None:

@@ -216,3 +216,24 @@ def test_sparse_is_smaller_than_index_plus_value_and_sizer_agrees() -> None:
     assert update_sizer()(u) == len(blob) + len("client-0000") - len("client_03") + len("federation") - len(
         "fed-1"
     )
+
+
+def test_zstd_payload_is_capped_by_what_the_model_holds() -> None:
+    """A small zstd frame that inflates beyond the dense size of the model is refused before any
+    decompression; the header alone is readable without touching the payload."""
+    from protocol import payload_bound, read_update_head
+
+    shapes = {"a": (3, 4)}
+    u = Update({"a": TensorDelta((3, 4), np.ones(12, np.float32))}, 5)
+    ok = encode_update(u, HEADER, UpdateOptions(zstd=True))
+    assert decode_update(ok, shapes=shapes).update.num_samples == 5
+    big = Update({"a": TensorDelta((3, 4), np.ones(12, np.float32)),
+                  "pad": TensorDelta((1 << 20,), np.zeros(1 << 20, np.float32))}, 5)
+    bomb = encode_update(big, HEADER, UpdateOptions(zstd=True))
+    assert len(bomb) < 10_000 and payload_bound(shapes) < 200
+    with pytest.raises(WireError, match="exceeds the limit"):
+        decode_update(bomb, shapes=shapes)
+    head = read_update_head(bomb)
+    assert head.header == HEADER and head.compressed and head.payload_bytes > 4 << 20 and head.num_samples == 5
+    with pytest.raises(WireError, match="bad magic"):
+        read_update_head(b"XXXX" + bomb[4:])
