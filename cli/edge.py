@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from flayer.data import DataError
     from flayer.partition import PartitionError
     from flayer.state import StateFileError
-    from mqtt_broker import BrokerConfigError, Credentials
+    from transport import Credentials, CredentialsError
 
     def absolute(path: str | None) -> str | None:  # flags are relative to the working directory
         return str(Path(path).resolve()) if path else None
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
             torch.set_num_threads(cfg.edge.threads)
         client = EdgeClient(cfg.edge, creds, data, on_progress=_show)
-    except (ConfigError, BrokerConfigError, DataError, PartitionError, StateFileError, EdgeError, ValueError) as exc:
+    except (ConfigError, CredentialsError, DataError, PartitionError, StateFileError, EdgeError, ValueError) as exc:
         raise CliError(str(exc)) from exc
     got: list[int] = []
 

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mqtt_broker.link import MqttLink
 from protocol import (
     Ack,
     ChunkCollector,
@@ -31,6 +30,7 @@ from protocol import (
     decode_message,
     encode_message,
 )
+from transport.link import MqttLink
 
 from .config import FederationSettings
 from .intake import Verdict, screen, validate

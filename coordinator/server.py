@@ -34,9 +34,9 @@ from flayer.simulation import initial_global_state
 from flayer.state import save_model
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
-from mqtt_broker.credentials import Credentials, mqtt_connect_settings
-from mqtt_broker.link import Connected, Disconnected, MqttLink, Received
 from protocol import Kind, Metrics, Plan, Status, Topics, WireLimits, encode_message
+from transport.credentials import Credentials, mqtt_connect_settings
+from transport.link import Connected, Disconnected, MqttLink, Received
 
 from .calibration import Calibration, CalibrationError
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint

@@ -1,6 +1,6 @@
 """The edge client: one device's MQTT session, download, local round, upload and state on disk.
 
-Threads: paho's network thread only enqueues (:class:`mqtt_broker.link.MqttLink`); the client's
+Threads: paho's network thread only enqueues (:class:`transport.link.MqttLink`); the client's
 worker thread owns all state and reacts to events (plan, model chunk, ack, timers); one job thread
 runs what takes long -- the local round, publishing and waiting for PUBACKs -- and reports back
 with an event. Many clients can live in one process (the emulator): each has its own connection,
@@ -8,7 +8,7 @@ threads and state folder, an injectable ``clock``/``sleep`` and a link ``shaper(
 that returns the delay to impose on each chunk ("up" or "down"). More emulator hooks: ``after_compute``
 (called on the job thread after each local computation with its wall and thread CPU seconds, before
 anything is saved or sent: the emulator stretches a slow device's compute time there), ``network``
-(a :class:`mqtt_broker.link.NetworkDriver` driving this client's connection instead of a paho thread)
+(a :class:`transport.link.NetworkDriver` driving this client's connection instead of a paho thread)
 and :meth:`EdgeClient.crash` (a power loss: no offline status, no DISCONNECT; the broker publishes the
 last will, and the next instance over the same state folder resumes from disk).
 
@@ -38,8 +38,6 @@ import torch
 
 from flayer.strategies.base import Strategy
 from flayer.train import ClientData, pick_device, training_engine
-from mqtt_broker.credentials import Credentials, mqtt_connect_settings
-from mqtt_broker.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 from protocol import (
     Ack,
     Kind,
@@ -54,6 +52,8 @@ from protocol import (
     decode_message,
     encode_message,
 )
+from transport.credentials import Credentials, mqtt_connect_settings
+from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
 from .config import EdgeSettings
 from .download import ModelDownload, Pending

@@ -27,14 +27,22 @@ from pathlib import Path
 
 from mqtt_broker.acl import render_acl
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
-from mqtt_broker.credentials import Credentials, TlsSettings
 from mqtt_broker.fsutil import atomic_write, free_port, private_dir
 from mqtt_broker.mosquitto_conf import render_mosquitto_conf
 from mqtt_broker.passwords import hash_password, new_password, set_passwd_entry
 from mqtt_broker.tls import client_cert_paths, ensure_ca_and_server, make_client_cert
 from protocol.topics import TopicError, validate_id
+from transport.credentials import Credentials, TlsSettings
 
-__all__ = ["BrokerFiles", "add_coordinator", "add_device", "list_users", "load_credentials", "write_broker_files"]
+__all__ = [
+    "BrokerFiles",
+    "add_coordinator",
+    "add_device",
+    "list_users",
+    "load_credentials",
+    "save_credentials",
+    "write_broker_files",
+]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +137,11 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
     return files
 
 
+def save_credentials(creds: Credentials, path: Path) -> None:
+    """Write ``creds`` as its 0600 TOML file (atomically: a secret is never half-written)."""
+    atomic_write(path, creds.to_toml(), mode=0o600)
+
+
 def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str, password: str) -> Credentials:
     tls = None
     if cfg.tls:
@@ -137,7 +150,7 @@ def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: s
             cert, key = make_client_cert(files.tls_dir, user)
         tls = TlsSettings(cfg.tls_connect_host, cfg.tls_port, files.tls_dir / "ca.crt", cert, key)
     creds = Credentials(cfg.federation, role, user, password, cfg.connect_host, cfg.port, cfg.max_packet_size, tls)
-    creds.save(files.credentials(user))
+    save_credentials(creds, files.credentials(user))
     return creds
 
 
