@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,11 @@ from typing import Any
 from flayer.config import STRATEGY_NAMES, ConfigError, RunConfig, load_run_config
 from flayer.data import DATASETS, DataError, Dataset, load_dataset
 from flayer.partition import Partition, PartitionError, load_partition, make_partition
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as the tomli package
+    import tomli as tomllib  # type: ignore[no-redef]
 
 log = logging.getLogger(__name__)
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from flayer.data import DataError
 from flayer.strategies.base import Strategy
 from flayer.train import ClientData, pick_device, training_engine
 from protocol import (
@@ -58,6 +59,7 @@ from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Rec
 from .config import EdgeSettings
 from .download import ModelDownload, Pending
 from .runtime import TrainingRuntime
+from .sources import DeviceSource
 from .store import DeviceStore, StoredState, UploadRecord
 from .work import (
     EdgeError,
@@ -92,7 +94,7 @@ class _Stop:
 
 
 class EdgeClient:
-    def __init__(self, settings: EdgeSettings, creds: Credentials, data: ClientData, *,
+    def __init__(self, settings: EdgeSettings, creds: Credentials, data: ClientData | DeviceSource, *,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  shaper: LinkShaper | None = None, limits: WireLimits | None = None,
                  rng: random.Random | None = None,
@@ -100,7 +102,10 @@ class EdgeClient:
                  after_compute: ComputeHook | None = None, network: NetworkDriver | None = None) -> None:
         if creds.role != "device":
             raise EdgeError(f"credentials of {creds.username!r} are a {creds.role}'s, not a device's")
-        self.settings, self.creds, self.data = settings, creds, data
+        self.settings, self.creds = settings, creds
+        # a partition's ClientData, or the device's own data (a DeviceSource), loaded for the first plan
+        self.source: DeviceSource | None = data if isinstance(data, DeviceSource) else None
+        self.data: ClientData | None = None if isinstance(data, DeviceSource) else data
         self.id = creds.username
         self.clock, self.sleep, self.shaper = clock, sleep, shaper
         self.after_compute = after_compute
@@ -301,6 +306,12 @@ class EdgeClient:
         if plan is None or self._model is None or self._model[0] != plan.model_digest or self._busy:
             return
         strategy = self.strategies.get(plan)
+        if self.source is not None:
+            try:
+                self.data = self.source.for_spec(strategy.spec)
+            except DataError as exc:
+                raise EdgeError(f"this device's data does not fit the federation's model: {exc}") from None
+        assert self.data is not None
         check_data_fits(strategy, self.data)
         global_state = self._model[1]
         state = self.stored.state or strategy.initial_state()
@@ -498,6 +509,7 @@ class EdgeClient:
 
     def _status_payload(self, state: str) -> bytes:
         info: dict[str, str | int | float | bool] = {
-            "device": str(self.device), "client_index": self.settings.client_index, "num_train": self.data.num_train}
+            "device": str(self.device), "client_index": self.settings.client_index,
+            "num_train": self.data.num_train if self.data is not None else 0}
         r = self.plan.round if self.plan is not None else 0
         return encode_message(Status(r, state, self.clock(), info), self.creds.federation, self.id)

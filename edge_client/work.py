@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from flayer.config import ConfigError, TrainConfig, from_mapping
+from flayer.registry import architecture, architecture_diff, fingerprint
 from flayer.simulation import ClientEval, client_round
 from flayer.spec import ModelSpec
 from flayer.state import save_model
@@ -99,7 +100,7 @@ class StrategyCache:
 def check_data_fits(strategy: Strategy, data: ClientData) -> None:
     """EdgeError when this device's samples do not fit the plan's model (wrong data set)."""
     spec, x = strategy.spec, data.train.x
-    if spec.name == "fasttext":
+    if spec.is_text:
         ok = x.ndim == 2
         want = "token ids"
     else:
@@ -111,8 +112,22 @@ def check_data_fits(strategy: Strategy, data: ClientData) -> None:
 
 
 def decode_global(blob: bytes, strategy: Strategy, limits: WireLimits) -> dict[str, torch.Tensor]:
-    """The global model from its blob, checked to hold exactly the plan's model tensors."""
-    shapes = {k: tuple(v.shape) for k, v in float_state(strategy.new_model()).items()}
+    """The global model from its blob, checked to hold exactly the plan's model tensors.
+
+    When the plan's architecture fingerprint differs from this device's build of the model, the
+    error names the first tensor that differs (from the blob) and nothing is trained."""
+    model = strategy.new_model()
+    shapes = {k: tuple(v.shape) for k, v in float_state(model).items()}
+    want = strategy.spec.fingerprint
+    if want and fingerprint(model) != want:
+        try:
+            theirs = {k: torch.from_numpy(v.copy()) for k, v in decode_state(blob, limits).items()}
+            diff = architecture_diff(architecture(theirs), architecture(float_state(model)), ordered=False)
+        except WireError as exc:
+            diff = f"the global model is unreadable ({exc.reason})"
+        raise EdgeError(f"this device's build of model {strategy.spec.name!r} is not the federation's: "
+                        f"{diff or 'dtypes or integer buffers differ'} (fingerprint {fingerprint(model)[:12]} here, "
+                        f"{want[:12]} in the plan). Install the federation's version of the model")
     try:
         arrays = decode_state(blob, limits, expected=shapes)
     except WireError as exc:

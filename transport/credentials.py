@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import json
 import ssl
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from protocol.topics import TopicError, validate_id
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as the tomli package
+    import tomli as tomllib  # type: ignore[no-redef]
 
 __all__ = [
     "MQTT_HEADROOM",
