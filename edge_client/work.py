@@ -122,7 +122,10 @@ def decode_global(blob: bytes, strategy: Strategy, limits: WireLimits) -> dict[s
     if want and fingerprint(model) != want:
         try:
             theirs = {k: torch.from_numpy(v.copy()) for k, v in decode_state(blob, limits).items()}
-            diff = architecture_diff(architecture(theirs), architecture(float_state(model)), ordered=False)
+            mine = architecture(float_state(model))
+            order = {name: i for i, (name, _, _) in enumerate(mine)}  # name the first difference in forward order
+            diff = architecture_diff(sorted(architecture(theirs), key=lambda t: order.get(t[0], len(order))), mine,
+                                     ordered=False)
         except WireError as exc:
             diff = f"the global model is unreadable ({exc.reason})"
         raise EdgeError(f"this device's build of model {strategy.spec.name!r} is not the federation's: "

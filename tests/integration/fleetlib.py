@@ -35,7 +35,7 @@ def write_images(folder: Path, counts: dict[str, int], size: int, mode: str = "R
 
 
 def federation_toml(machine: Path, creds: Path, *, rounds: int = 3, devices: int = 3, size: int = 8,
-                    strategy: str = "flayer", extra_model: str = "") -> Path:
+                    strategy: str = "flayer", extra_model: str = "", over_selection: float = 1.0) -> Path:
     """The coordinator's federation.toml naming the model by entry point, fleetmodel.py beside it."""
     machine.mkdir(parents=True, exist_ok=True)
     shutil.copy(MODEL_FILE, machine / "fleetmodel.py")
@@ -44,7 +44,7 @@ credentials = "{creds}"
 state_dir = "state"
 quorum = {devices}
 min_devices = {devices}
-over_selection = 1.0
+over_selection = {over_selection}
 deadline_s = 120.0
 grace_s = 0.0
 
