@@ -35,8 +35,10 @@ def write_images(folder: Path, counts: dict[str, int], size: int, mode: str = "R
 
 
 def federation_toml(machine: Path, creds: Path, *, rounds: int = 3, devices: int = 3, size: int = 8,
-                    strategy: str = "flayer", extra_model: str = "", over_selection: float = 1.0) -> Path:
+                    strategy: str = "flayer", extra_model: str = "", over_selection: float = 1.0,
+                    channels: int = 3, classes: list[str] | None = None) -> Path:
     """The coordinator's federation.toml naming the model by entry point, fleetmodel.py beside it."""
+    classes = classes or CLASSES
     machine.mkdir(parents=True, exist_ok=True)
     shutil.copy(MODEL_FILE, machine / "fleetmodel.py")
     text = f"""[federation]
@@ -55,9 +57,9 @@ seed = 0
 
 [model]
 name = "fleetmodel:build"
-args = {{ in_channels = 3, num_classes = {len(CLASSES)}, size = {size}, width = 8 }}
-classes = {json.dumps(CLASSES)}
-in_channels = 3
+args = {{ in_channels = {channels}, num_classes = {len(classes)}, size = {size}, width = 8 }}
+classes = {json.dumps(classes)}
+in_channels = {channels}
 height = {size}
 width = {size}
 python_path = ["."]
@@ -83,9 +85,13 @@ def launch(argv: list[str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    t0 = time.monotonic()
-    for p in procs:
-        p.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+    """Until every process exits, or one fails (the others are then left to the caller), or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            return
+        time.sleep(0.2)
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
