@@ -19,12 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
 
-from fleetlib import MODEL_FILE, federation_toml, launch, stop_all, wait_all  # noqa: E402
+from fleetlib import MODEL_FILE, federation_toml, launch, stop_all, wait_all
 
-from cli.main import main  # noqa: E402
-from flayer.data import load_dataset  # noqa: E402
-from flayer.partition import make_partition, save_partition  # noqa: E402
-from transport.kit import unpack_kit  # noqa: E402
+from cli.main import main
+from flayer.data import load_dataset
+from flayer.partition import make_partition, save_partition
+from transport.kit import unpack_kit
 
 DEVICES = ("dev-1", "dev-2", "dev-3")
 

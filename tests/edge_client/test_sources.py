@@ -20,7 +20,7 @@ from flayer.registry import build_model, with_fingerprint
 from flayer.spec import ModelSpec, canonical_args, canonical_classes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from fleetlib import CLASSES, write_images  # noqa: E402
+from fleetlib import CLASSES, write_images
 
 SIZE = 8
 
@@ -150,8 +150,9 @@ def test_a_kit_with_a_missing_file_is_refused_before_anything_is_unpacked(tmp_pa
 
 
 def test_a_corrupt_or_foreign_initial_model_is_refused_before_any_state(tmp_path: Path) -> None:
-    from coordinator.config import load_coordinator_config
     from fleetlib import federation_toml
+
+    from coordinator.config import load_coordinator_config
     from flayer.config import ConfigError
     from flayer.state import save_model
 
@@ -199,3 +200,32 @@ def test_flayer_edge_with_an_empty_folder_exits_2_and_writes_nothing(tmp_path: P
     assert main(["edge", "--config", str(tmp_path / "device.toml"), "--data", str(tmp_path / "empty")]) == 2
     assert f"data folder {tmp_path / 'empty'}: empty" in capsys.readouterr().err
     assert files(tmp_path) == before
+
+
+def test_every_strategy_runs_a_round_of_a_user_model(tmp_path: Path) -> None:
+    from flayer.simulation import simulate
+    from flayer.strategies import STRATEGIES, make_strategy
+
+    s = spec()
+    clients = [load_source(SourceConfig("folder", str(write_images(tmp_path / f"c{i}", {"cat": 6, "owl": 6}, SIZE,
+                                                                   seed=i))), s) for i in range(2)]
+    for name in sorted(STRATEGIES):
+        strategy = make_strategy(name, s, TrainConfig(lr=0.05, batch_size=4, local_epochs=1), {})
+        result = simulate(strategy, clients, 1, 0)
+        assert set(result.global_state) == set(float_state_of(s)), name
+        assert all(torch.isfinite(v).all() for v in result.global_state.values()), name
+        assert len(result.rounds) == 1 and 0 <= result.final_acc <= 1, name
+
+
+def pooled_model(num_classes: int = 3) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * 4 * 4, num_classes))
+
+
+def test_the_executorch_training_path_refuses_what_it_cannot_run_with_the_reason() -> None:
+    from export.et_training import UnsupportedModel, check_training_support
+
+    check_training_support(spec())  # conv + linear: trains through ExecuTorch
+    pooled = ModelSpec(f"{__name__}:pooled_model", in_channels=3, height=SIZE, width=SIZE, num_classes=3)
+    with pytest.raises(UnsupportedModel, match=r"module 1 \(MaxPool2d\): max_pool2d's backward kernel is wrong"):
+        check_training_support(pooled)
