@@ -18,7 +18,7 @@ from flayer.spec import BUILTIN_NAMES
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as the tomli package
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 log = logging.getLogger(__name__)
 

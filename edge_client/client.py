@@ -342,7 +342,7 @@ class EdgeClient:
         limits = [x for x in (plan.max_update_bytes, self.settings.max_update_bytes) if x > 0]
         ctx = round_context(plan, self.settings.client_index, self.device)
         t0, c0 = time.perf_counter(), time.thread_time()
-        upload = train_and_encode(strategy, plan, global_state, state, self.data, ctx,
+        upload = train_and_encode(strategy, plan, global_state, state, self._data(), ctx,
                                   federation=self.creds.federation, sender=self.id,
                                   max_payload=self.creds.max_payload, max_update_bytes=min(limits) if limits else 0,
                                   amp=self.settings.amp)
@@ -356,12 +356,17 @@ class EdgeClient:
     def _calibrate_job(self, strategy: Any, plan: Plan, global_state: Any) -> Pending:
         ctx = round_context(plan, self.settings.client_index, self.device)
         t0, c0 = time.perf_counter(), time.thread_time()
-        payload = calibration_report(strategy, plan, global_state, self.data, ctx, amp=self.settings.amp,
+        payload = calibration_report(strategy, plan, global_state, self._data(), ctx, amp=self.settings.amp,
                                      now=self.clock(), federation=self.creds.federation, sender=self.id)
         self._computed("calibrate", t0, c0)
         items = [(self.topics.metrics(self.id), payload, False)]
         self._publish(items)
         return Pending("calibration", plan.round, decode_envelope(payload).digest, items, model=plan.model_digest)
+
+    def _data(self) -> ClientData:
+        """This device's data (loaded for the plan's model before any job is submitted)."""
+        assert self.data is not None
+        return self.data
 
     def _computed(self, kind: str, t0: float, c0: float) -> None:
         """After a local computation (job thread): the ``after_compute`` hook, then nothing more if
@@ -385,7 +390,7 @@ class EdgeClient:
         meta = {"client": self.id, "client_index": self.settings.client_index}
         if self._crashed:
             raise EdgeError(f"{self.id} crashed before saving its personal model")
-        return save_personal(strategy, plan, global_state, state, self.data, ctx, self.store.personal_file,
+        return save_personal(strategy, plan, global_state, state, self._data(), ctx, self.store.personal_file,
                              self.store.global_file, meta)
 
     # ---- results, acks, timers (worker) -----------------------------------------------------------

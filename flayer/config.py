@@ -21,7 +21,7 @@ from .data import DATASETS
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as the tomli package
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 __all__ = [
     "STRATEGY_NAMES",

@@ -62,7 +62,7 @@ def resolve_entry_point(entry: str) -> Callable[..., Any]:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ModelError(f"entry point {entry!r}: module {module_name!r} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def builder_kwargs(spec: ModelSpec) -> dict[str, Any]:

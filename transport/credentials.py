@@ -34,7 +34,7 @@ from protocol.topics import TopicError, validate_id
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as the tomli package
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 __all__ = [
     "MQTT_HEADROOM",
