@@ -21,7 +21,6 @@ reads: it stops selecting the device and drops what it sends). The caller reload
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import tarfile
@@ -32,13 +31,13 @@ from mqtt_broker.acl import render_acl
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
 from mqtt_broker.fsutil import atomic_write
 from mqtt_broker.passwords import remove_passwd_entry
-from mqtt_broker.state import BrokerFiles, _locked
+from mqtt_broker.state import BrokerFiles, _locked, read_revoked, write_revoked
 from mqtt_broker.tls import client_cert_paths
 from protocol.topics import TopicError, validate_id
 from transport.credentials import Credentials, TlsSettings
 from transport.kit import KIT_TLS_FILES
 
-__all__ = ["revoke_device", "revoked_devices", "write_kit"]
+__all__ = ["revoke_device", "write_kit"]
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +101,6 @@ def write_kit(state_dir: str | Path, device_id: str, out: str | Path) -> Path:
     return out
 
 
-def revoked_devices(state_dir: str | Path) -> dict[str, float]:
-    path = BrokerFiles.at(state_dir).state_dir / "revoked.json"
-    if not path.exists():
-        return {}
-    data = json.loads(path.read_text())
-    if not isinstance(data, dict):
-        raise BrokerConfigError(f"{path}: expected a JSON object of device ids")
-    return data
-
-
 def revoke_device(state_dir: str | Path, device_id: str) -> bool:
     """Shut ``device_id`` out of the broker's files (see the module doc); False if already revoked.
     The caller reloads the running broker."""
@@ -124,7 +113,7 @@ def revoke_device(state_dir: str | Path, device_id: str) -> bool:
     if device_id == cfg.coordinator_user:
         raise BrokerConfigError(f"{device_id!r} is the coordinator, not a device")
     with _locked(files):
-        revoked = revoked_devices(files.state_dir)
+        revoked = read_revoked(files)
         path = files.credentials(device_id)
         if not path.exists() and device_id not in revoked:
             raise BrokerConfigError(f"no device {device_id!r} in {files.state_dir} (see 'flayer broker status')")
@@ -137,7 +126,6 @@ def revoke_device(state_dir: str | Path, device_id: str) -> bool:
         atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user), mode=0o600)
         first = device_id not in revoked
         revoked.setdefault(device_id, time.time())
-        atomic_write(files.state_dir / "revoked.json", json.dumps(revoked, indent=1, sort_keys=True) + "\n",
-                     mode=0o600)
+        write_revoked(files, revoked)
     log.info("revoked %s (password entry %s)", device_id, "removed" if removed else "already gone")
     return first

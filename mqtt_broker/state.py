@@ -18,6 +18,7 @@ Layout (default ``.flayer/broker``, mode 0700)::
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -40,8 +41,10 @@ __all__ = [
     "add_device",
     "list_users",
     "load_credentials",
+    "read_revoked",
     "save_credentials",
     "write_broker_files",
+    "write_revoked",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,7 @@ class BrokerFiles:
     data_dir = property(lambda self: self.state_dir / "data")
     log = property(lambda self: self.state_dir / "broker.log")
     run_record = property(lambda self: self.state_dir / "run.json")
+    revoked = property(lambda self: self.state_dir / "revoked.json")  # 'flayer broker revoke': id -> unix time
     lock = property(lambda self: self.state_dir / ".lock")
 
     def credentials(self, username: str) -> Path:
@@ -183,7 +187,29 @@ def _add(state_dir: str | Path, user: str, role: str, rotate: bool, exist_ok: bo
                 return existing
             raise BrokerConfigError(f"{role} {user!r} already exists ({path}); pass rotate=True (--rotate) "
                                     "for a new password")
-        return _add_user(files, cfg, user, role)
+        creds = _add_user(files, cfg, user, role)
+        revoked = read_revoked(files)
+        if revoked.pop(user, None) is not None:  # a new kit for a revoked device lets it back in
+            write_revoked(files, revoked)
+            log.info("%s is no longer revoked", user)
+        return creds
+
+
+def read_revoked(files: BrokerFiles) -> dict[str, float]:
+    """The revoked devices (id -> unix time of the revocation); empty when none was revoked."""
+    if not files.revoked.exists():
+        return {}
+    try:
+        data = json.loads(files.revoked.read_text())
+    except (OSError, ValueError) as exc:
+        raise BrokerConfigError(f"{files.revoked}: unreadable ({exc})") from exc
+    if not isinstance(data, dict):
+        raise BrokerConfigError(f"{files.revoked}: expected a JSON object of device ids")
+    return data
+
+
+def write_revoked(files: BrokerFiles, revoked: dict[str, float]) -> None:
+    atomic_write(files.revoked, json.dumps(revoked, indent=1, sort_keys=True) + "\n", mode=0o600)
 
 
 def add_device(state_dir: str | Path, device_id: str, rotate: bool = False, exist_ok: bool = False) -> Credentials:
