@@ -126,8 +126,8 @@ def connection_limit(n: int, mode: str, state: Path) -> tuple[int, float]:
     """(connected after 20 s, seconds to connect them) for ``n`` device links in this process."""
     from emulator.netloop import SharedNetwork
     from mqtt_broker import BrokerConfig, add_device, start_broker
-    from mqtt_broker.credentials import mqtt_connect_settings
-    from mqtt_broker.link import MqttLink
+    from transport.credentials import mqtt_connect_settings
+    from transport.link import MqttLink
 
     shutil.rmtree(state, ignore_errors=True)
     broker = start_broker(BrokerConfig(federation="limit", persistence=False), state, timeout=30)

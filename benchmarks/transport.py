@@ -48,7 +48,6 @@ from mqtt_broker import (
     mqtt_connect_settings,
     start_broker,
 )
-from mqtt_broker.link import Connected, MqttLink, Received
 from protocol import (
     ChunkCollector,
     Kind,
@@ -61,6 +60,7 @@ from protocol import (
     decode_state,
     encode_update,
 )
+from transport.link import Connected, MqttLink, Received
 
 FED = "bench"
 SPEC = ModelSpec("resnet18", in_channels=3, height=32, width=32, num_classes=10)

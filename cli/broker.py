@@ -1,9 +1,11 @@
-"""``flayer broker start|stop|status|add-device``: the federation's MQTT broker.
+"""``flayer broker start|stop|status|add-device|revoke``: the federation's MQTT broker.
 
 ``start`` writes the configuration into the state folder and runs mosquitto (or the embedded
 broker) in the background, recording its PID; ``stop`` ends exactly that process; ``add-device``
-creates a device's credentials file and makes a running broker reload its password file.
-Passwords are never printed: only the paths of the 0600 credentials files are.
+creates a device's credentials file (``--kit``: and its startup kit for another machine) and makes
+a running broker reload its password file; ``revoke`` shuts a device out (password, certificate,
+live connection) and tells the coordinator to stop selecting it. Passwords are never printed:
+only the paths of the 0600 credentials files and kits are.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from cli.common import CliError
 if TYPE_CHECKING:
     from mqtt_broker.config import BrokerConfig
 
-SUBCOMMANDS = ("start", "stop", "status", "add-device", "add-observer")
+SUBCOMMANDS = ("start", "stop", "status", "add-device", "add-observer", "revoke")
 
 
 def _nonneg_int(text: str) -> int:
@@ -90,6 +92,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _state_dir_flag(a)
     a.add_argument("device_id", metavar="ID", help="device id = its MQTT username and client id")
     a.add_argument("--rotate", action="store_true", help="issue a new password (and certificate) for an existing device")
+    a.add_argument("--kit", metavar="FILE.tar.gz",
+                   help="also write the device's startup kit (credentials, TLS files, device.toml, start command; "
+                        "mode 0600) for 'flayer edge --kit' on the device's machine")
     a.set_defaults(func=run)
 
     o = actions.add_parser("add-observer", help="create another read-only observer (one per watcher running at "
@@ -98,6 +103,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("name", metavar="NAME", help="the observer's user name (the default one is 'observer')")
     o.add_argument("--rotate", action="store_true", help="issue a new password for an existing observer")
     o.set_defaults(func=run)
+
+    r = actions.add_parser("revoke", help="shut a device out: password and certificate removed, broker reloaded "
+                                          "(its connection closes), coordinator stops selecting it")
+    _state_dir_flag(r)
+    r.add_argument("device_id", metavar="ID", help="the device to revoke")
+    r.set_defaults(func=run)
 
 
 def _config(args: argparse.Namespace, stored_path: Path) -> BrokerConfig:
@@ -128,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return {"start": _start, "stop": _stop, "status": _status, "add-device": _add_device,
-                "add-observer": _add_observer}[args.broker_command](args)
+                "add-observer": _add_observer, "revoke": _revoke}[args.broker_command](args)
     except (BrokerConfigError, BrokerError, PasswordError, TlsError) as exc:
         raise CliError(str(exc)) from exc
 
@@ -227,7 +238,30 @@ def _add_device(args: argparse.Namespace) -> int:
     files = BrokerFiles.at(args.state_dir)
     creds = add_device(files.state_dir, args.device_id, rotate=args.rotate)
     print(f"credentials of device {creds.username}: {files.credentials(creds.username)} (mode 0600, holds the password)")
+    if args.kit:
+        from mqtt_broker.kit import write_kit
+
+        kit = write_kit(files.state_dir, creds.username, args.kit)
+        print(f"startup kit: {kit} (mode 0600, holds the password: copy it to the device privately, then run "
+              f"'flayer edge --kit {kit.name} --data FOLDER' there)")
     rec = reload_recorded(files.state_dir)
     if rec is not None:
         print(f"reloaded the running {rec.kind} broker (pid {rec.pid})")
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    from mqtt_broker.kit import revoke_device
+    from mqtt_broker.process import reload_recorded
+    from mqtt_broker.state import BrokerFiles
+
+    files = BrokerFiles.at(args.state_dir)
+    first = revoke_device(files.state_dir, args.device_id)
+    print(f"revoked device {args.device_id}{'' if first else ' (already revoked)'}: password, credentials and "
+          f"certificate removed; listed in {files.state_dir / 'revoked.json'} for the coordinator")
+    rec = reload_recorded(files.state_dir)
+    if rec is not None:
+        print(f"reloaded the running {rec.kind} broker (pid {rec.pid}): its connection is closed")
+    else:
+        print("no running broker recorded: it refuses the device when it starts")
     return 0

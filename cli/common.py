@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,12 @@ from typing import Any
 from flayer.config import STRATEGY_NAMES, ConfigError, RunConfig, load_run_config
 from flayer.data import DATASETS, DataError, Dataset, load_dataset
 from flayer.partition import Partition, PartitionError, load_partition, make_partition
+from flayer.spec import BUILTIN_NAMES
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as the tomli package
+    import tomli as tomllib
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +53,7 @@ def add_common_flags(p: argparse.ArgumentParser, rounds: bool = True, strategy: 
         g.add_argument("--threads", type=int, help="torch threads (0 = torch's default)")
         g.add_argument("--set", action="append", default=[], metavar="STRATEGY.KEY=VALUE",
                        help="a strategy option, e.g. --set flayer.server_rule=zero (VALUE in TOML syntax)")
-    g.add_argument("--model", choices=("cnn", "resnet18", "fasttext"), help="default: cnn for images, fasttext for text")
+    g.add_argument("--model", choices=BUILTIN_NAMES, help="default: cnn for images, fasttext for text")
     g.add_argument("--out", metavar="DIR", help="output folder (default: runs/<command>-<time>)")
 
 

@@ -200,7 +200,7 @@ def config_files() -> tuple[ConfigFile, ...]:
     from flayer.spec import ModelSpec
     from flayer.strategies import STRATEGIES
     from mqtt_broker.config import BrokerConfig
-    from mqtt_broker.credentials import Credentials, TlsSettings
+    from transport.credentials import Credentials, TlsSettings
 
     run_tables = (
         Table("[run]", RunConfig, exclude=("data", "train", "strategy_options")),

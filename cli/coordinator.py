@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from coordinator.journal import JournalError
     from coordinator.server import Coordinator, CoordinatorError
     from flayer.config import ConfigError
-    from mqtt_broker import BrokerConfigError, Credentials
+    from transport import Credentials, CredentialsError
 
     def absolute(path: str | None) -> str | None:  # flags are relative to the working directory
         return str(Path(path).resolve()) if path else None
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                 tb.poll()
 
         coord = Coordinator(cfg, creds, on_round=on_round, on_progress=display.progress)
-    except (ConfigError, BrokerConfigError, CoordinatorError, ValueError) as exc:
+    except (ConfigError, CredentialsError, CoordinatorError, ValueError) as exc:
         raise CliError(str(exc)) from exc
     got: list[int] = []
 

@@ -1,7 +1,8 @@
-"""``flayer edge --config device.toml``: one device of the federation.
+"""``flayer edge --config device.toml`` (or ``--kit KIT.tar.gz``): one device of the federation.
 
-Connects with the credentials ``flayer broker add-device`` wrote, loads this device's share of the
-data (data set + saved partition + client index), then follows the coordinator's plans: downloads
+Connects with the credentials ``flayer broker add-device`` wrote (``--kit``: unpacks the startup kit
+beside it first and runs from it), loads this device's data (its own folder, arrays file or Python
+source, or a share of a public data set), then follows the coordinator's plans: downloads
 the global model, runs the local round, uploads, waits for the ack. Its state stays in the state
 folder, so a restarted device resumes. After the federation ends it saves its personal model
 (``personal.safetensors``, for ``flayer export``) and exits 0. Ctrl-C / SIGTERM stop it cleanly
@@ -23,8 +24,14 @@ from cli.logfile import add_log_file_flag
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("edge", help="run one edge device of the federation", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, metavar="FILE.toml", help="device.toml: credentials, [data], [edge]")
-    p.add_argument("--data", metavar="PATH", help="folder holding the data set's files (overrides [data] data_dir)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", metavar="FILE.toml", help="device.toml: credentials, [data], [edge]")
+    src.add_argument("--kit", metavar="KIT.tar.gz",
+                     help="the startup kit from 'flayer broker add-device ID --kit': unpacked into a folder beside it "
+                          "(kept for restarts), then run from its device.toml")
+    p.add_argument("--data", metavar="PATH",
+                   help="the device's data: its image folder or arrays file ([data] path), or for a partition the "
+                        "data set's folder ([data] data_dir)")
     p.add_argument("--partition-file", metavar="PATH", help="the saved partition (overrides the config)")
     p.add_argument("--client", type=int, metavar="K", help="this device's index in the partition")
     p.add_argument("--state-dir", metavar="DIR", help="where the device keeps its state (overrides the config)")
@@ -57,16 +64,18 @@ def run(args: argparse.Namespace) -> int:
     from flayer.data import DataError
     from flayer.partition import PartitionError
     from flayer.state import StateFileError
-    from mqtt_broker import BrokerConfigError, Credentials
+    from transport import Credentials, CredentialsError
+    from transport.kit import unpack_kit
 
     def absolute(path: str | None) -> str | None:  # flags are relative to the working directory
         return str(Path(path).resolve()) if path else None
 
-    overrides = {"data": {"data_dir": absolute(args.data), "partition_file": absolute(args.partition_file),
+    overrides = {"data": {"data_path": absolute(args.data), "partition_file": absolute(args.partition_file),
                           "client": args.client},
                  "edge": {"state_dir": absolute(args.state_dir), "device": args.device, "runtime": args.runtime}}
     try:
-        cfg = load_device_config(args.config, overrides)
+        config = unpack_kit(args.kit) if args.kit else args.config
+        cfg = load_device_config(config, overrides)
         creds = Credentials.load(cfg.credentials)
         data = load_device_data(cfg.data)
         if cfg.edge.threads > 0:
@@ -74,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
             torch.set_num_threads(cfg.edge.threads)
         client = EdgeClient(cfg.edge, creds, data, on_progress=_show)
-    except (ConfigError, BrokerConfigError, DataError, PartitionError, StateFileError, EdgeError, ValueError) as exc:
+    except (ConfigError, CredentialsError, DataError, PartitionError, StateFileError, EdgeError, ValueError) as exc:
         raise CliError(str(exc)) from exc
     got: list[int] = []
 
@@ -83,8 +92,12 @@ def run(args: argparse.Namespace) -> int:
         client.stop(timeout=0)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    print(f"device {creds.username} (client {cfg.data.client} of {cfg.data.partition_file}, {data.num_train} "
-          f"training samples, {client.device}) -> {creds.host}:{creds.port}, federation {creds.federation}",
+    if cfg.data.source == "partition":
+        what = f"client {cfg.data.client} of {cfg.data.partition_file}, {data.num_train} training samples"
+    else:
+        what = f"{cfg.data.source} {cfg.data.path or cfg.data.entry}, loaded for the federation's model"
+    where = f"{creds.tls.host}:{creds.tls.port} (TLS)" if creds.tls else f"{creds.host}:{creds.port}"
+    print(f"device {creds.username} ({what}, {client.device}) -> {where}, federation {creds.federation}",
           file=sys.stderr)
     try:
         client.run()

@@ -18,6 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state", required=True, metavar="PATH",
                    help="model file (safetensors) from 'flayer simulate --save-models', an edge client or the "
                         "coordinator")
+    p.add_argument("--python-path", action="append", default=[], metavar="DIR",
+                   help="folder holding the module of the federation's own model (its entry point); repeatable")
     p.add_argument("--format", default="all", choices=("onnx", "pte", "all"), help="what to write (default: all)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--training-program", action="store_true",
@@ -70,6 +72,13 @@ def _run(args: argparse.Namespace) -> int:
     from flayer.state import StateFileError, load_model
 
     formats = ("onnx", "pte") if args.format == "all" else (args.format,)
+    if args.python_path:
+        from flayer.config import ConfigError, add_python_path
+
+        try:
+            add_python_path(list(args.python_path), Path.cwd(), "--python-path:")
+        except ConfigError as exc:
+            raise CliError(str(exc)) from exc
     try:
         opts = ExportOptions(formats=formats, batch=args.batch, seq_len=args.seq_len, max_batch=args.max_batch,
                              tolerance=args.tolerance, repeats=args.repeats, threads=args.threads,

@@ -27,7 +27,14 @@
 
     [run]      strategy, rounds, seed            (as for flayer simulate)
     [data]     dataset (and model): the model spec, without loading any data
-    [model]    name, in_channels, height, width, num_classes, ... (instead of [data])
+    [model]    the federation's own model (instead of [data]), see flayer.registry:
+               name = "cnn" | "resnet18" | "fasttext" | "package.module:build"
+               args = {...}                 # keyword arguments of an entry point
+               classes = ["cat", "dog"]     # class names in label order (num_classes follows)
+               in_channels, height, width   # the image input every device resizes to
+               mean, std                    # normalisation after scaling pixels to [0, 1]
+               initial_model = "pretrained.safetensors"   # start from a checkpoint
+               python_path = ["."]          # folders searched for the entry point's module
     [train]    lr, batch_size, local_epochs     (sent to the devices in the round plan)
     [strategy.<name>]  the strategy's options   (sent in the plan: scalars only)
 
@@ -43,8 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from flayer.config import ConfigError, RunConfig, from_mapping, load_run_config, read_toml
-from flayer.spec import ModelSpec
+from flayer.config import ConfigError, RunConfig, add_python_path, from_mapping, load_run_config, read_toml
+from flayer.registry import ModelError, with_fingerprint
+from flayer.spec import ModelSpec, canonical_args, canonical_classes
 from protocol import VALUE_CODECS
 
 __all__ = ["DATASET_INPUTS", "CoordinatorConfig", "FederationSettings", "load_coordinator_config", "model_spec_for"]
@@ -84,6 +92,7 @@ class FederationSettings:
     max_malformed: int = 3  # refusals of one device in one round before it is cut off for that round
     queue_bytes: int = 256 * 2**20  # the receive queue between the MQTT callbacks and the worker
     queue_sender_bytes: int = 96 * 2**20  # one sender's share of it
+    revoked_file: str = ""  # 'flayer broker revoke' list; default: revoked.json of the credentials' broker folder
 
     def __post_init__(self) -> None:
         if not self.credentials:
@@ -127,6 +136,8 @@ class CoordinatorConfig:
     spec: ModelSpec
     credentials: Path  # resolved
     state_dir: Path  # resolved
+    initial_model: Path | None = None  # resolved; the first global model instead of a fresh one
+    revoked_file: Path | None = None  # resolved
 
     @property
     def options(self) -> Mapping[str, Any]:
@@ -152,6 +163,41 @@ def model_spec_for(dataset: str, model: str | None = None) -> ModelSpec:
         return ModelSpec(name=name, in_channels=c, height=h, width=w, num_classes=k)
     except ValueError as exc:
         raise ConfigError(f"[data] model: {exc}") from exc
+
+
+def model_spec_from_table(table: Mapping[str, Any], where: str, base: Path) -> tuple[ModelSpec, Path | None]:
+    """The [model] table: a ModelSpec (its fingerprint filled in, after building the model once) and
+    the resolved ``initial_model`` path."""
+    fields = dict(table)
+    initial = fields.pop("initial_model", None)
+    add_python_path(fields.pop("python_path", []), base, where)
+    try:
+        if "args" in fields:
+            fields["args"] = canonical_args(fields["args"], f"{where} args")
+        if "classes" in fields:
+            names = fields["classes"]
+            fields["classes"] = canonical_classes(names, f"{where} classes")
+            fields.setdefault("num_classes", len(names))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    spec = from_mapping(ModelSpec, fields, where)
+    try:
+        spec = with_fingerprint(spec)
+    except ModelError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if initial is None:
+        return spec, None
+    if not isinstance(initial, str) or not initial:
+        raise ConfigError(f"{where} initial_model must be the path of a .safetensors file, got {initial!r}")
+    from flayer.registry import build_model
+    from flayer.state import StateFileError, load_initial_model
+
+    path = _resolve(base, initial)
+    try:
+        load_initial_model(path, build_model(spec))
+    except StateFileError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return spec, path
 
 
 def _scalar_options(options: Mapping[str, Any], where: str) -> None:
@@ -190,18 +236,24 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[st
         raise ConfigError(str(exc).replace("flags", str(path), 1)) from None
     if run.seed < 0:
         raise ConfigError(f"{path} [run] seed must be >= 0 (it travels in the round plan), got {run.seed}")
+    base = path.resolve().parent
+    initial: Path | None = None
     if "model" in raw:
-        spec = from_mapping(ModelSpec, raw["model"], f"{path} [model]")
+        spec, initial = model_spec_from_table(raw["model"], f"{path} [model]", base)
     else:
-        spec = model_spec_for(run.data.dataset, run.data.model)
+        try:
+            spec = with_fingerprint(model_spec_for(run.data.dataset, run.data.model))
+        except ModelError as exc:
+            raise ConfigError(f"{path} [data] model: {exc}") from None
     _scalar_options(run.options(), f"{path} [strategy.{run.strategy}]")
     from flayer.strategies import STRATEGIES
 
     if run.strategy not in STRATEGIES:
         raise ConfigError(f"{path} [run] strategy {run.strategy!r} is not available in this build; available: "
                           f"{', '.join(sorted(STRATEGIES))}")
-    base = path.resolve().parent
-    return CoordinatorConfig(fed, run, spec, _resolve(base, fed.credentials), _resolve(base, fed.state_dir))
+    creds = _resolve(base, fed.credentials)
+    revoked = _resolve(base, fed.revoked_file) if fed.revoked_file else creds.parent.parent / "revoked.json"
+    return CoordinatorConfig(fed, run, spec, creds, _resolve(base, fed.state_dir), initial, revoked)
 
 
 def describe(cfg: CoordinatorConfig) -> dict[str, Any]:

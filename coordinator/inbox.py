@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mqtt_broker.link import MqttLink, Received
 from protocol import (
     Ack,
     ChunkCollector,
@@ -37,6 +36,7 @@ from protocol import (
     decode_message,
     encode_message,
 )
+from transport.link import MqttLink, Received
 
 from .config import FederationSettings
 from .intake import STRIKES, Verdict, screen, validate

@@ -21,8 +21,8 @@ import torch
 
 from flayer.state import atomic_write
 from flayer.update import state_numpy
-from mqtt_broker.link import MqttLink
 from protocol import Kind, Plan, Topics, blob_digest, chunk_blob, encode_message, encode_state
+from transport.link import MqttLink
 
 from .config import CoordinatorConfig
 

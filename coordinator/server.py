@@ -34,13 +34,13 @@ from typing import Any
 import torch
 
 from flayer.simulation import initial_global_state
-from flayer.state import save_model
+from flayer.state import load_initial_model, save_model
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
-from mqtt_broker.credentials import Credentials, mqtt_connect_settings
-from mqtt_broker.link import Connected, Disconnected, MqttLink, Received
 from protocol import Kind, Metrics, Plan, Status, Topics, WireLimits, encode_message
 from protocol.metrics_schema import end_record, run_record
+from transport.credentials import Credentials, mqtt_connect_settings
+from transport.link import Connected, Disconnected, MqttLink, Received
 
 from .calibration import Calibration, CalibrationError
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -54,6 +54,7 @@ from .publish import ModelBlob, Publisher, StopRequested, make_plan, model_blob
 from .receive import ReceiveQueue
 from .registry import DeviceRegistry
 from .result import CoordinatorResult
+from .revocations import RevocationList
 from .rounds import select_devices
 
 __all__ = ["Coordinator", "CoordinatorError", "CoordinatorResult"]
@@ -86,6 +87,7 @@ class Coordinator:
         self.events = ReceiveQueue(self.fs.queue_bytes, self.fs.queue_sender_bytes)
         self.on_round, self.on_progress = on_round, on_progress
         self.registry = DeviceRegistry(self.fs.stale_after_s)
+        self.revoked = RevocationList(cfg.revoked_file)
         self.counters: Counter[str] = Counter()
         self.link = MqttLink(mqtt_connect_settings(creds), self._post, clean_session=False)
         self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters)
@@ -177,7 +179,10 @@ class Coordinator:
 
     def _restore(self) -> None:
         ckpt = load_checkpoint(self.cfg.state_dir, self.identity())
-        if ckpt is None:
+        if ckpt is None and self.cfg.initial_model is not None:
+            self.global_state = load_initial_model(self.cfg.initial_model, self.strategy.new_model())
+            log.info("first global model from %s", self.cfg.initial_model)
+        elif ckpt is None:
             self.global_state = initial_global_state(self.strategy, self.cfg.run.seed)
         else:
             self.done_round, self.global_state = ckpt.round, ckpt.global_state
@@ -242,6 +247,9 @@ class Coordinator:
             return
         if self.inbox.not_input(parsed, ev):  # retained junk (cleared), or the echo of a clear
             return
+        if parsed.client in self.revoked.refresh():
+            self.inbox.count("revoked", f"{parsed.kind} from revoked device {parsed.client} dropped", parsed.client)
+            return
         if parsed.kind == "update":
             try:
                 done = self.inbox.update_chunk(parsed, ev.payload, self.done_round, self.accepted_before)
@@ -279,7 +287,8 @@ class Coordinator:
         now = self.clock()
         rnd = self.open
         if rnd is None:
-            online = self.registry.online(now)
+            revoked = self.revoked.refresh()
+            online = [c for c in self.registry.online(now) if c not in revoked]
             if self.calibration is not None:
                 if self.calibration.complete(now):
                     self._resolve_calibration()

@@ -30,7 +30,7 @@ def _api() -> str:
     from coordinator.server import Coordinator
     from edge_client.client import EdgeClient
     from edge_client.config import load_device_config, load_device_data
-    from mqtt_broker.credentials import Credentials
+    from transport.credentials import Credentials
 
     return python_api([Coordinator, CoordinatorResult, load_coordinator_config, EdgeClient, load_device_config,
                        load_device_data, Credentials])

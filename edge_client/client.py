@@ -1,6 +1,6 @@
 """The edge client: one device's MQTT session, download, local round, upload and state on disk.
 
-Threads: paho's network thread only enqueues (:class:`mqtt_broker.link.MqttLink`); the client's
+Threads: paho's network thread only enqueues (:class:`transport.link.MqttLink`); the client's
 worker thread owns all state and reacts to events (plan, model chunk, ack, timers); one job thread
 runs what takes long -- the local round, publishing and waiting for PUBACKs -- and reports back
 with an event. Many clients can live in one process (the emulator): each has its own connection,
@@ -8,7 +8,7 @@ threads and state folder, an injectable ``clock``/``sleep`` and a link ``shaper(
 that returns the delay to impose on each chunk ("up" or "down"). More emulator hooks: ``after_compute``
 (called on the job thread after each local computation with its wall and thread CPU seconds, before
 anything is saved or sent: the emulator stretches a slow device's compute time there), ``network``
-(a :class:`mqtt_broker.link.NetworkDriver` driving this client's connection instead of a paho thread)
+(a :class:`transport.link.NetworkDriver` driving this client's connection instead of a paho thread)
 and :meth:`EdgeClient.crash` (a power loss: no offline status, no DISCONNECT; the broker publishes the
 last will, and the next instance over the same state folder resumes from disk).
 
@@ -36,10 +36,9 @@ from typing import Any
 
 import torch
 
+from flayer.data import DataError
 from flayer.strategies.base import Strategy
 from flayer.train import ClientData, pick_device, training_engine
-from mqtt_broker.credentials import Credentials, mqtt_connect_settings
-from mqtt_broker.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 from protocol import (
     Ack,
     Kind,
@@ -54,10 +53,13 @@ from protocol import (
     decode_message,
     encode_message,
 )
+from transport.credentials import Credentials, mqtt_connect_settings
+from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
 from .config import EdgeSettings
 from .download import ModelDownload, Pending
 from .runtime import TrainingRuntime
+from .sources import DeviceSource
 from .store import DeviceStore, StoredState, UploadRecord
 from .work import (
     EdgeError,
@@ -93,7 +95,7 @@ class _Stop:
 
 
 class EdgeClient:
-    def __init__(self, settings: EdgeSettings, creds: Credentials, data: ClientData, *,
+    def __init__(self, settings: EdgeSettings, creds: Credentials, data: ClientData | DeviceSource, *,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  shaper: LinkShaper | None = None, limits: WireLimits | None = None,
                  rng: random.Random | None = None,
@@ -101,7 +103,10 @@ class EdgeClient:
                  after_compute: ComputeHook | None = None, network: NetworkDriver | None = None) -> None:
         if creds.role != "device":
             raise EdgeError(f"credentials of {creds.username!r} are a {creds.role}'s, not a device's")
-        self.settings, self.creds, self.data = settings, creds, data
+        self.settings, self.creds = settings, creds
+        # a partition's ClientData, or the device's own data (a DeviceSource), loaded for the first plan
+        self.source: DeviceSource | None = data if isinstance(data, DeviceSource) else None
+        self.data: ClientData | None = None if isinstance(data, DeviceSource) else data
         self.id = creds.username
         self.clock, self.sleep, self.shaper = clock, sleep, shaper
         self.after_compute = after_compute
@@ -305,6 +310,12 @@ class EdgeClient:
         if plan is None or self._model is None or self._model[0] != plan.model_digest or self._busy:
             return
         strategy = self.strategies.get(plan)
+        if self.source is not None:
+            try:
+                self.data = self.source.for_spec(strategy.spec)
+            except DataError as exc:
+                raise EdgeError(f"this device's data does not fit the federation's model: {exc}") from None
+        assert self.data is not None
         check_data_fits(strategy, self.data)
         global_state = self._model[1]
         state = self.stored.state or strategy.initial_state()
@@ -335,7 +346,7 @@ class EdgeClient:
         limits = [x for x in (plan.max_update_bytes, self.settings.max_update_bytes) if x > 0]
         ctx = round_context(plan, self.settings.client_index, self.device)
         t0, c0 = time.perf_counter(), time.thread_time()
-        upload = train_and_encode(strategy, plan, global_state, state, self.data, ctx,
+        upload = train_and_encode(strategy, plan, global_state, state, self._data(), ctx,
                                   federation=self.creds.federation, sender=self.id,
                                   max_payload=self.creds.max_payload, max_update_bytes=min(limits) if limits else 0,
                                   amp=self.settings.amp)
@@ -349,12 +360,17 @@ class EdgeClient:
     def _calibrate_job(self, strategy: Any, plan: Plan, global_state: Any) -> Pending:
         ctx = round_context(plan, self.settings.client_index, self.device)
         t0, c0 = time.perf_counter(), time.thread_time()
-        payload = calibration_report(strategy, plan, global_state, self.data, ctx, amp=self.settings.amp,
+        payload = calibration_report(strategy, plan, global_state, self._data(), ctx, amp=self.settings.amp,
                                      now=self.clock(), federation=self.creds.federation, sender=self.id)
         self._computed("calibrate", t0, c0)
         items = [(self.topics.metrics(self.id), payload, False)]
         self._publish(items)
         return Pending("calibration", plan.round, decode_envelope(payload).digest, items, model=plan.model_digest)
+
+    def _data(self) -> ClientData:
+        """This device's data (loaded for the plan's model before any job is submitted)."""
+        assert self.data is not None
+        return self.data
 
     def _computed(self, kind: str, t0: float, c0: float) -> None:
         """After a local computation (job thread): the ``after_compute`` hook, then nothing more if
@@ -378,7 +394,7 @@ class EdgeClient:
         meta = {"client": self.id, "client_index": self.settings.client_index}
         if self._crashed:
             raise EdgeError(f"{self.id} crashed before saving its personal model")
-        return save_personal(strategy, plan, global_state, state, self.data, ctx, self.store.personal_file,
+        return save_personal(strategy, plan, global_state, state, self._data(), ctx, self.store.personal_file,
                              self.store.global_file, meta)
 
     # ---- results, acks, timers (worker) -----------------------------------------------------------
@@ -511,7 +527,8 @@ class EdgeClient:
 
     def _status_payload(self, state: str) -> bytes:
         info: dict[str, str | int | float | bool] = {
-            "device": str(self.device), "client_index": self.settings.client_index, "num_train": self.data.num_train}
+            "device": str(self.device), "client_index": self.settings.client_index,
+            "num_train": self.data.num_train if self.data is not None else 0}
         if self._link_kbps is not None:
             info["link_kbps"] = self._link_kbps
         if self.skipped:

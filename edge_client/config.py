@@ -1,14 +1,23 @@
-"""``device.toml``: a device's credentials, its share of the data and how it behaves on the link.
+"""``device.toml``: a device's credentials, its own data and how it behaves on the link.
 
 ::
 
-    credentials = "../.flayer/broker/credentials/dev-1.toml"   # from 'flayer broker add-device'
-                                                               # (relative paths: to this file)
+    credentials = "credentials.toml"   # from 'flayer broker add-device' (relative paths: to this file)
+    python_path = ["."]                # optional: folders searched for entry points (model, python source)
+
     [data]
-    dataset = "fmnist"
-    data_dir = "/usr/share/datasets/fashion-mnist"   # optional (the data set's default folder)
-    partition_file = "runs/fmnist-5.npz"              # from 'flayer partition --save'
-    client = 0                                        # this device's index in the partition
+    source = "folder"            # folder | arrays | python | partition (see edge_client.sources)
+    path = "my-images"           # folder: <path>/<class name>/*.png|jpg; arrays: a .npz or .safetensors (x, y)
+    resize = false               # folder: resize/convert images to the model's input instead of refusing them
+    # entry = "mypkg.sensors:dataset"   python: returns a torch Dataset or (train, val, test)
+    # args = { window = 64 }            ... called with these keyword arguments
+    val_fraction = 0.1           # the device's own seeded split: validation (FLAYER's A_l) ...
+    test_fraction = 0.2          # ... and test; the rest trains
+    seed = 0
+
+    # source = "partition": a share of a public data set (emulation, benchmarks, tests)
+    # dataset = "fmnist"; data_dir = "/usr/share/datasets/fashion-mnist" (optional)
+    # partition_file = "runs/fmnist-5.npz"   (from 'flayer partition --save'); client = 0
 
     [edge]
     state_dir = "runs/dev-1"     # personal state, pending upload, final models
@@ -25,7 +34,8 @@
     max_update_bytes = 0         # refuse larger updates before sending (0: the plan's limit)
     exit_when_finished = true    # save the personal model and exit after the final plan
 
-Relative paths (credentials, data_dir, partition_file, state_dir) are read relative to this file.
+Relative paths (credentials, python_path, path, data_dir, partition_file, state_dir) are read
+relative to this file. A [data] table without ``source`` but with ``dataset`` is a partition.
 """
 
 from __future__ import annotations
@@ -35,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flayer.config import DATASET_NAMES, ConfigError, from_mapping, read_toml
+from flayer.config import DATASET_NAMES, ConfigError, add_python_path, from_mapping, read_toml
+from flayer.spec import ENTRY_POINT
 
 __all__ = ["DeviceConfig", "DeviceData", "EdgeSettings", "load_device_config", "load_device_data"]
 
@@ -74,18 +85,48 @@ class EdgeSettings:
             raise ConfigError(f"keepalive_s must be in [5, 3600], got {self.keepalive_s}")
 
 
+SOURCES = ("folder", "arrays", "python", "partition")
+_SOURCE_KEYS = {
+    "partition": {"dataset", "partition_file", "client", "data_dir"},
+    "folder": {"path", "resize"},
+    "arrays": {"path"},
+    "python": {"entry", "args"},
+}
+_SPLIT_KEYS = {"val_fraction", "test_fraction", "seed"}
+
+
 @dataclass(frozen=True)
 class DeviceData:
-    dataset: str
-    partition_file: str
-    client: int
+    source: str = "partition"
+    dataset: str = ""
+    partition_file: str = ""
+    client: int = 0
     data_dir: str | None = None
+    path: str = ""
+    resize: bool = False
+    entry: str = ""
+    args: Any = None
+    val_fraction: float = 0.1
+    test_fraction: float = 0.2
+    seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASET_NAMES:
-            raise ConfigError(f"dataset {self.dataset!r} is not one of {', '.join(DATASET_NAMES)}")
+        if self.source not in SOURCES:
+            raise ConfigError(f"source must be one of {', '.join(SOURCES)}, got {self.source!r}")
         if self.client < 0:
             raise ConfigError(f"client must be >= 0, got {self.client}")
+        if self.source == "partition" and self.dataset not in DATASET_NAMES:
+            raise ConfigError(f"dataset {self.dataset!r} is not one of {', '.join(DATASET_NAMES)}")
+        if self.source in ("folder", "arrays") and not self.path:
+            raise ConfigError(f"source = \"{self.source}\" needs path = \"...\" (or --data PATH)")
+        if self.source == "python" and not ENTRY_POINT.fullmatch(self.entry):
+            raise ConfigError(f"source = \"python\" needs entry = \"package.module:function\", got {self.entry!r}")
+        if self.args is not None and not isinstance(self.args, dict):
+            raise ConfigError(f"args must be a table of keyword arguments, got {self.args!r}")
+        if not 0 < self.test_fraction < 1 or not 0 <= self.val_fraction < 1 or \
+                self.test_fraction + self.val_fraction >= 1:
+            raise ConfigError(f"test_fraction in (0, 1), val_fraction in [0, 1) and their sum < 1; got "
+                              f"{self.test_fraction} and {self.val_fraction}")
 
 
 @dataclass(frozen=True)
@@ -100,19 +141,32 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
     their paths absolute)."""
     path = Path(path)
     raw = read_toml(path)
-    unknown = sorted(set(raw) - {"credentials", "data", "edge"})
+    unknown = sorted(set(raw) - {"credentials", "python_path", "data", "edge"})
     if unknown:
-        raise ConfigError(f"{path}: unknown key(s) or table(s) {', '.join(unknown)}; known: credentials, [data], "
-                          f"[edge]")
+        raise ConfigError(f"{path}: unknown key(s) or table(s) {', '.join(unknown)}; known: credentials, "
+                          f"python_path, [data], [edge]")
     creds = raw.get("credentials")
     if not isinstance(creds, str) or not creds:
         raise ConfigError(f"{path}: credentials = \"PATH\" (the file 'flayer broker add-device' wrote) is required")
     tables: dict[str, dict[str, Any]] = {k: dict(raw.get(k, {})) for k in ("data", "edge")}
     for table, values in (overrides or {}).items():
         tables.setdefault(table, {}).update({k: v for k, v in values.items() if v is not None})
-    missing = sorted({"dataset", "partition_file", "client"} - set(tables["data"]))
-    if missing:
-        raise ConfigError(f"{path} [data]: missing key(s) {', '.join(missing)}")
+    data_table = tables["data"]
+    if "data_path" in data_table:  # --data: the source's folder or file (a partition's data set folder)
+        value = data_table.pop("data_path")
+        data_table["data_dir" if _source_of(data_table) == "partition" else "path"] = value
+    source = _source_of(data_table)
+    if source not in SOURCES:
+        raise ConfigError(f"{path} [data]: source must be one of {', '.join(SOURCES)}, got {source!r}")
+    misplaced = sorted(set(data_table) - _SOURCE_KEYS[source] - _SPLIT_KEYS - {"source"})
+    if misplaced and all(k in set().union(*_SOURCE_KEYS.values()) for k in misplaced):
+        raise ConfigError(f"{path} [data]: key(s) {', '.join(misplaced)} do not apply to source = \"{source}\" "
+                          f"(its keys: {', '.join(sorted(_SOURCE_KEYS[source] | _SPLIT_KEYS))})")
+    if source == "partition":
+        missing = sorted({"dataset", "partition_file", "client"} - set(data_table))
+        if missing:
+            raise ConfigError(f"{path} [data]: missing key(s) {', '.join(missing)} (or set source = \"folder\", "
+                              f"\"arrays\" or \"python\" for the device's own data)")
     base = path.resolve().parent
 
     def resolve(value: Any) -> Any:
@@ -121,7 +175,9 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
         p = Path(value).expanduser()
         return str((p if p.is_absolute() else base / p).resolve())
 
-    for table, key in (("data", "data_dir"), ("data", "partition_file"), ("edge", "state_dir")):
+    if "python_path" in raw:
+        add_python_path(raw["python_path"], base, f"{path}:")
+    for table, key in (("data", "data_dir"), ("data", "partition_file"), ("data", "path"), ("edge", "state_dir")):
         if key in tables[table]:
             tables[table][key] = resolve(tables[table][key])
     data = from_mapping(DeviceData, tables["data"], f"{path} [data]")
@@ -129,9 +185,21 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
     return DeviceConfig(Path(resolve(creds)), data, edge)
 
 
+def _source_of(table: Mapping[str, Any]) -> Any:
+    return table.get("source", "partition")
+
+
 def load_device_data(data: DeviceData) -> Any:
-    """This device's :class:`flayer.train.ClientData`: the data set, the saved partition (checked
-    against the data set's fingerprint) and the device's index in it."""
+    """This device's data: for a partition, its :class:`flayer.train.ClientData` (the data set and the
+    saved partition, checked against the data set's fingerprint); for its own data, a
+    :class:`edge_client.sources.DeviceSource` checked as far as it can be before the first plan."""
+    if data.source != "partition":
+        from edge_client.sources import DeviceSource, SourceConfig, check_source
+
+        cfg = SourceConfig(data.source, data.path, data.entry, data.args, data.resize, data.val_fraction,
+                           data.test_fraction, data.seed)
+        check_source(cfg)
+        return DeviceSource(cfg)
     from flayer.data import load_dataset
     from flayer.partition import PartitionError, load_partition
     from flayer.train import client_data

@@ -19,8 +19,8 @@ import logging
 import random
 from dataclasses import dataclass
 
-from mqtt_broker.link import MqttLink
 from protocol import Kind, Reassembler, Topics, WireError, WireLimits, decode_envelope
+from transport.link import MqttLink
 
 __all__ = ["ModelDownload", "Pending"]
 

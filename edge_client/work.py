@@ -21,6 +21,7 @@ import torch
 
 from flayer.aggregate import is_finite_state
 from flayer.config import ConfigError, TrainConfig, from_mapping
+from flayer.registry import architecture, architecture_diff, fingerprint
 from flayer.simulation import ClientEval, client_round
 from flayer.spec import ModelSpec
 from flayer.state import save_model
@@ -124,7 +125,7 @@ class StrategyCache:
 def check_data_fits(strategy: Strategy, data: ClientData) -> None:
     """EdgeError when this device's samples do not fit the plan's model (wrong data set)."""
     spec, x = strategy.spec, data.train.x
-    if spec.name == "fasttext":
+    if spec.is_text:
         ok = x.ndim == 2
         want = "token ids"
     else:
@@ -136,8 +137,25 @@ def check_data_fits(strategy: Strategy, data: ClientData) -> None:
 
 
 def decode_global(blob: bytes, strategy: Strategy, limits: WireLimits) -> dict[str, torch.Tensor]:
-    """The global model from its blob, checked to hold exactly the plan's model tensors."""
-    shapes = {k: tuple(v.shape) for k, v in float_state(strategy.new_model()).items()}
+    """The global model from its blob, checked to hold exactly the plan's model tensors.
+
+    When the plan's architecture fingerprint differs from this device's build of the model, the
+    error names the first tensor that differs (from the blob) and nothing is trained."""
+    model = strategy.new_model()
+    shapes = {k: tuple(v.shape) for k, v in float_state(model).items()}
+    want = strategy.spec.fingerprint
+    if want and fingerprint(model) != want:
+        try:
+            theirs = {k: torch.from_numpy(v.copy()) for k, v in decode_state(blob, limits).items()}
+            mine = architecture(float_state(model))
+            order = {name: i for i, (name, _, _) in enumerate(mine)}  # name the first difference in forward order
+            diff = architecture_diff(sorted(architecture(theirs), key=lambda t: order.get(t[0], len(order))), mine,
+                                     ordered=False)
+        except WireError as exc:
+            diff = f"the global model is unreadable ({exc.reason})"
+        raise EdgeError(f"this device's build of model {strategy.spec.name!r} is not the federation's: "
+                        f"{diff or 'dtypes or integer buffers differ'} (fingerprint {fingerprint(model)[:12]} here, "
+                        f"{want[:12]} in the plan). Install the federation's version of the model")
     try:
         arrays = decode_state(blob, limits, expected=shapes)
     except WireError as exc:

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     from coordinator.config import load_coordinator_config
     from coordinator.server import Coordinator
-    from mqtt_broker import Credentials
+    from transport import Credentials
 
     cfg = load_coordinator_config(args.config)
     creds = Credentials.load(cfg.credentials)

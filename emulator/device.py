@@ -29,8 +29,8 @@ from typing import Any
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
 from flayer.train import ClientData
-from mqtt_broker.credentials import Credentials
-from mqtt_broker.link import NetworkDriver
+from transport.credentials import Credentials
+from transport.link import NetworkDriver
 
 from .events import EventLog
 from .profiles import DeviceProfile

@@ -202,10 +202,10 @@ class _Launch:
         self._start_monitor(spec)
 
     def _start_monitor(self, spec: FleetSpec) -> None:
-        from mqtt_broker import Credentials
-        from mqtt_broker.credentials import mqtt_connect_settings
-        from mqtt_broker.link import MqttLink
         from protocol import Topics
+        from transport import Credentials
+        from transport.credentials import mqtt_connect_settings
+        from transport.link import MqttLink
 
         creds = Credentials.load(Path(spec.credentials_dir) / f"{monitor_id(spec.shard)}.toml")
         if spec.broker_host is not None and spec.broker_port is not None:
@@ -215,8 +215,8 @@ class _Launch:
         self.monitor.start()
 
     def _read_monitor(self, spec: FleetSpec) -> None:
-        from mqtt_broker.link import Connected, Received
         from protocol import Kind, Plan, WireError, WireLimits, decode_message
+        from transport.link import Connected, Received
 
         while True:
             try:

@@ -4,7 +4,7 @@ With ``loop_start()`` every paho client has its own thread, which waits in ``sel
 and on a wake-up socket pair: three file descriptors per client, and ``select()`` cannot watch a
 descriptor numbered 1024 or more, so one process holds at most about 330 paho clients (measured:
 the 340th connects, the rest fail and retry forever). :class:`SharedNetwork` is a
-:class:`mqtt_broker.link.NetworkDriver` that drives any number of clients from one thread with the
+:class:`transport.link.NetworkDriver` that drives any number of clients from one thread with the
 operating system's scalable selector (epoll on Linux) through paho's external-loop interface
 (``loop_read`` / ``loop_write`` / ``loop_misc`` and the socket callbacks): one descriptor per client
 and no thread. Each client keeps its own connection, session, credentials and callbacks; only who

@@ -173,8 +173,8 @@ def wait_accepted(creds: Any, timeout: float = 15.0) -> None:
     Connects with a clean session and no will, so it leaves nothing behind."""
     import time
 
-    from mqtt_broker.credentials import mqtt_connect_settings
-    from mqtt_broker.link import probe
+    from transport.credentials import mqtt_connect_settings
+    from transport.link import probe
 
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -193,9 +193,9 @@ def clear_round_plan(coordinator: Any, timeout: float = 10.0) -> None:
     federation before, the last run's ``final`` plan would tell every device the federation is over."""
     import queue
 
-    from mqtt_broker.credentials import mqtt_connect_settings
-    from mqtt_broker.link import Connected, MqttLink
     from protocol import Topics
+    from transport.credentials import mqtt_connect_settings
+    from transport.link import Connected, MqttLink
 
     events: queue.Queue[Any] = queue.Queue()
     link = MqttLink(mqtt_connect_settings(coordinator), events.put, clean_session=True)

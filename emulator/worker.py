@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def load_creds(spec: FleetSpec, device: str) -> Any:
-    from mqtt_broker import Credentials
+    from transport import Credentials
 
     creds = Credentials.load(Path(spec.credentials_dir) / f"{device}.toml")
     if spec.broker_host is not None and spec.broker_port is not None:

@@ -64,11 +64,14 @@ def check_training_support(spec: ModelSpec) -> None:
     """Return if ``spec``'s model trains through ExecuTorch with torch parity, else raise
     :class:`UnsupportedModel` with the reason.
 
-    Supported: ``cnn`` (FedAvgCNN, with its max-pools written as reshape + amax) and ``fasttext``.
+    Supported: ``cnn`` (FedAvgCNN, with its max-pools written as reshape + amax), ``fasttext``, and a
+    user model (an entry point) none of whose modules :func:`check_module_support` refuses.
     """
     if spec.name == "resnet18":
         raise UnsupportedModel(_RESNET_REASON)
-    if spec.name not in ("cnn", "fasttext"):
+    if not spec.builtin:
+        check_module_support(build_model(spec))
+    elif spec.name not in ("cnn", "fasttext"):
         raise UnsupportedModel(f"no ExecuTorch training program for model {spec.name!r}")
 
 

@@ -19,7 +19,7 @@ DEFAULT_SEQ_LEN = 200  # PFLlib's text length for AG News
 
 
 def input_name(spec: ModelSpec) -> str:
-    return "tokens" if spec.name == "fasttext" else "images"
+    return "tokens" if spec.is_text else "images"
 
 
 def sample_input(spec: ModelSpec, batch: int, generator: torch.Generator,
@@ -27,7 +27,7 @@ def sample_input(spec: ModelSpec, batch: int, generator: torch.Generator,
     """A batch of inputs ``spec``'s model accepts, drawn from ``generator``."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    if spec.name == "fasttext":
+    if spec.is_text:
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
         tokens = torch.randint(1, spec.vocab_size, (batch, seq_len), generator=generator, dtype=torch.int64)
@@ -60,6 +60,6 @@ def dynamic_shapes(spec: ModelSpec, max_batch: int | None = None, max_len: int |
     from torch.export import Dim
 
     dims = {0: batch_dim(max_batch)}
-    if spec.name == "fasttext":
+    if spec.is_text:
         dims[1] = Dim("length", min=1) if max_len is None else Dim("length", min=1, max=max_len)
     return (dims,)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 import types
 import typing
 from collections.abc import Mapping
@@ -17,12 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .data import DATASETS
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as the tomli package
+    import tomli as tomllib
+
 __all__ = [
     "STRATEGY_NAMES",
     "ConfigError",
     "DataConfig",
     "RunConfig",
     "TrainConfig",
+    "add_python_path",
     "from_mapping",
     "load_run_config",
     "read_toml",
@@ -30,7 +37,7 @@ __all__ = [
 
 STRATEGY_NAMES = ("local", "fedavg", "fedper", "fedrep", "lgfedavg", "ditto", "fedala", "fedbabu",
                   "playerfl", "flayer", "flayer-ref")
-DATASET_NAMES = ("fmnist", "mnist", "digits", "cifar10", "cifar100", "tiny-imagenet", "agnews")
+DATASET_NAMES = DATASETS  # the one list, beside the loaders in flayer.data
 
 
 class ConfigError(ValueError):
@@ -182,6 +189,22 @@ class RunConfig:
 
     def options(self, strategy: str | None = None) -> Mapping[str, Any]:
         return self.strategy_options.get(strategy or self.strategy, {})
+
+
+def add_python_path(folders: Any, base: Path, where: str) -> None:
+    """Put ``folders`` (relative to ``base``) first on ``sys.path``, so that entry points in them import
+    (a federation's own model, a device's python data source)."""
+    import sys
+
+    if not isinstance(folders, list) or not all(isinstance(f, str) and f for f in folders):
+        raise ConfigError(f"{where} python_path must be a list of folders, got {folders!r}")
+    for folder in reversed(folders):
+        p = Path(folder).expanduser()
+        path = (p if p.is_absolute() else base / p).resolve()
+        if not path.is_dir():
+            raise ConfigError(f"{where} python_path: {path} is not a folder")
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .spec import MODEL_NAMES, ModelSpec
+from .registry import build_model
+from .spec import BUILTIN_NAMES, ModelSpec
 
 __all__ = [
-    "MODEL_NAMES",
+    "BUILTIN_NAMES",
     "FastText",
     "FedAvgCNN",
     "ModelSpec",
@@ -23,6 +24,9 @@ __all__ = [
     "build_model",
     "cnn_flatten_dim",
     "count_parameters",
+    "fasttext",
+    "fedavg_cnn",
+    "resnet18",
 ]
 
 
@@ -185,14 +189,17 @@ class FastText(nn.Module):
         return self.fc(F.relu(self.fc1(mean)))
 
 
-def build_model(spec: ModelSpec) -> nn.Module:
-    """A freshly initialised model for ``spec`` (the caller seeds torch beforehand)."""
-    if spec.name == "cnn":
-        dim = cnn_flatten_dim(spec.height, spec.width)
-        return FedAvgCNN(spec.in_channels, spec.num_classes, dim)
-    if spec.name == "resnet18":
-        return ResNet18(spec.in_channels, spec.num_classes, spec.stem)
-    return FastText(spec.vocab_size, spec.num_classes, spec.hidden_dim)
+# The built-ins' entry points (registered in flayer.registry.BUILTIN_MODELS, as a user model is named).
+def fedavg_cnn(in_channels: int, num_classes: int, height: int, width: int) -> FedAvgCNN:
+    return FedAvgCNN(in_channels, num_classes, cnn_flatten_dim(height, width))
+
+
+def resnet18(in_channels: int, num_classes: int, stem: str) -> ResNet18:
+    return ResNet18(in_channels, num_classes, stem)
+
+
+def fasttext(vocab_size: int, num_classes: int, hidden_dim: int) -> FastText:
+    return FastText(vocab_size, num_classes, hidden_dim)
 
 
 def count_parameters(model: nn.Module) -> int:

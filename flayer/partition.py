@@ -26,6 +26,7 @@ __all__ = [
     "load_partition",
     "make_partition",
     "save_partition",
+    "split_client",
     "stratified_subsample",
 ]
 
@@ -158,8 +159,9 @@ def _pathological(labels: np.ndarray, num_clients: int, k: int, rng: np.random.G
     return [np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts]
 
 
-def _split_client(idx: np.ndarray, test_fraction: float, val_fraction: float,
-                  rng: np.random.Generator) -> ClientSplit:
+def split_client(idx: np.ndarray, test_fraction: float, val_fraction: float,
+                 rng: np.random.Generator) -> ClientSplit:
+    """One client's indices cut into train / validation (A_l's hold-out) / test, drawn from ``rng``."""
     idx = rng.permutation(idx)
     n_test = int(round(idx.size * test_fraction))
     test, train = idx[:n_test], idx[n_test:]
@@ -207,7 +209,7 @@ def make_partition(labels: np.ndarray, num_classes: int, num_clients: int, spec:
     else:
         local = list(np.array_split(rng.permutation(sub.size), num_clients))
     shares = [pool[np.sort(c)] for c in local]
-    clients = tuple(_split_client(s, test_fraction, val_fraction, rng) for s in shares)
+    clients = tuple(split_client(s, test_fraction, val_fraction, rng) for s in shares)
     summary: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "partition": str(spec),

@@ -19,12 +19,14 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .models import ModelSpec, build_model
+from .registry import ModelError, architecture, architecture_diff
 from .strategies.base import ClientState
 
 __all__ = [
     "StateFileError",
     "atomic_write",
     "load_client_state",
+    "load_initial_model",
     "load_model",
     "load_tensors",
     "save_client_state",
@@ -113,7 +115,10 @@ def load_model(path: str | Path) -> tuple[torch.nn.Module, ModelSpec, dict[str, 
         spec = ModelSpec(**meta["spec"])
     except (TypeError, ValueError) as exc:
         raise StateFileError(f"{path}: bad model spec {meta['spec']!r} ({exc})") from exc
-    model = build_model(spec)
+    try:
+        model = build_model(spec)
+    except ModelError as exc:
+        raise StateFileError(f"{path}: {exc}") from None
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if v.is_floating_point()}
     got = {k: tuple(v.shape) for k, v in tensors.items()}
     if expected != got:
@@ -121,3 +126,19 @@ def load_model(path: str | Path) -> tuple[torch.nn.Module, ModelSpec, dict[str, 
         raise StateFileError(f"{path}: tensors do not match a {spec.name} model (first differences: {diff})")
     model.load_state_dict(tensors, strict=False)
     return model, spec, meta
+
+
+def load_initial_model(path: str | Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The floating-point tensors of a checkpoint (any safetensors file holding the model's state
+    dict, e.g. a pretrained model), checked against ``model``'s architecture: the same names, shapes
+    and dtypes, all finite. The error names the first tensor that differs."""
+    tensors, _ = load_tensors(path)
+    want = tuple(t for t in architecture(model) if model.state_dict()[t[0]].is_floating_point())
+    have = tuple(t for t in architecture(tensors) if tensors[t[0]].is_floating_point())
+    diff = architecture_diff(want, have, "the federation's model", f"checkpoint {path}", ordered=False)
+    if diff:
+        raise StateFileError(f"initial_model {path} does not fit the federation's model: {diff}")
+    for name, value in tensors.items():
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise StateFileError(f"initial_model {path}: tensor {name!r} holds NaN or Inf values")
+    return {n: tensors[n].to(torch.float32).clone() for n, _, _ in want}

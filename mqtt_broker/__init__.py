@@ -19,13 +19,6 @@ from mqtt_broker.config import (
     BrokerConfigError,
     payload_limit,
 )
-from mqtt_broker.credentials import (
-    ConnectSettings,
-    Credentials,
-    TlsSettings,
-    make_client,
-    mqtt_connect_settings,
-)
 from mqtt_broker.process import (
     BrokerError,
     BrokerProcess,
@@ -46,6 +39,13 @@ from mqtt_broker.state import (
     list_users,
     load_credentials,
     write_broker_files,
+)
+from transport.credentials import (
+    ConnectSettings,
+    Credentials,
+    TlsSettings,
+    make_client,
+    mqtt_connect_settings,
 )
 
 __all__ = [

@@ -33,6 +33,7 @@ from typing import Any
 
 from mqtt_broker.fsutil import atomic_write
 from protocol.topics import TopicError, validate_id
+from transport.credentials import MQTT_HEADROOM, CredentialsError, payload_limit
 
 __all__ = [
     "DEFAULT_MAX_PACKET_SIZE",
@@ -50,21 +51,13 @@ DEFAULT_STATE_DIR = Path(".flayer/broker")
 DEFAULT_PORT = 1883
 DEFAULT_TLS_PORT = 8883
 DEFAULT_MAX_PACKET_SIZE = 1 << 20  # 1 MiB
-# Bytes of each packet reserved for MQTT framing: fixed header (<= 5), topic length + topic
-# (the longest topic of protocol.topics is ~220 bytes), packet id (2), MQTT 5 properties.
-MQTT_HEADROOM = 1024
 MIN_PACKET_SIZE = 16 * 1024
 MAX_PACKET_SIZE = 256 * 1024 * 1024  # MQTT's remaining-length field tops out just above this
 _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
 
-class BrokerConfigError(ValueError):
+class BrokerConfigError(CredentialsError):
     """A broker setting, flag or state file is invalid."""
-
-
-def payload_limit(max_packet_size: int) -> int:
-    """Largest PUBLISH payload (envelope + body) that fits in one packet of ``max_packet_size``."""
-    return max_packet_size - MQTT_HEADROOM
 
 
 def _check_host(value: str, what: str) -> str:

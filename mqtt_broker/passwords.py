@@ -22,7 +22,15 @@ from pathlib import Path
 
 from mqtt_broker.fsutil import atomic_write, find_executable
 
-__all__ = ["PasswordError", "hash_password", "new_password", "read_passwd", "set_passwd_entry", "verify_password"]
+__all__ = [
+    "PasswordError",
+    "hash_password",
+    "new_password",
+    "read_passwd",
+    "remove_passwd_entry",
+    "set_passwd_entry",
+    "verify_password",
+]
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +115,13 @@ def set_passwd_entry(path: Path, username: str, hashed: str) -> None:
     entries[username] = hashed
     atomic_write(path, "".join(f"{u}:{h}\n" for u, h in sorted(entries.items())))
     log.info("password entry for %s written to %s", username, path)
+
+
+def remove_passwd_entry(path: Path, username: str) -> bool:
+    """Remove one user's hash (file rewritten atomically, mode 0600); False when it was not there."""
+    entries = read_passwd(path)
+    if entries.pop(username, None) is None:
+        return False
+    atomic_write(path, "".join(f"{u}:{h}\n" for u, h in sorted(entries.items())))
+    log.info("password entry for %s removed from %s", username, path)
+    return True

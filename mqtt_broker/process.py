@@ -18,7 +18,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; the annotations are never evaluated
+    from typing_extensions import Self
 
 from mqtt_broker.config import BrokerConfig, BrokerConfigError, is_loopback
 from mqtt_broker.fsutil import atomic_write, find_executable, port_in_use

@@ -19,6 +19,7 @@ Layout (default ``.flayer/broker``, mode 0700)::
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -28,14 +29,25 @@ from pathlib import Path
 
 from mqtt_broker.acl import render_acl
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
-from mqtt_broker.credentials import Credentials, TlsSettings
 from mqtt_broker.fsutil import atomic_write, free_port, private_dir
 from mqtt_broker.mosquitto_conf import render_mosquitto_conf
 from mqtt_broker.passwords import hash_password, new_password, set_passwd_entry
 from mqtt_broker.tls import client_cert_paths, ensure_ca_and_server, make_client_cert
 from protocol.topics import OBSERVER_USER, TopicError, validate_id
+from transport.credentials import Credentials, TlsSettings
 
-__all__ = ["BrokerFiles", "add_coordinator", "add_device", "add_observer", "list_users", "load_credentials", "write_broker_files"]
+__all__ = [
+    "BrokerFiles",
+    "add_coordinator",
+    "add_device",
+    "add_observer",
+    "list_users",
+    "load_credentials",
+    "read_revoked",
+    "save_credentials",
+    "write_broker_files",
+    "write_revoked",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +74,7 @@ class BrokerFiles:
     data_dir = property(lambda self: self.state_dir / "data")
     log = property(lambda self: self.state_dir / "broker.log")
     run_record = property(lambda self: self.state_dir / "run.json")
+    revoked = property(lambda self: self.state_dir / "revoked.json")  # 'flayer broker revoke': id -> unix time
     lock = property(lambda self: self.state_dir / ".lock")
 
     def credentials(self, username: str) -> Path:
@@ -138,6 +151,11 @@ def _write_acl(files: BrokerFiles, cfg: BrokerConfig, observers: list[str]) -> N
     atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user, names), mode=0o600)
 
 
+def save_credentials(creds: Credentials, path: Path) -> None:
+    """Write ``creds`` as its 0600 TOML file (atomically: a secret is never half-written)."""
+    atomic_write(path, creds.to_toml(), mode=0o600)
+
+
 def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str, password: str) -> Credentials:
     tls = None
     if cfg.tls:
@@ -146,7 +164,7 @@ def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: s
             cert, key = make_client_cert(files.tls_dir, user)
         tls = TlsSettings(cfg.tls_connect_host, cfg.tls_port, files.tls_dir / "ca.crt", cert, key)
     creds = Credentials(cfg.federation, role, user, password, cfg.connect_host, cfg.port, cfg.max_packet_size, tls)
-    creds.save(files.credentials(user))
+    save_credentials(creds, files.credentials(user))
     return creds
 
 
@@ -181,7 +199,29 @@ def _add(state_dir: str | Path, user: str, role: str, rotate: bool, exist_ok: bo
                 return existing
             raise BrokerConfigError(f"{role} {user!r} already exists ({path}); pass rotate=True (--rotate) "
                                     "for a new password")
-        return _add_user(files, cfg, user, role)
+        creds = _add_user(files, cfg, user, role)
+        revoked = read_revoked(files)
+        if revoked.pop(user, None) is not None:  # a new kit for a revoked device lets it back in
+            write_revoked(files, revoked)
+            log.info("%s is no longer revoked", user)
+        return creds
+
+
+def read_revoked(files: BrokerFiles) -> dict[str, float]:
+    """The revoked devices (id -> unix time of the revocation); empty when none was revoked."""
+    if not files.revoked.exists():
+        return {}
+    try:
+        data = json.loads(files.revoked.read_text())
+    except (OSError, ValueError) as exc:
+        raise BrokerConfigError(f"{files.revoked}: unreadable ({exc})") from exc
+    if not isinstance(data, dict):
+        raise BrokerConfigError(f"{files.revoked}: expected a JSON object of device ids")
+    return data
+
+
+def write_revoked(files: BrokerFiles, revoked: dict[str, float]) -> None:
+    atomic_write(files.revoked, json.dumps(revoked, indent=1, sort_keys=True) + "\n", mode=0o600)
 
 
 def add_device(state_dir: str | Path, device_id: str, rotate: bool = False, exist_ok: bool = False) -> Credentials:

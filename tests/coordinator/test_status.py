@@ -16,8 +16,8 @@ import pytest
 
 from cli.main import main
 from mqtt_broker import BrokerConfig, add_device, load_credentials, mosquitto_available, start_broker
-from mqtt_broker.credentials import mqtt_connect_settings
-from mqtt_broker.link import Connected, MqttLink
+from transport.credentials import mqtt_connect_settings
+from transport.link import Connected, MqttLink
 from protocol import Plan, Status, Topics, encode_message
 
 pytestmark = [pytest.mark.integration,

@@ -104,7 +104,7 @@ def test_config_reference_covers_every_config_dataclass() -> None:
     from flayer.config import DataConfig, RunConfig, TrainConfig
     from flayer.strategies import STRATEGIES
     from mqtt_broker.config import BrokerConfig
-    from mqtt_broker.credentials import Credentials, TlsSettings
+    from transport.credentials import Credentials, TlsSettings
 
     documented = {t.cls for cf in config_files() for t in cf.tables}
     expected = {RunConfig, DataConfig, TrainConfig, FederationSettings, DeviceData, EdgeSettings,

@@ -23,8 +23,8 @@ from mqtt_broker import (
     mosquitto_available,
     start_broker,
 )
-from mqtt_broker.credentials import mqtt_connect_settings
-from mqtt_broker.link import Connected, MqttLink, Received, probe
+from transport.credentials import mqtt_connect_settings
+from transport.link import Connected, MqttLink, Received, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 KIND = "mosquitto" if mosquitto_available() else "embedded"

@@ -20,10 +20,10 @@ from edge_client.store import DeviceStore
 from emulator.netloop import SharedNetwork
 from emulator.profiles import DeviceProfile
 from emulator.shaping import LinkShaper
-from mqtt_broker.credentials import mqtt_connect_settings
-from mqtt_broker.link import Connected, MqttLink
 from protocol import Topics, encode_message
 from protocol.messages import Status
+from transport.credentials import mqtt_connect_settings
+from transport.link import Connected, MqttLink
 
 pytestmark = pytest.mark.integration
 T = Topics("etest")

@@ -21,9 +21,9 @@ from faultlib import FEDERATION, proc_federation, start_persistent_broker
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
 from mqtt_broker.acl import parse_acl
-from mqtt_broker.credentials import mqtt_connect_settings
 from mqtt_broker.state import BrokerFiles
 from protocol import Topics
+from transport.credentials import mqtt_connect_settings
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 T = Topics(FEDERATION)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from mqtt_broker import BrokerConfig, Credentials, ManagedBroker, add_device, load_credentials, start_broker
-from mqtt_broker.credentials import mqtt_connect_settings
-from mqtt_broker.link import Connected, MqttLink, Received, probe
+from transport.credentials import mqtt_connect_settings
+from transport.link import Connected, MqttLink, Received, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,6 +16,7 @@ from edge_client.client import EdgeClient
 from edge_client.config import load_device_config
 from flayer.config import TrainConfig
 from flayer.partition import make_partition, save_partition
+from flayer.registry import with_fingerprint
 from flayer.simulation import simulate
 from flayer.strategies import make_strategy
 from flayer.train import client_data
@@ -58,7 +59,7 @@ def test_an_executorch_device_and_a_torch_device_match_the_simulator(tmp_path: P
         assert result is not None and result.finished and result.rounds_done == 2
         for dev in devices:
             assert dev.wait(60) and dev.error is None and dev.rounds_trained == [1, 2], dev.error
-        engine = devices[1].runtime.engines[digits.model_spec()]
+        engine = devices[1].runtime.engines[with_fingerprint(digits.model_spec())]  # the plan carries it
         assert engine.steps >= 2 * (len(clients[1].train) // 10), "dev-et did not train through ExecuTorch"
         assert not devices[0].runtime.engines
         worst = max(float((result.global_state[k] - reference[k]).abs().max()) for k in reference)

@@ -135,8 +135,8 @@ def test_wrong_password_is_refused(tmp_path: Path, fed: FedBroker, shards: list)
     assert time.monotonic() - t0 < 20
     coord = _coordinator(tmp_path, fed)
     coord.creds = dataclasses.replace(fed.coordinator, password="not-it")
-    from mqtt_broker.credentials import mqtt_connect_settings
-    from mqtt_broker.link import MqttLink
+    from transport.credentials import mqtt_connect_settings
+    from transport.link import MqttLink
 
     coord.link = MqttLink(mqtt_connect_settings(coord.creds), coord.events.put)
     coord.publisher.link = coord.link

@@ -16,9 +16,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from mqtt_broker import BrokerConfig, ManagedBroker, add_device, mosquitto_available, start_broker
 from mqtt_broker.acl import parse_acl
-from mqtt_broker.credentials import ConnectSettings, Credentials, mqtt_connect_settings
 from mqtt_broker.state import BrokerFiles, load_credentials
 from protocol.topics import Topics
+from transport.credentials import ConnectSettings, Credentials, mqtt_connect_settings
 
 NEGATIVE_WINDOW_S = 0.6  # how long "nothing arrives" is awaited once a positive control has arrived
 

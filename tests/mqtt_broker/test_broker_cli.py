@@ -14,7 +14,7 @@ import pytest
 from broker_testlib import connect_probe, needs_mosquitto, try_connect
 
 from mqtt_broker import stop_recorded
-from mqtt_broker.credentials import Credentials, mqtt_connect_settings
+from transport.credentials import Credentials, mqtt_connect_settings
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,10 +10,10 @@ import pytest
 from broker_testlib import FEDERATION, connect_probe, start_test_broker, try_connect
 
 from mqtt_broker import BrokerConfig, BrokerError, EmbeddedBroker, add_device, load_credentials, start_broker
-from mqtt_broker.credentials import mqtt_connect_settings
 from mqtt_broker.embedded import NOT_ENFORCED
 from mqtt_broker.state import write_broker_files
 from protocol.topics import Topics
+from transport.credentials import mqtt_connect_settings
 
 pytestmark = pytest.mark.integration
 T = Topics(FEDERATION)

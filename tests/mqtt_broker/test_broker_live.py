@@ -16,8 +16,8 @@ from broker_testlib import (
     try_connect,
 )
 
-from mqtt_broker.credentials import mqtt_connect_settings
 from protocol.topics import Topics
+from transport.credentials import mqtt_connect_settings
 
 pytestmark = pytest.mark.integration
 T = Topics(FEDERATION)

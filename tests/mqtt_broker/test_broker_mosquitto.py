@@ -20,12 +20,12 @@ from broker_testlib import (
 )
 
 from mqtt_broker import BrokerConfig, BrokerError, BrokerProcess, add_device, start_broker, stop_recorded
-from mqtt_broker.credentials import Credentials, mqtt_connect_settings
 from mqtt_broker.fsutil import free_port
 from mqtt_broker.passwords import hash_password, set_passwd_entry
 from mqtt_broker.process import recorded_process
 from mqtt_broker.state import write_broker_files
 from protocol.topics import Topics
+from transport.credentials import Credentials, mqtt_connect_settings
 
 pytestmark = [pytest.mark.integration, needs_mosquitto]
 T = Topics(FEDERATION)

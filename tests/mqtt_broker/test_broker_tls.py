@@ -17,9 +17,9 @@ from broker_testlib import (
 )
 
 from mqtt_broker import BrokerConfig, add_device, load_credentials, start_broker
-from mqtt_broker.credentials import mqtt_connect_settings
 from mqtt_broker.state import write_broker_files
 from protocol.topics import Topics
+from transport.credentials import mqtt_connect_settings
 
 pytestmark = [pytest.mark.integration, needs_mosquitto]
 T = Topics(FEDERATION)

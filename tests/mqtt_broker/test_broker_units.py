@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from mqtt_broker.acl import Acl, AclError, parse_acl, render_acl, topic_matches
 from mqtt_broker.config import MQTT_HEADROOM, BrokerConfig, BrokerConfigError, payload_limit
-from mqtt_broker.credentials import Credentials, TlsSettings, mqtt_connect_settings
 from mqtt_broker.fsutil import find_executable
 from mqtt_broker.mosquitto_conf import render_mosquitto_conf
 from mqtt_broker.passwords import hash_password, read_passwd, set_passwd_entry, verify_password
+from mqtt_broker.state import save_credentials
 from protocol.topics import Topics
+from transport.credentials import Credentials, CredentialsError, TlsSettings, mqtt_connect_settings
 
 FED = "f1"
 T = Topics(FED)
@@ -171,7 +172,7 @@ def test_credentials_round_trip_hide_the_password_and_validate(tmp_path: Path) -
     creds = Credentials("f1", "device", "dev-1", "pw-xyz", "127.0.0.1", 1883, 1 << 20,
                         TlsSettings("localhost", 8883, tmp_path / "ca.crt", tmp_path / "c.crt", tmp_path / "c.key"))
     path = tmp_path / "dev-1.toml"
-    creds.save(path)
+    save_credentials(creds, path)
     assert Credentials.load(path) == creds
     assert path.stat().st_mode & 0o777 == 0o600
     assert "pw-xyz" not in repr(creds) and "pw-xyz" not in repr(mqtt_connect_settings(creds, use_tls=False))
@@ -182,7 +183,7 @@ def test_credentials_round_trip_hide_the_password_and_validate(tmp_path: Path) -
                          (text + "colour = 1\n", "unknown key"),
                          (text.replace('username = "dev-1"', 'username = "dev/1"'), "username")]:
         path.write_text(bad)
-        with pytest.raises(BrokerConfigError, match=message):
+        with pytest.raises(CredentialsError, match=message):
             Credentials.load(path)
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, Union
 
-from mqtt_broker.credentials import ConnectSettings, make_client
+from transport.credentials import ConnectSettings, make_client
 
 __all__ = ["Connected", "Disconnected", "LinkError", "LinkEvent", "MqttLink", "NetworkDriver", "Received", "probe"]
 

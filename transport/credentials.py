@@ -1,5 +1,6 @@
 """Connection settings of one broker user (a device or the coordinator): a 0600 TOML file the
-edge client or coordinator loads, and what paho needs to connect with them.
+edge client or coordinator loads, and what paho needs to connect with them. The broker side
+(``mqtt_broker.state``) writes these files; this module only reads them.
 
 File layout (``<state>/credentials/<username>.toml``)::
 
@@ -24,18 +25,41 @@ from __future__ import annotations
 
 import json
 import ssl
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mqtt_broker.config import BrokerConfigError, payload_limit
-from mqtt_broker.fsutil import atomic_write
 from protocol.topics import TopicError, validate_id
 
-__all__ = ["ConnectSettings", "Credentials", "TlsSettings", "make_client", "mqtt_connect_settings"]
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as the tomli package
+    import tomli as tomllib
+
+__all__ = [
+    "MQTT_HEADROOM",
+    "ConnectSettings",
+    "Credentials",
+    "CredentialsError",
+    "TlsSettings",
+    "make_client",
+    "mqtt_connect_settings",
+    "payload_limit",
+]
 
 ROLES = ("device", "coordinator", "observer")
+# Bytes of each packet reserved for MQTT framing: fixed header (<= 5), topic length + topic
+# (the longest topic of protocol.topics is ~220 bytes), packet id (2), MQTT 5 properties.
+MQTT_HEADROOM = 1024
+
+
+class CredentialsError(ValueError):
+    """A credentials file or connection setting is invalid."""
+
+
+def payload_limit(max_packet_size: int) -> int:
+    """Largest PUBLISH payload (envelope + body) that fits in one packet of ``max_packet_size``."""
+    return max_packet_size - MQTT_HEADROOM
 
 
 @dataclass(frozen=True)
@@ -65,16 +89,16 @@ class Credentials:
             validate_id(self.federation, "federation id")
             validate_id(self.username, "username")
         except TopicError as exc:
-            raise BrokerConfigError(str(exc)) from exc
+            raise CredentialsError(str(exc)) from exc
         if self.role not in ROLES:
-            raise BrokerConfigError(f"role must be one of {ROLES}, got {self.role!r}")
+            raise CredentialsError(f"role must be one of {ROLES}, got {self.role!r}")
         if not isinstance(self.password, str) or not self.password:
-            raise BrokerConfigError("password must be a non-empty string")
+            raise CredentialsError("password must be a non-empty string")
         for name, value in (("port", self.port), ("max_packet_size", self.max_packet_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise BrokerConfigError(f"{name} must be a positive integer, got {value!r}")
+                raise CredentialsError(f"{name} must be a positive integer, got {value!r}")
         if not 1 <= self.port <= 65535:
-            raise BrokerConfigError(f"port {self.port} out of range")
+            raise CredentialsError(f"port {self.port} out of range")
 
     @property
     def client_id(self) -> str:
@@ -107,51 +131,48 @@ class Credentials:
                 lines += [f"cert_file = {q(str(self.tls.cert_file))}", f"key_file = {q(str(self.tls.key_file))}"]
         return "\n".join(lines) + "\n"
 
-    def save(self, path: Path) -> None:
-        atomic_write(path, self.to_toml(), mode=0o600)
-
     @classmethod
     def load(cls, path: str | Path) -> Credentials:
         path = Path(path)
         try:
             data = tomllib.loads(path.read_text())
         except FileNotFoundError as exc:
-            raise BrokerConfigError(f"{path}: credentials file not found") from exc
+            raise CredentialsError(f"{path}: credentials file not found") from exc
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise BrokerConfigError(f"{path}: unreadable credentials file: {exc}") from exc
+            raise CredentialsError(f"{path}: unreadable credentials file: {exc}") from exc
         try:
             return cls._from_dict(data, path.parent)
-        except BrokerConfigError as exc:
-            raise BrokerConfigError(f"{path}: {exc}") from exc
+        except CredentialsError as exc:
+            raise CredentialsError(f"{path}: {exc}") from exc
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any], base: Path) -> Credentials:
         top = {"federation", "role", "username", "password", "host", "port", "max_packet_size", "max_payload", "tls"}
         unknown = sorted(set(data) - top)
         if unknown:
-            raise BrokerConfigError(f"unknown key(s) {', '.join(unknown)}")
+            raise CredentialsError(f"unknown key(s) {', '.join(unknown)}")
         missing = sorted({"federation", "role", "username", "password", "host", "port", "max_packet_size"} - set(data))
         if missing:
-            raise BrokerConfigError(f"missing key(s) {', '.join(missing)}")
+            raise CredentialsError(f"missing key(s) {', '.join(missing)}")
         for key in ("federation", "role", "username", "password", "host"):
             if not isinstance(data[key], str):
-                raise BrokerConfigError(f"{key} must be a string")
+                raise CredentialsError(f"{key} must be a string")
         tls = None
         if "tls" in data:
             t = data["tls"]
             if not isinstance(t, dict) or set(t) - {"host", "port", "ca_file", "cert_file", "key_file"}:
-                raise BrokerConfigError("[tls] holds unknown keys (expected host, port, ca_file, cert_file, key_file)")
+                raise CredentialsError("[tls] holds unknown keys (expected host, port, ca_file, cert_file, key_file)")
             if not isinstance(t.get("host"), str) or not isinstance(t.get("port"), int) or not isinstance(t.get("ca_file"), str):
-                raise BrokerConfigError("[tls] needs host (string), port (integer) and ca_file (string)")
+                raise CredentialsError("[tls] needs host (string), port (integer) and ca_file (string)")
             if ("cert_file" in t) != ("key_file" in t):
-                raise BrokerConfigError("[tls] needs both cert_file and key_file, or neither")
+                raise CredentialsError("[tls] needs both cert_file and key_file, or neither")
             tls = TlsSettings(t["host"], t["port"], base / t["ca_file"],
                               base / t["cert_file"] if "cert_file" in t else None,
                               base / t["key_file"] if "key_file" in t else None)
         creds = cls(data["federation"], data["role"], data["username"], data["password"], data["host"], data["port"],
                     data["max_packet_size"], tls)
         if "max_payload" in data and data["max_payload"] != creds.max_payload:
-            raise BrokerConfigError(f"max_payload {data['max_payload']!r} does not match max_packet_size "
+            raise CredentialsError(f"max_payload {data['max_payload']!r} does not match max_packet_size "
                                     f"{creds.max_packet_size} (expected {creds.max_payload})")
         return creds
 
@@ -184,7 +205,7 @@ def mqtt_connect_settings(creds: Credentials, use_tls: bool | None = None, clien
         use_tls = creds.tls is not None
     if use_tls:
         if creds.tls is None:
-            raise BrokerConfigError(f"credentials of {creds.username} have no [tls] section")
+            raise CredentialsError(f"credentials of {creds.username} have no [tls] section")
         return ConnectSettings(creds.tls.host, creds.tls.port, creds.client_id, creds.username, creds.password,
                                tls_context(creds.tls, client_cert), creds.max_payload)
     return ConnectSettings(creds.host, creds.port, creds.client_id, creds.username, creds.password, None,

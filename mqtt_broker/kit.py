@@ -1,0 +1,131 @@
+"""Startup kits and revocation: what a device needs to join from another machine, and shutting it out.
+
+A kit is a gzip'd tar (mode 0600) holding, with paths relative to the folder it is unpacked in::
+
+    credentials.toml     the device's password (and TLS paths below, relative to this file)
+    tls/ca.crt           the federation CA (TLS only)
+    tls/client.crt       the device's client certificate and key (TLS only)
+    tls/client.key
+    device.toml          to complete: [data] (or pass --data), [edge]
+    START                the one-line start command
+
+and nothing else. ``flayer edge --kit KIT.tar.gz --data FOLDER`` unpacks it (checked first: no other
+member, no link, no path outside) into a folder beside it and runs from there.
+
+Revocation (:func:`revoke_device`) removes the device's password entry, credentials file and client
+certificate, regenerates the ACL, and records the device in ``revoked.json`` (which the coordinator
+reads: it stops selecting the device and drops what it sends). The caller reloads the broker
+(Mosquitto: SIGHUP), which also closes the device's live connection, its password being gone.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tarfile
+import time
+from pathlib import Path
+
+from mqtt_broker.acl import render_acl
+from mqtt_broker.config import BrokerConfig, BrokerConfigError
+from mqtt_broker.fsutil import atomic_write
+from mqtt_broker.passwords import remove_passwd_entry
+from mqtt_broker.state import BrokerFiles, _locked, read_revoked, write_revoked
+from mqtt_broker.tls import client_cert_paths
+from protocol.topics import TopicError, validate_id
+from transport.credentials import Credentials, TlsSettings
+from transport.kit import KIT_TLS_FILES
+
+__all__ = ["revoke_device", "write_kit"]
+
+log = logging.getLogger(__name__)
+
+
+def _device_toml(creds: Credentials) -> str:
+    return f"""# Device {creds.username} of federation {creds.federation}: complete [data], then run the command in START.
+credentials = "credentials.toml"
+python_path = [".", ".."]    # folders searched for the federation's model module: this one and the kit's
+
+[data]
+source = "folder"            # folder | arrays | python (see the documentation: how-to, own data)
+path = "data"                # your images: data/<class name>/*.png (or pass --data FOLDER)
+resize = false               # true: resize images to the model's input instead of refusing them
+val_fraction = 0.1
+test_fraction = 0.2
+seed = 0
+
+[edge]
+state_dir = "state"          # personal state and final models
+device = "auto"
+"""
+
+
+def write_kit(state_dir: str | Path, device_id: str, out: str | Path) -> Path:
+    """Write ``device_id``'s kit to ``out`` (0600; refuses to overwrite). The device must exist."""
+    files = BrokerFiles.at(state_dir)
+    creds = Credentials.load(files.credentials(device_id))
+    if creds.role != "device":
+        raise BrokerConfigError(f"{device_id!r} is a {creds.role}, not a device: no kit")
+    out = Path(out)
+    if out.exists():
+        raise BrokerConfigError(f"{out} already exists; remove it or name another kit file")
+    members: dict[str, bytes] = {}
+    tls = None
+    if creds.tls is not None:
+        if creds.tls.cert_file is None or creds.tls.key_file is None:
+            raise BrokerConfigError(f"credentials of {device_id} have no client certificate")
+        for name, src in zip(KIT_TLS_FILES, (creds.tls.ca_file, creds.tls.cert_file, creds.tls.key_file)):
+            members[name] = Path(src).read_bytes()
+        tls = TlsSettings(creds.tls.host, creds.tls.port, Path(KIT_TLS_FILES[0]), Path(KIT_TLS_FILES[1]),
+                          Path(KIT_TLS_FILES[2]))
+    kit_creds = Credentials(creds.federation, creds.role, creds.username, creds.password, creds.host, creds.port,
+                            creds.max_packet_size, tls)
+    members["credentials.toml"] = kit_creds.to_toml().encode()
+    members["device.toml"] = _device_toml(creds).encode()
+    members["START"] = f"flayer edge --kit {out.name} --data ./data\n".encode()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz") as tar:
+            now = int(time.time())
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o600, now
+                tar.addfile(info, io.BytesIO(data))
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    os.chmod(out, 0o600)
+    log.info("kit of %s written to %s", device_id, out)
+    return out
+
+
+def revoke_device(state_dir: str | Path, device_id: str) -> bool:
+    """Shut ``device_id`` out of the broker's files (see the module doc); False if already revoked.
+    The caller reloads the running broker."""
+    try:
+        validate_id(device_id, "device id")
+    except TopicError as exc:
+        raise BrokerConfigError(str(exc)) from exc
+    files = BrokerFiles.at(state_dir)
+    cfg = BrokerConfig.load(files.config)
+    if device_id == cfg.coordinator_user:
+        raise BrokerConfigError(f"{device_id!r} is the coordinator, not a device")
+    with _locked(files):
+        revoked = read_revoked(files)
+        path = files.credentials(device_id)
+        if not path.exists() and device_id not in revoked:
+            raise BrokerConfigError(f"no device {device_id!r} in {files.state_dir} (see 'flayer broker status')")
+        if path.exists() and Credentials.load(path).role != "device":
+            raise BrokerConfigError(f"{device_id!r} is not a device")
+        removed = remove_passwd_entry(files.passwd, device_id)
+        path.unlink(missing_ok=True)
+        for f in client_cert_paths(files.tls_dir, device_id):
+            f.unlink(missing_ok=True)
+        atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user), mode=0o600)
+        first = device_id not in revoked
+        revoked.setdefault(device_id, time.time())
+        write_revoked(files, revoked)
+    log.info("revoked %s (password entry %s)", device_id, "removed" if removed else "already gone")
+    return first

@@ -1,0 +1,87 @@
+"""A device's startup kit, as the device reads it: check every member, then unpack it.
+
+Layout (written by ``flayer broker add-device ID --kit KIT.tar.gz``, see ``mqtt_broker.kit``):
+``credentials.toml``, ``device.toml``, ``START`` and, with TLS, ``tls/ca.crt``, ``tls/client.crt``,
+``tls/client.key``. Nothing else is accepted: no other name, no link, no folder outside.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+
+from transport.credentials import Credentials, CredentialsError
+
+__all__ = ["KIT_FILES", "KIT_TLS_FILES", "MAX_KIT_MEMBER", "KitError", "kit_folder", "unpack_kit"]
+
+KIT_FILES = ("credentials.toml", "device.toml", "START")
+KIT_TLS_FILES = ("tls/ca.crt", "tls/client.crt", "tls/client.key")
+MAX_KIT_MEMBER = 1 << 20  # a kit holds small text files
+
+
+class KitError(CredentialsError):
+    """A kit is unreadable, incomplete or holds something it should not."""
+
+
+def kit_folder(kit: Path) -> Path:
+    """Where ``kit`` unpacks: a folder beside it named after it (``dev-7.tar.gz`` -> ``dev-7``)."""
+    name = kit.name
+    for suffix in (".tar.gz", ".tgz"):
+        if name.endswith(suffix):
+            return kit.with_name(name[: -len(suffix)])
+    return kit.with_name(name + ".d")
+
+
+def _read(kit: Path) -> dict[str, bytes]:
+    if not kit.is_file():
+        raise KitError(f"kit {kit}: not found")
+    members: dict[str, bytes] = {}
+    try:
+        with tarfile.open(kit, "r:gz") as tar:
+            for info in tar.getmembers():
+                if info.name not in KIT_FILES + KIT_TLS_FILES or not info.isfile():
+                    raise KitError(f"kit {kit}: unexpected member {info.name!r} (a kit holds only "
+                                   f"{', '.join(KIT_FILES + KIT_TLS_FILES)})")
+                if info.size > MAX_KIT_MEMBER or info.name in members:
+                    raise KitError(f"kit {kit}: member {info.name!r} is too large or repeated")
+                fh = tar.extractfile(info)
+                assert fh is not None
+                members[info.name] = fh.read()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise KitError(f"kit {kit}: not a readable .tar.gz ({exc})") from None
+    missing = [n for n in KIT_FILES if n not in members]
+    if b"[tls]" in members.get("credentials.toml", b""):
+        missing += [n for n in KIT_TLS_FILES if n not in members]
+    if missing:
+        raise KitError(f"kit {kit}: missing {', '.join(missing)}; ask for a new kit "
+                       f"('flayer broker add-device ID --rotate --kit FILE' on the broker's machine)")
+    return members
+
+
+def unpack_kit(kit: str | Path, folder: str | Path | None = None) -> Path:
+    """Check ``kit`` completely, unpack it into ``folder`` (default :func:`kit_folder`; 0700, files 0600)
+    and return the path of its ``device.toml``. A folder that already holds this kit's device (a
+    restart) is reused as it is: the device's edits and state stay."""
+    kit = Path(kit)
+    members = _read(kit)
+    dest = Path(folder) if folder is not None else kit_folder(kit)
+    if (dest / "credentials.toml").exists():
+        if (dest / "credentials.toml").read_bytes() != members["credentials.toml"]:
+            raise KitError(f"{dest} holds another device's kit; unpack {kit} elsewhere")
+        return dest / "device.toml"
+    if dest.exists() and any(dest.iterdir()):
+        raise KitError(f"{dest} exists and is not empty; unpack {kit} elsewhere")
+    dest.mkdir(parents=True, exist_ok=True)
+    os.chmod(dest, 0o700)
+    for name, data in members.items():
+        path = dest / name
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+    try:
+        Credentials.load(dest / "credentials.toml")
+    except CredentialsError as exc:
+        raise KitError(f"kit {kit}: {exc}") from None
+    return dest / "device.toml"
