@@ -237,6 +237,10 @@ class Coordinator:
             self.link.subscribe([self.topics.all_updates(), self.topics.all_status(), self.topics.all_metrics()])
             if self._connected_once:
                 self._republish()
+            elif self.open is None and 0 < self.done_round < self.cfg.run.rounds:
+                # resumed or extended (more rounds than were run): the plan retained from before may be the old
+                # run's final plan, which a finished device would take as the end; empty it until round n+1 opens
+                self.link.publish(self.topics.round(), b"", retain=True)
             self._connected_once = True
         elif isinstance(ev, Disconnected):
             log.warning("disconnected from the broker (%s); paho reconnects", ev.reason)

@@ -263,9 +263,9 @@ class EdgeClient:
         if self._busy:
             return  # the job's end looks at the plan again
         if plan.phase == "final":
-            if self.finished and self.settings.exit_when_finished:
+            if self._finished_for(plan) and self.settings.exit_when_finished:
                 self.events.put(_Stop())
-            elif not self.finished:
+            elif not self._finished_for(plan):
                 self._fetch(plan)
         elif plan.phase == "calibrate":
             if self.id in plan.selected and self._pending is None \
@@ -278,6 +278,11 @@ class EdgeClient:
             self._set_state("idle")
         else:
             self._fetch(plan)
+
+    def _finished_for(self, plan: Plan) -> bool:
+        """True when this final plan's models are already saved. A federation extended after it finished
+        (``flayer coordinator --rounds`` more) ends with a later final plan: its models are saved again."""
+        return self.finished and int(self.stored.extra.get("finished_round", plan.round)) >= plan.round
 
     def _fetch(self, plan: Plan) -> None:
         if self._model is not None and self._model[0] == plan.model_digest:
@@ -429,6 +434,7 @@ class EdgeClient:
             self._sent()
         elif job.kind == "finished":
             self.finished = self.stored.finished = True
+            self.stored.extra["finished_round"] = job.round
             self.store.save(self.stored)
             log.info("%s: federation finished; personal model (test acc %.4f) saved to %s", self.id, job.result,
                      self.store.personal_file)
