@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
 

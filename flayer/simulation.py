@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .aggregate import UpdateError
 from .strategies.base import ClientState, LocalResult, RoundContext, Strategy, derive_seed
 from .train import ClientData, evaluate
-from .aggregate import UpdateError
 from .update import Update, float_state
 
 __all__ = [

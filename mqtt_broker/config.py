@@ -34,6 +34,7 @@ from typing import Any
 from mqtt_broker.fsutil import atomic_write
 from protocol.topics import TopicError, validate_id
 from transport.credentials import MQTT_HEADROOM, CredentialsError, payload_limit
+from transport.hosts import is_loopback
 
 __all__ = [
     "DEFAULT_MAX_PACKET_SIZE",
@@ -71,15 +72,6 @@ def _check_host(value: str, what: str) -> str:
     if not _HOSTNAME.fullmatch(value):
         raise BrokerConfigError(f"{what} {value!r} is neither an IP address nor a valid host name")
     return value
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _is_wildcard(host: str) -> bool:

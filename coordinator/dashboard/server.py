@@ -14,7 +14,6 @@ and its broker credentials are the observer's, which the ACL lets publish nothin
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import secrets
@@ -26,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from transport.hosts import is_loopback
 
 from .watch import FleetWatch
 
@@ -43,15 +44,6 @@ HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Refe
            "Cache-Control": "no-store",
            "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
                                       "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'"}
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _asset(name: str) -> bytes:

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from transport.credentials import Credentials, mqtt_connect_settings
-from transport.link import Connected, Disconnected, MqttLink, Received
 from protocol import Kind, Plan, Status, TopicError, Topics, WireError, WireLimits, decode_message
 from protocol.metrics_schema import MetricsSchemaError, parse_lines
+from transport.credentials import Credentials, mqtt_connect_settings
+from transport.link import Connected, Disconnected, MqttLink, Received
 
 from .fleet import FleetView
 

@@ -17,7 +17,7 @@ PAGES = ["tutorials/across-machines.md", "howto/own-model.md", "howto/own-data.m
 def commands() -> list[tuple[str, str]]:
     out = []
     for page in PAGES:
-        blocks = re.findall(r"```bash\n(.*?)```", (DOCS / page).read_text(), re.S)
+        blocks = re.findall(r"```bash\n(.*?)```", (DOCS / page).read_text(), re.DOTALL)
         out += [(page, line.strip()) for b in blocks for line in b.splitlines() if line.strip().startswith("flayer ")]
     return out
 

@@ -80,7 +80,7 @@ def test_a_bad_tuned_file_is_refused_before_any_run(tmp_path: Path, capsys: Any,
 
 def test_a_good_tuned_file_is_read() -> None:
     class Cfg:
-        class data:  # noqa: N801
+        class data:
             dataset, partition = "digits", "iid"
 
     path = Path(__file__).parent / "_tuned_example.json"

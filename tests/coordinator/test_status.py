@@ -16,9 +16,9 @@ import pytest
 
 from cli.main import main
 from mqtt_broker import BrokerConfig, add_device, load_credentials, mosquitto_available, start_broker
+from protocol import Plan, Status, Topics, encode_message
 from transport.credentials import mqtt_connect_settings
 from transport.link import Connected, MqttLink
-from protocol import Plan, Status, Topics, encode_message
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]

@@ -18,6 +18,7 @@ from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
 from edge_client.sources import DeviceSource, SourceConfig
 from mqtt_broker import mosquitto_available
+from protocol.metrics_schema import read_metrics
 from transport.credentials import mqtt_connect_settings
 from transport.link import probe
 
@@ -68,7 +69,7 @@ def test_a_revoked_device_is_shut_out_and_the_others_finish(tmp_path: Path, caps
         assert result is not None and result.finished and result.rounds_done == 3
         for c in clients[:2]:
             assert c.wait(60) and c.error is None, c.error
-        rounds = [json.loads(x) for x in (tmp_path / "coord/state/metrics.jsonl").read_text().splitlines()]
+        rounds = [r for r in read_metrics(tmp_path / "coord/state/metrics.jsonl") if r["kind"] == "round"]
         assert all("dev-3" not in r["selected"] and r["accepted"] == 2 for r in rounds[1:]), rounds
         assert json.loads((fb.state_dir / "revoked.json").read_text()).keys() == {"dev-3"}
         assert not (fb.state_dir / "credentials/dev-3.toml").exists()
