@@ -16,7 +16,7 @@ chunk) is cut off for the rest of that round: its update chunks are dropped at o
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,15 +65,40 @@ class Inbox:
         self._answered: set[tuple[str, int, str]] = set()
         self.strikes: Counter[tuple[int, str]] = Counter()  # (round, client) -> refusals that count
         self._cleared: set[str] = set()  # topics of retained junk this coordinator emptied (echo ignored)
-        self.open: OpenRound | None = None  # set by the coordinator: where per-round counts go
+        self._open: OpenRound | None = None
+        # refusals while no round is open (between one round's close and the next one's opening): they
+        # go into the next round's metrics, so the rounds' records add up to the cumulative counters
+        self._between: Counter[tuple[str, str | None]] = Counter()
+        self._between_details: deque[tuple[str, str, str | None]] = deque(maxlen=50)
+
+    @property
+    def open(self) -> OpenRound | None:
+        """The round whose metrics the refusals go into (set by the coordinator)."""
+        return self._open
+
+    @open.setter
+    def open(self, rnd: OpenRound | None) -> None:
+        self._open = rnd
+        if rnd is None:
+            return
+        for (counter, client), n in self._between.items():
+            rnd.stats.refuse(counter, "", client, n)
+        for counter, reason, client in self._between_details:
+            rnd.stats.note(counter, reason, client)
+        self._between.clear()
+        self._between_details.clear()
 
     def count(self, counter: str, reason: str, client: str | None = None, *, n: int = 1,
               quiet: bool = False) -> None:
-        """Count a refusal (cumulative, and in the metrics of the round open when it arrived, with its reason
-        and device) and log it (unless ``quiet``)."""
+        """Count a refusal (cumulative, and in the metrics of the round open when it arrived -- or of the next
+        round, when none was -- with its reason and device) and log it (unless ``quiet``)."""
         self.counters[counter] += n
-        if self.open is not None:
-            self.open.stats.refuse(counter, reason, client, n)
+        if self._open is not None:
+            self._open.stats.refuse(counter, reason, client, n)
+        else:
+            self._between[(counter, client)] += n
+            if reason:
+                self._between_details.append((counter, reason, client))
         if not quiet:
             log.warning("%s: %s", counter, reason)
 

@@ -46,11 +46,16 @@ class RoundStats:
 
     def refuse(self, counter: str, detail: str, client: str | None = None, n: int = 1) -> None:
         self.rejected[counter] += n
-        if detail:  # a silent count (e.g. every chunk of a device cut off) does not crowd out the latest reasons
-            self.refusals = [*self.refusals[-49:], {"reason": counter, "detail": detail[:300],
-                                                    "device": client or ""}]
+        self.note(counter, detail, client)
         if client is not None:
             self.refused_by[client] = counter
+
+    def note(self, counter: str, detail: str, client: str | None) -> None:
+        """Keep a refusal's reason among the latest 50 (a silent count, e.g. every chunk of a device cut off,
+        has none and does not crowd out the others)."""
+        if detail:
+            self.refusals = [*self.refusals[-49:], {"reason": counter, "detail": detail[:300],
+                                                    "device": client or ""}]
 
     def add_eval(self, info: Mapping[str, float], client: str | None = None) -> None:
         """Fold a device's reported evaluation (``test_correct``, ``test_total``, ``train_loss``)."""

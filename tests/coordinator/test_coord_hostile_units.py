@@ -107,3 +107,22 @@ def test_quarantine_survives_a_restart_and_finite_fold_leaves_the_poison_out(tmp
            "bad": Update({"w": TensorDelta((2,), np.float32([3e38, 0.0]))}, 10)}
     agg, left = finite_fold(lambda: make_aggregator(g), [(k, lambda a, u=u: a.fold(u)) for k, u in ups.items()])
     assert left == ["bad"] and agg.contributors == 1 and bool(torch.isfinite(agg.result()["w"]).all())
+
+
+def test_refusals_between_rounds_go_into_the_next_rounds_metrics() -> None:
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from coordinator.inbox import Inbox
+    from coordinator.metrics import RoundStats
+
+    counters: Counter[str] = Counter()
+    inbox = Inbox(None, None, "coord", None, SimpleNamespace(max_pending_bytes=1 << 20), counters)  # type: ignore[arg-type]
+    inbox.count("duplicate", "dev-b round 1: already folded", "dev-b")  # no round open: between rounds
+    inbox.count("cut_off", "", "dev-c", n=3, quiet=True)
+    stats = RoundStats(round=2, selected=["dev-a"], opened_at=0.0)
+    inbox.open = SimpleNamespace(stats=stats)  # type: ignore[assignment]
+    assert dict(stats.rejected) == {"duplicate": 1, "cut_off": 3} == dict(counters)
+    assert stats.refusals == [{"reason": "duplicate", "detail": "dev-b round 1: already folded", "device": "dev-b"}]
+    inbox.count("late", "dev-c round 1: round 1 is closed", "dev-c")
+    assert stats.rejected["late"] == 1 and not inbox._between  # counted once, in the open round
