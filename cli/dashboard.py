@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def start_dashboard(creds: Any, metrics: Path | None, host: str, port: int, token: str | None = None,
-                    stale_after_s: float = 30.0) -> Any:
+                    stale_after_s: float = 30.0, revoked_file: Path | None = None) -> Any:
     """A started :class:`coordinator.dashboard.server.DashboardServer` (and its watch) in background threads;
     ``close()`` it and ``watch.stop()`` when done. CliError when the address cannot be bound."""
     from coordinator.dashboard.server import DashboardServer
@@ -45,7 +45,7 @@ def start_dashboard(creds: Any, metrics: Path | None, host: str, port: int, toke
 
     if token is not None and len(token) < 16:
         raise CliError("--token must be at least 16 characters")
-    watch = FleetWatch(creds, metrics, stale_after_s=stale_after_s).start()
+    watch = FleetWatch(creds, metrics, stale_after_s=stale_after_s, revoked_file=revoked_file).start()
     try:
         server = DashboardServer(watch, host, port, token)
     except OSError as exc:
@@ -56,10 +56,10 @@ def start_dashboard(creds: Any, metrics: Path | None, host: str, port: int, toke
 
 
 def run(args: argparse.Namespace) -> int:
-    creds, metrics = resolve_source(args)
+    creds, metrics, revoked = resolve_source(args)
     if creds is None and metrics is None:
         raise CliError("nothing to show: give a run folder, --metrics FILE, --broker-state DIR or --credentials FILE")
-    server = start_dashboard(creds, metrics, args.host, args.port, args.token, args.stale_after)
+    server = start_dashboard(creds, metrics, args.host, args.port, args.token, args.stale_after, revoked)
     what = " and ".join(x for x in (f"broker {creds.host}:{creds.port} as {creds.username}" if creds else "",
                                     f"metrics {metrics}" if metrics else "") if x)
     print(f"dashboard: {server.url}  ({what}; Ctrl-C to stop)", flush=True)

@@ -182,11 +182,13 @@ class _Dashboard:
         except BrokerConfigError as exc:
             print(f"dashboard: no observer credentials ({exc}); showing the metrics file only", file=sys.stderr)
         try:
-            self.server = start_dashboard(creds, out / "metrics.jsonl", self.host, self.port)
+            self.server = start_dashboard(creds, out / "metrics.jsonl", self.host, self.port,
+                                          revoked_file=state / "revoked.json")
         except CliError:
             if self.port != int(DASHBOARD_DEFAULT.rpartition(":")[2]):
                 raise
-            self.server = start_dashboard(creds, out / "metrics.jsonl", self.host, 0)  # the default port is taken
+            self.server = start_dashboard(creds, out / "metrics.jsonl", self.host, 0,  # the default port is taken
+                                          revoked_file=state / "revoked.json")
         print(f"dashboard: {self.server.url}  (open it in a browser to watch the fleet)", file=sys.stderr,
               flush=True)
 

@@ -32,8 +32,9 @@ def add_source_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", metavar="FILE", help="the run's metrics.jsonl (updates accepted, rounds, refusals)")
 
 
-def resolve_source(args: argparse.Namespace) -> tuple[Any, Path | None]:
-    """(credentials or None, metrics file or None) from the flags; CliError when a named file is unusable."""
+def resolve_source(args: argparse.Namespace) -> tuple[Any, Path | None, Path | None]:
+    """(credentials or None, metrics file or None, the broker's revocation list or None) from the flags;
+    CliError when a named file is unusable."""
     from coordinator.dashboard.watch import find_metrics
     from mqtt_broker import BrokerConfigError, Credentials
 
@@ -62,7 +63,9 @@ def resolve_source(args: argparse.Namespace) -> tuple[Any, Path | None]:
     metrics = Path(args.metrics) if args.metrics else find_metrics(run) if run is not None else None
     if metrics is not None and not metrics.is_file():
         raise CliError(f"metrics file {metrics} does not exist")
-    return creds, metrics
+    # the list 'flayer broker revoke' writes, beside the credentials folder (as the coordinator reads it)
+    revoked = cred_file.parent.parent / "revoked.json" if cred_file is not None else None
+    return creds, metrics, revoked
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -125,11 +128,11 @@ def _stopped(snap: dict[str, Any]) -> bool:
 def run(args: argparse.Namespace) -> int:
     from coordinator.dashboard.watch import FleetWatch
 
-    creds, metrics = resolve_source(args)
+    creds, metrics, revoked = resolve_source(args)
     if creds is None:
         raise CliError("status reads the broker: give --broker-state DIR, --credentials FILE, or an emulator "
                        "run folder holding its broker")
-    watch = FleetWatch(creds, metrics, stale_after_s=args.stale_after).start()
+    watch = FleetWatch(creds, metrics, stale_after_s=args.stale_after, revoked_file=revoked).start()
     try:
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline and not watch.settled() and watch.broker_error is None:

@@ -22,6 +22,7 @@ from protocol.metrics_schema import MetricsSchemaError, parse_lines
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, Received
 
+from ..revocations import RevocationList
 from .fleet import FleetView
 
 __all__ = ["FleetWatch", "MetricsTail", "find_metrics"]
@@ -65,7 +66,7 @@ def find_metrics(folder: Path) -> Path | None:
 
 class FleetWatch:
     def __init__(self, creds: Credentials | None, metrics: Path | None, *, stale_after_s: float = 30.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, revoked_file: Path | None = None) -> None:
         if creds is not None and creds.role != "observer":  # a coordinator's would take over its session
             raise ValueError(f"credentials of {creds.username!r} are a {creds.role}'s; watching needs the "
                              f"observer's (BROKER_STATE/credentials/observer.toml)")
@@ -76,6 +77,8 @@ class FleetWatch:
         self.events: queue.Queue[Any] = queue.Queue()
         self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=True) if creds else None
         self.tail = MetricsTail(metrics) if metrics is not None else None
+        # devices 'flayer broker revoke' shut out: shown as revoked (the list is read again when it changes)
+        self.revocations = RevocationList(revoked_file) if revoked_file is not None else None
         self.connected = False
         self.broker_error: str | None = None
         self.metrics_error: str | None = None
@@ -117,11 +120,21 @@ class FleetWatch:
                         ev = self.events.get_nowait()
                     except queue.Empty:
                         ev = None
-                if self.tail is not None and time.monotonic() >= next_tail:
+                if time.monotonic() >= next_tail:
                     next_tail = time.monotonic() + 0.25
-                    self._read_metrics()
+                    if self.tail is not None:
+                        self._read_metrics()
+                    self._read_revocations()
                 if self.view.version != before:
                     self._cond.notify_all()
+
+    def _read_revocations(self) -> None:
+        if self.revocations is None:
+            return
+        revoked = set(self.revocations.refresh())
+        if revoked != self.view.revoked:
+            self.view.revoked = revoked
+            self.view.version += 1
 
     def _read_metrics(self) -> None:
         assert self.tail is not None
