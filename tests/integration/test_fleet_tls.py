@@ -15,6 +15,7 @@ import pytest
 from fleetlib import CLASSES, MODEL_FILE, federation_toml, launch, stop_all, wait_all, write_images
 
 from mqtt_broker import mosquitto_available
+from protocol.metrics_schema import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
@@ -72,7 +73,7 @@ def test_three_devices_from_kits_over_tls_with_their_own_images_and_model(tmp_pa
         logs = {p: p.read_text()[-2500:] for p in tmp_path.glob("*.log")}
         assert all(p.returncode == 0 for p in procs), logs
         assert "TLS" in (tmp_path / "dev-1.log").read_text()
-        rounds = [json.loads(x) for x in (coord / "state/metrics.jsonl").read_text().splitlines()]
+        rounds = [r for r in read_metrics(coord / "state/metrics.jsonl") if r["kind"] == "round"]
         assert [r["round"] for r in rounds] == [1, 2, 3]
         assert all(r["accepted"] == 3 and not r["rejected"] for r in rounds), rounds
         for dev, machine in machines.items():
