@@ -217,22 +217,29 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if rec else 3
 
 
-def _add_observer(args: argparse.Namespace) -> int:
+def _reload(state_dir: Path, note: str = "") -> bool:
+    """Make the running broker recorded in ``state_dir`` re-read its passwords and ACL (says so); False when
+    none is recorded."""
     from mqtt_broker.process import reload_recorded
+
+    rec = reload_recorded(state_dir)
+    if rec is not None:
+        print(f"reloaded the running {rec.kind} broker (pid {rec.pid}){note}")
+    return rec is not None
+
+
+def _add_observer(args: argparse.Namespace) -> int:
     from mqtt_broker.state import BrokerFiles, add_observer
 
     files = BrokerFiles.at(args.state_dir)
     creds = add_observer(files.state_dir, args.name, rotate=args.rotate)
     print(f"credentials of observer {creds.username}: {files.credentials(creds.username)} (read-only; pass it to "
           f"'flayer status --credentials' or 'flayer dashboard --credentials')")
-    rec = reload_recorded(files.state_dir)
-    if rec is not None:
-        print(f"reloaded the running {rec.kind} broker (pid {rec.pid})")
+    _reload(files.state_dir)
     return 0
 
 
 def _add_device(args: argparse.Namespace) -> int:
-    from mqtt_broker.process import reload_recorded
     from mqtt_broker.state import BrokerFiles, add_device
 
     files = BrokerFiles.at(args.state_dir)
@@ -244,24 +251,18 @@ def _add_device(args: argparse.Namespace) -> int:
         kit = write_kit(files.state_dir, creds.username, args.kit)
         print(f"startup kit: {kit} (mode 0600, holds the password: copy it to the device privately, then run "
               f"'flayer edge --kit {kit.name} --data FOLDER' there)")
-    rec = reload_recorded(files.state_dir)
-    if rec is not None:
-        print(f"reloaded the running {rec.kind} broker (pid {rec.pid})")
+    _reload(files.state_dir)
     return 0
 
 
 def _revoke(args: argparse.Namespace) -> int:
     from mqtt_broker.kit import revoke_device
-    from mqtt_broker.process import reload_recorded
     from mqtt_broker.state import BrokerFiles
 
     files = BrokerFiles.at(args.state_dir)
     first = revoke_device(files.state_dir, args.device_id)
     print(f"revoked device {args.device_id}{'' if first else ' (already revoked)'}: password, credentials and "
           f"certificate removed; listed in {files.state_dir / 'revoked.json'} for the coordinator")
-    rec = reload_recorded(files.state_dir)
-    if rec is not None:
-        print(f"reloaded the running {rec.kind} broker (pid {rec.pid}): its connection is closed")
-    else:
+    if not _reload(files.state_dir, ": its connection is closed"):
         print("no running broker recorded: it refuses the device when it starts")
     return 0
