@@ -33,6 +33,7 @@ __all__ = [
     "RunResult",
     "aggregate",
     "convergence_round",
+    "finished_summary",
     "load_run",
     "markdown_table",
     "plot_accuracy",
@@ -60,12 +61,23 @@ class RunResult:
     cpu_seconds: float = math.nan  # process CPU time of the simulation (one thread: ~ wall time on a free core)
 
 
-def load_run(summary_path: Path, method: str, seed: int, rounds: int) -> RunResult | None:
-    """A finished run's result, or None when its summary is missing, unreadable or from other settings."""
+def finished_summary(summary_path: Path, method: str, rounds: int) -> dict[str, Any] | None:
+    """The ``summary.json`` of a finished run of ``method`` over ``rounds`` rounds (a diverged run stopped
+    early, and is finished with fewer), or None when it is missing, unreadable or from other settings."""
     try:
         s = json.loads(summary_path.read_text())
-        # a diverged run stopped early: it is finished with fewer rounds
-        if s["strategy"] != method or int(s["seed"]) != seed or (len(s["acc"]) != rounds and not s.get("diverged")):
+        if not isinstance(s, dict) or s["strategy"] != method or (len(s["acc"]) != rounds and not s.get("diverged")):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return s
+
+
+def load_run(summary_path: Path, method: str, seed: int, rounds: int) -> RunResult | None:
+    """A finished run's result, or None when its summary is missing, unreadable or from other settings."""
+    s = finished_summary(summary_path, method, rounds)
+    try:
+        if s is None or int(s["seed"]) != seed:
             return None
         uploads = int(s.get("uploads", 0))
         total = int(s["upload_bytes_total"])

@@ -126,16 +126,18 @@ def grid_points(methods: Sequence[str], lrs: Sequence[float], grid: dict[str, li
 
 def read_run(summary_path: Path, point: Point, rounds: int) -> dict[str, Any] | None:
     """A finished run's row, or None when it has not finished (or ran other settings)."""
+    from cli.bench_report import finished_summary
+
+    s = finished_summary(summary_path, point.method, rounds)
+    if s is None:
+        return None
     try:
-        s = json.loads(summary_path.read_text())
-        if s["strategy"] != point.method or (len(s["acc"]) != rounds and not s.get("diverged")):
-            return None
         return {"method": point.method, "lr": point.lr, "set": list(point.sets), "label": point.label,
                 "best_val_acc": s.get("best_val_acc"), "best_test_acc": float(s["best_acc"]),
                 "final_personal_acc": float(s["final_personal_acc"]), "rounds_run": len(s["acc"]),
                 "diverged": s.get("diverged"), "wall_seconds": float(s["wall_seconds"]),
                 "cpu_seconds": float(s.get("cpu_seconds", math.nan))}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 
