@@ -43,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_blowup(factor: float) -> None:
+    """``--blowup``: a finite factor above 1 (CliError otherwise)."""
+    if not (math.isfinite(factor) and factor > 1):
+        raise CliError(f"--blowup must be a finite factor above 1, got {factor}")
+
+
 def training_runtime(runtime: str, strategy: Any, device: Any) -> Any:
     """The :class:`flayer.train.TrainingEngine` for ``runtime`` (None for torch); CliError when the
     strategy, model or device cannot use it."""
@@ -93,8 +99,8 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         strategy = make_strategy(cfg.strategy, spec, cfg.train, cfg.options())
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    if blowup is not None and not (math.isfinite(blowup) and blowup > 1):
-        raise CliError(f"--blowup must be a finite factor above 1, got {blowup}")
+    if blowup is not None:
+        check_blowup(blowup)
     engine = training_runtime(runtime, strategy, device)
     clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
     metrics = MetricsFile(out / "metrics.jsonl", "w")

@@ -207,10 +207,10 @@ def markdown(rows: Sequence[dict[str, Any]], choice: dict[str, Choice]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from cli.bench import _methods, _prepare_out, _run_command, check_jobs, run_all
+    from cli.simulate import check_blowup
 
     check_jobs(args)
-    if not (math.isfinite(args.blowup) and args.blowup > 1):
-        raise CliError(f"--blowup must be a finite factor above 1, got {args.blowup}")
+    check_blowup(args.blowup)
     if args.lr is not None:
         raise CliError("--lr is what tune chooses: give the grid with --lrs")
     methods = _methods(args.methods)
