@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flayer.config import TrainConfig
 from flayer.data import load_dataset
 from flayer.partition import make_partition
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from flayer.strategies import make_strategy
 from flayer.strategies.base import RoundContext
 from flayer.train import client_data

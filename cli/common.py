@@ -134,3 +134,21 @@ def set_threads(cfg: RunConfig) -> None:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
+
+
+def add_mode_flags(p: Any) -> None:
+    """``--mode`` and the asynchronous rounds' settings (the ``[federation]`` keys of the same names)."""
+    p.add_argument("--mode", choices=("sync", "async"),
+                   help="synchronous rounds, or asynchronous buffered ones (default: the config's, else sync)")
+    p.add_argument("--buffer", type=int, metavar="K", help="async: accepted updates per new model version (8)")
+    p.add_argument("--max-staleness", type=int, metavar="S",
+                   help="async: updates trained more versions ago are refused (8)")
+    p.add_argument("--staleness", choices=("sqrt", "inverse", "constant"),
+                   help="async: weight of a stale update's deltas: 1/sqrt(1+s) (default), 1/(1+s), or 1")
+    p.add_argument("--concurrency", type=int, metavar="N", help="async: devices training at once (0: all online)")
+
+
+def mode_overrides(args: Any) -> dict[str, Any]:
+    """The ``[federation]`` overrides of :func:`add_mode_flags` (None: not given)."""
+    return {"mode": args.mode, "buffer": args.buffer, "max_staleness": args.max_staleness,
+            "staleness": args.staleness, "concurrency": args.concurrency}

@@ -17,6 +17,7 @@ from typing import Any
 
 from cli.common import CliError
 from cli.logfile import add_log_file_flag
+from cli.common import add_mode_flags, mode_overrides
 from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
 
 
@@ -31,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quorum", type=int, metavar="N")
     p.add_argument("--min-devices", type=int, metavar="N")
     p.add_argument("--deadline", type=float, metavar="SECONDS", dest="deadline_s")
+    add_mode_flags(p)
     add_log_file_flag(p)
     add_tensorboard_flag(p)
     p.set_defaults(func=run)
@@ -95,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {"federation": {"credentials": absolute(args.credentials), "state_dir": absolute(args.state_dir),
                                 "quorum": args.quorum,
-                                "min_devices": args.min_devices, "deadline_s": args.deadline_s},
+                                "min_devices": args.min_devices, "deadline_s": args.deadline_s,
+                                **mode_overrides(args)},
                  "run": {"rounds": args.rounds}}
     try:
         cfg = load_coordinator_config(args.config, overrides)

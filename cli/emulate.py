@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.common import CliError, add_common_flags
+from cli.common import CliError, add_common_flags, add_mode_flags, mode_overrides
 from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
 
 DASHBOARD_DEFAULT = "127.0.0.1:8765"
@@ -33,6 +33,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_common_flags(p)
     add_log_file_flag(p)
     add_tensorboard_flag(p)
+    v = p.add_argument_group("simulated clock (--virtual: the fleet in one process, no broker, in seconds)")
+    v.add_argument("--virtual", action="store_true",
+                   help="run the fleet on a simulated clock: the round engine, the profiles and their "
+                        "availability, the real local rounds; only time is simulated")
+    v.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="simulated seconds the run may take (default: until --rounds versions)")
+    v.add_argument("--sample-cost", type=float, metavar="SECONDS",
+                   help="compute seconds per training sample at slowdown 1 (default: the CPU time each local "
+                        "round took here; give one for runs that repeat exactly)")
     g = p.add_argument_group("fleet (flags override the config's [emulator], [federation] and [edge] tables)")
     g.add_argument("--profiles", metavar="FILE.toml", help="device profiles and [mix] (built-ins without it)")
     g.add_argument("--mix", metavar="NAME=SHARE,...",
@@ -64,6 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--deadline", type=float, metavar="SECONDS", help="a round closes at its deadline (120)")
     g.add_argument("--grace", type=float, metavar="SECONDS",
                    help="after the quorum, stragglers get this long (3)")
+    add_mode_flags(g)
     g.add_argument("--heartbeat", type=float, metavar="SECONDS", help="devices' status interval (5)")
     g.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="give up after this long (default: never)")
@@ -90,7 +100,8 @@ def _config(args: argparse.Namespace) -> Any:
         "train": {"lr": args.lr, "batch_size": args.batch_size, "local_epochs": args.local_epochs},
         "strategy": parse_set(args.set or []),
         "federation": {"quorum": args.quorum, "over_selection": args.over_selection,
-                       "min_devices": args.min_devices, "deadline_s": args.deadline, "grace_s": args.grace},
+                       "min_devices": args.min_devices, "deadline_s": args.deadline, "grace_s": args.grace,
+                       **mode_overrides(args)},
         "edge": {"heartbeat_s": args.heartbeat, "device": args.device, "threads": args.threads},
         "emulator": {"profiles": _abs(args.profiles), "mix": args.mix, "trace": _abs(args.trace),
                      "trace_scale": args.trace_scale, "workers": args.workers, "network": args.network,
@@ -242,6 +253,10 @@ def run(args: argparse.Namespace) -> int:
     from mqtt_broker import BrokerConfigError, BrokerError
 
     cfg = _config(args)
+    if args.virtual:
+        from cli.virtual import run_virtual_fleet
+
+        return run_virtual_fleet(cfg, args)
     try:
         shard, shards = parse_shard(args.shard)
     except ConfigError as exc:

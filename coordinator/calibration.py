@@ -22,15 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from flayer.engine import CalibrationError, resolve_calibration
 from flayer.strategies.base import Strategy
 
 __all__ = ["WEIGHT_KEY", "Calibration", "CalibrationError"]
 
 WEIGHT_KEY = "sample_weight"
-
-
-class CalibrationError(RuntimeError):
-    """The calibration cannot be resolved (no report came, or the strategy refused them)."""
 
 
 @dataclass
@@ -57,18 +54,6 @@ class Calibration:
         return len(self.reports) >= len(self.selected) or now >= self.deadline
 
     def resolve(self, strategy: Strategy) -> tuple[Strategy, dict[str, Any]]:
-        """(the configured strategy, the resolved options)."""
-        if not self.reports:
-            raise CalibrationError("the calibration closed without a single report; check that the devices run "
-                                   "a build with this strategy's calibration")
+        """(the configured strategy, the resolved options): :func:`flayer.engine.resolve_calibration`."""
         clients = sorted(self.reports)
-        try:
-            resolved = dict(strategy.resolve_calibration([self.reports[c] for c in clients],
-                                                         [self.weights[c] for c in clients]))
-            configured = strategy.with_options(resolved)
-        except ValueError as exc:
-            raise CalibrationError(f"the calibration reports were refused: {exc}") from exc
-        if configured.needs_calibration():
-            raise CalibrationError(f"the calibration resolved {resolved}, which does not settle what "
-                                   f"{strategy.name} needs")
-        return configured, resolved
+        return resolve_calibration(strategy, [self.reports[c] for c in clients], [self.weights[c] for c in clients])

@@ -38,11 +38,13 @@ class Checkpoint:
     counters: dict[str, int] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)  # strategy options in force (after calibration)
     norms: list[float] = field(default_factory=list)  # recent accepted update norms (coordinator.guard)
+    window: dict[str, Any] = field(default_factory=dict)  # asynchronous rounds: flayer.engine.VersionWindow
 
 
 def save_checkpoint(folder: Path, ckpt: Checkpoint) -> Path:
     meta = {"kind": KIND, "round": ckpt.round, "model_digest": ckpt.model_digest, "identity": ckpt.identity,
-            "counters": ckpt.counters, "options": ckpt.options, "norms": [float(n) for n in ckpt.norms]}
+            "counters": ckpt.counters, "options": ckpt.options, "norms": [float(n) for n in ckpt.norms],
+            "window": ckpt.window}
     return save_tensors(folder / CHECKPOINT_NAME, ckpt.global_state, meta)
 
 
@@ -66,10 +68,16 @@ def load_checkpoint(folder: Path, identity: Mapping[str, Any]) -> Checkpoint | N
                               f"state_dir, or remove it to start over")
     return Checkpoint(meta["round"], tensors, str(meta.get("model_digest", "")), meta["identity"],
                       {str(k): int(v) for k, v in dict(meta.get("counters", {})).items()},
-                      dict(meta.get("options", {})), _norms(meta.get("norms", [])))
+                      dict(meta.get("options", {})), _norms(meta.get("norms", [])), _window(meta.get("window", {})))
 
 
 def _norms(raw: Any) -> list[float]:
     if not isinstance(raw, list) or not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in raw):
         raise CheckpointError("checkpoint: 'norms' must be a list of numbers")
     return [float(n) for n in raw]
+
+
+def _window(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise CheckpointError("checkpoint: 'window' must be an object")
+    return raw

@@ -24,6 +24,11 @@
     queue_sender_bytes = 100663296  # ... and one sender (more is dropped, counted queue_full)
     value_codec = "fp32"            # what devices upload with (fp32 is lossless)
     compress = false                # zstd on uploads
+    mode = "sync"                   # or "async": buffered asynchronous rounds (docs/explanation/async-rounds.md)
+    buffer = 8                      # async: accepted updates per new model version
+    max_staleness = 8               # async: updates trained more versions ago are refused (counter stale)
+    staleness = "sqrt"              # async: deltas weighted 1/sqrt(1+s); "inverse" 1/(1+s); "constant" 1
+    concurrency = 0                 # async: devices training at once (0: every device online)
 
     [run]      strategy, rounds, seed            (as for flayer simulate)
     [data]     dataset (and model): the model spec, without loading any data
@@ -51,6 +56,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flayer.config import ConfigError, RunConfig, add_python_path, from_mapping, load_run_config, read_toml
+from flayer.engine import AsyncSettings
 from flayer.registry import ModelError, with_fingerprint
 from flayer.spec import ModelSpec, canonical_args, canonical_classes
 from protocol import VALUE_CODECS
@@ -93,6 +99,11 @@ class FederationSettings:
     queue_bytes: int = 256 * 2**20  # the receive queue between the MQTT callbacks and the worker
     queue_sender_bytes: int = 96 * 2**20  # one sender's share of it
     revoked_file: str = ""  # 'flayer broker revoke' list; default: revoked.json of the credentials' broker folder
+    mode: Literal["sync", "async"] = "sync"  # async: buffered asynchronous rounds (flayer.engine.versions)
+    buffer: int = 8  # async: accepted updates per new model version
+    max_staleness: int = 8  # async: versions an update may lag the current one
+    staleness: Literal["sqrt", "inverse", "constant"] = "sqrt"  # async: the staleness weight of an update
+    concurrency: int = 0  # async: devices training at once (0: every device online)
 
     def __post_init__(self) -> None:
         if not self.credentials:
@@ -127,6 +138,14 @@ class FederationSettings:
                               f"({self.queue_bytes})")
         if self.keep_journals < 1:
             raise ConfigError(f"keep_journals must be >= 1, got {self.keep_journals}")
+        try:
+            self.async_settings  # noqa: B018 -- validates buffer, max_staleness, staleness, concurrency
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    @property
+    def async_settings(self) -> AsyncSettings:
+        return AsyncSettings(self.buffer, self.max_staleness, self.staleness, self.concurrency)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from flayer.engine import Verdict, VersionWindow, refuse
 from protocol import (
     Ack,
     ChunkCollector,
@@ -39,7 +40,7 @@ from protocol import (
 from transport.link import MqttLink, Received
 
 from .config import FederationSettings
-from .intake import STRIKES, Verdict, screen, validate
+from .intake import STRIKES, screen, validate
 from .open_round import OpenRound
 
 __all__ = ["CompleteUpdate", "Inbox"]
@@ -70,6 +71,7 @@ class Inbox:
         # go into the next round's metrics, so the rounds' records add up to the cumulative counters
         self._between: Counter[tuple[str, str | None]] = Counter()
         self._between_details: deque[tuple[str, str, str | None]] = deque(maxlen=50)
+        self.on_refuse: Callable[[str], None] | None = None  # a device's update was refused (async: slot freed)
 
     @property
     def open(self) -> OpenRound | None:
@@ -161,8 +163,10 @@ class Inbox:
         return env, msg
 
     def update_chunk(self, parsed: ParsedTopic, payload: bytes, done_round: int,
-                     accepted_before: Mapping[int, set[str]]) -> CompleteUpdate | None:
-        """One update chunk; the accepted update once its blob is complete and valid, else None."""
+                     accepted_before: Mapping[int, set[str]], window: VersionWindow | None = None
+                     ) -> CompleteUpdate | None:
+        """One update chunk; the accepted update once its blob is complete and valid, else None.
+        ``window``: an asynchronous federation's model versions (staleness, who was offered which)."""
         client = parsed.client
         assert client is not None
         rnd = self.open
@@ -176,14 +180,17 @@ class Inbox:
             self.count("bad_chunk", f"update chunk from {client}: {exc.reason}", client)
             self._strike(client, "bad_chunk")
             return None
+        if rnd is None and window is not None:
+            return None  # async, between one version's close and the next one's opening: the device re-sends
         if rnd is not None:
             rnd.stats.bytes_in += len(payload)
         verdict = screen(client, env.round, rnd.number if rnd else None, done_round,
-                         rnd.selected if rnd else frozenset(), rnd.accepted if rnd else set(), accepted_before)
+                         rnd.selected if rnd else frozenset(), rnd.accepted if rnd else set(), accepted_before,
+                         window)
         if verdict is None and rnd is not None and env.total_size > rnd.ctx.blob_cap:
-            verdict = Verdict("rejected", f"update of {env.total_size} bytes exceeds {rnd.ctx.blob_cap} "
-                                          f"(max_update_bytes {self.fs.max_update_bytes}, or what the model holds)",
-                              "oversize")
+            verdict = refuse("rejected", "oversize", f"update of {env.total_size} bytes exceeds {rnd.ctx.blob_cap} "
+                                                     f"(max_update_bytes {self.fs.max_update_bytes}, or what the model "
+                                                     f"holds)")
         if verdict is not None:
             key = (client, env.round, env.digest)
             if env.index == 0 or key not in self._answered:  # once per (re-)sent blob
@@ -200,7 +207,7 @@ class Inbox:
             return None
         assert rnd is not None
         rnd.stats.received += 1
-        verdict = validate(client, blob, rnd.ctx)
+        verdict = validate(client, blob, rnd.ctx, rnd.number - env.round)
         if not verdict.accepted:
             self._refuse(client, env.round, env.digest, verdict)
             return None
@@ -211,13 +218,17 @@ class Inbox:
         self.count(verdict.counter, f"{client} round {round_}: {verdict.reason}", client)
         self.ack(client, round_, digest, verdict.status, verdict.reason)
         self._strike(client, verdict.counter, digest)
+        if self.on_refuse is not None:
+            self.on_refuse(client)
 
     def _dropped(self, key: tuple[int, str, str, int, str], held: int, count: int, why: str) -> None:
         self.count("incomplete", f"{key[2]} round {key[3]}: unfinished update blob {key[4][:12]} dropped "
                                  f"with {held} of {count} chunks ({why})")
 
-    def round_closed(self, number: int) -> None:
-        """Forget unfinished blobs (each counted ``incomplete``) and answers of rounds up to ``number``."""
-        self.collector.discard((k for k in self.collector.keys() if k[3] <= number), f"round {number} closed")
+    def round_closed(self, number: int, keep_from: int | None = None) -> None:
+        """Forget unfinished blobs (each counted ``incomplete``) and answers of rounds up to ``number``
+        (asynchronous rounds: blobs trained from versions ``keep_from`` and later stay)."""
+        oldest = number + 1 if keep_from is None else keep_from
+        self.collector.discard((k for k in self.collector.keys() if k[3] < oldest), f"round {number} closed")
         self._answered = {k for k in self._answered if k[1] > number - 2}
         self.strikes = Counter({k: v for k, v in self.strikes.items() if k[0] > number})

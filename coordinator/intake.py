@@ -10,6 +10,7 @@ counter         ack status    when
 ==============  ============  ===========================================================
 future_round    rejected      the update names a round that is not open yet
 late            late          the update is for a round already closed
+stale           late          (async) trained from a version more than ``max_staleness`` behind
 not_selected    not_selected  the device is not in this round's plan
 duplicate       duplicate     this device's update for this round was already folded
 oversize        rejected      the blob exceeds ``max_update_bytes``, or its declared size (the
@@ -24,12 +25,14 @@ norm            rejected      the L2 norm exceeds the round's bound (``norm_boun
                               automatic one of :mod:`coordinator.guard`; policy ``reject``)
 ==============  ============  ===========================================================
 
-The checks run cheapest first: the header (sender, round, model digest) and the declared sizes
-are read without decompressing anything (:func:`protocol.read_update_head`); only then is the
-payload decoded, its decompression capped by the model's dense size. An accepted update's
-aggregation weight is ``min(num_samples, max_samples)`` (counter ``weight_capped`` when cut).
-With policy ``clip`` an update over the bound is scaled down to it and accepted (counter
-``clipped``). Chunk-level problems (bad envelope, CRC, wrong topic, a reassembled blob that does
+The checks run cheapest first: the (client, round) pair (:func:`screen`) and the declared size
+(the inbox, from the first chunk's envelope: ``blob_cap``), then the header (sender, round, model
+digest) and the payload's declared size, read without decompressing anything
+(:func:`protocol.read_update_head`); only then is the payload decoded -- its decompression capped
+by the model's dense size -- through the one validity gate, and the admission policy of
+:mod:`flayer.engine.gate` applies the norm bound (``reject``, or ``clip``: counter ``clipped``),
+the weight cap ``min(num_samples, max_samples)`` (counter ``weight_capped``) and, in asynchronous
+rounds, the staleness weight. Chunk-level problems (bad envelope, CRC, wrong topic, a reassembled blob that does
 not match its digest) are counted by the inbox as ``bad_chunk``; an unfinished blob it drops as
 ``incomplete`` (its round closed with chunks missing, a contradicting chunk made it start over,
 or its sender started more than a few others); malformed status or metrics messages as
@@ -42,55 +45,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import AbstractSet
 
-import numpy as np
+from flayer.engine import Bounds, Verdict, VersionWindow, admit, refuse
+from flayer.engine import screen as screen_base
+from protocol import InvalidUpdate, WireError, WireLimits, decode_update, read_update_head
 
-from flayer.aggregate import UpdateError, check_update
-from flayer.update import TensorDelta, Update
-from protocol import WireError, WireLimits, decode_update, read_update_head
+__all__ = ["REJECTION_COUNTERS", "IntakeContext", "Verdict", "screen", "validate"]
 
-__all__ = ["REJECTION_COUNTERS", "IntakeContext", "Verdict", "clip_update", "screen", "validate"]
-
-REJECTION_COUNTERS = ("future_round", "late", "not_selected", "duplicate", "oversize", "malformed", "wrong_sender",
-                      "wrong_model", "invalid", "norm", "bad_chunk", "incomplete", "bad_message", "cut_off",
-                      "queue_full", "retained", "quarantined")
+REJECTION_COUNTERS = ("future_round", "late", "stale", "not_selected", "duplicate", "oversize", "malformed",
+                      "wrong_sender", "wrong_model", "invalid", "norm", "bad_chunk", "incomplete", "bad_message",
+                      "cut_off", "queue_full", "retained", "quarantined")
 # refusals that count against a device's budget of max_malformed per round
 STRIKES = frozenset({"oversize", "malformed", "wrong_sender", "wrong_model", "invalid", "norm", "bad_chunk"})
 HEAD_SLACK = 8192  # an update blob's header and info entries, at most (protocol.update_codec)
 
 
 @dataclass(frozen=True)
-class Verdict:
-    status: str  # accepted | duplicate | rejected | late | not_selected
-    reason: str = ""
-    counter: str | None = None
-    update: Update | None = None
-    norm: float = 0.0
-    clipped: bool = False
-    weight: float = 0.0  # the aggregation weight (num_samples, capped at max_samples)
-
-    @property
-    def accepted(self) -> bool:
-        return self.status == "accepted"
-
-
-def _no(status: str, counter: str, reason: str) -> Verdict:
-    return Verdict(status, reason[:500], counter)
-
-
-@dataclass(frozen=True)
 class IntakeContext:
-    """The open round, as the validator needs it."""
+    """The open round (or asynchronous buffer), as the validator needs it. ``bases``: the model digest of
+    every version an update may be trained from (synchronous: the open round's only)."""
 
     federation: str
     round: int
-    base_digest: str
+    bases: Mapping[int, str]
     shapes: Mapping[str, tuple[int, ...]]
     limits: WireLimits
     max_update_bytes: int
-    norm_bound: float | None = None
-    norm_policy: str = "reject"
-    selected: AbstractSet[str] = field(default_factory=frozenset)
-    max_samples: int = 2**32
+    bounds: Bounds = field(default_factory=Bounds)
     payload_cap: int = 2**32  # protocol.payload_bound(shapes): the largest payload the model can hold
 
     @property
@@ -100,64 +80,41 @@ class IntakeContext:
 
 
 def screen(client: str, round_: int, open_round: int | None, done_round: int, selected: AbstractSet[str],
-           accepted: AbstractSet[str], accepted_before: Mapping[int, AbstractSet[str]]) -> Verdict | None:
+           accepted: AbstractSet[str], accepted_before: Mapping[int, AbstractSet[str]],
+           window: VersionWindow | None = None) -> Verdict | None:
     """A verdict from the (client, round) pair alone, or None when the blob must be validated.
-    ``open_round``: the round taking updates (None between rounds); ``done_round``: the last closed one."""
-    if round_ <= done_round:
-        if client in accepted_before.get(round_, ()):
-            return _no("duplicate", "duplicate", f"the update of {client} for round {round_} was already folded")
-        return _no("late", "late", f"round {round_} is closed; the open round is {open_round or 'none yet'}")
-    if open_round is None or round_ != open_round:
-        return _no("rejected", "future_round", f"round {round_} is not open (open round: {open_round or 'none'})")
-    if client not in selected:
-        return _no("not_selected", "not_selected", f"{client} is not selected for round {round_}")
-    if client in accepted:
-        return _no("duplicate", "duplicate", f"the update of {client} for round {round_} was already folded")
-    return None
+    ``open_round``: the round taking updates (None between rounds); ``done_round``: the last closed one;
+    ``window``: an asynchronous federation's versions (then the other arguments are not used)."""
+    if window is not None:
+        return window.screen(client, round_)
+    offered = {open_round: selected} if open_round is not None else {}
+    folded = {**accepted_before, **({open_round: accepted} if open_round is not None else {})}
+    return screen_base(client, round_, open_round, done_round, offered, folded)
 
 
-def clip_update(update: Update, factor: float) -> Update:
-    """``update`` with every delta multiplied by ``factor`` (< 1: clipping to a norm bound)."""
-    deltas = {k: TensorDelta(d.shape, (d.values * np.float32(factor)).astype(np.float32), d.indices)
-              for k, d in update.deltas.items()}
-    return Update(deltas, update.num_samples, update.info)
-
-
-def validate(client: str, blob: bytes, ctx: IntakeContext) -> Verdict:
+def validate(client: str, blob: bytes, ctx: IntakeContext, staleness: int = 0) -> Verdict:
     """Decode ``blob`` and check it against the open round (see module docstring)."""
-    if len(blob) > ctx.blob_cap:
-        return _no("rejected", "oversize", f"update of {len(blob)} bytes exceeds {ctx.blob_cap} (max_update_bytes "
-                                           f"{ctx.max_update_bytes}, or what the model holds)")
     try:
         head = read_update_head(blob, ctx.limits)
     except WireError as exc:
-        return _no("rejected", "malformed", exc.reason)
+        return refuse("rejected", "malformed", exc.reason)
     h = head.header
-    if h.federation != ctx.federation or h.round != ctx.round:
-        return _no("rejected", "malformed", f"update header names federation {h.federation!r} round {h.round}, "
-                                            f"expected {ctx.federation!r} round {ctx.round}")
+    if h.federation != ctx.federation or h.round not in ctx.bases:
+        return refuse("rejected", "malformed", f"update header names federation {h.federation!r} round {h.round}, "
+                                               f"expected {ctx.federation!r} round {ctx.round}")
     if h.sender != client:
-        return _no("rejected", "wrong_sender", f"update header names sender {h.sender!r}, sent by {client!r}")
-    if h.base_digest != ctx.base_digest:
-        return _no("rejected", "wrong_model", f"update is against model {h.base_digest[:12]}, round {ctx.round} "
-                                              f"uses {ctx.base_digest[:12]}")
+        return refuse("rejected", "wrong_sender", f"update header names sender {h.sender!r}, sent by {client!r}")
+    if h.base_digest != ctx.bases[h.round]:
+        return refuse("rejected", "wrong_model", f"update is against model {h.base_digest[:12]}, round {h.round} "
+                                                 f"uses {ctx.bases[h.round][:12]}")
     if head.payload_bytes > ctx.payload_cap:
-        return _no("rejected", "oversize", f"update declares a payload of {head.payload_bytes} bytes, the model "
-                                           f"holds at most {ctx.payload_cap}")
+        return refuse("rejected", "oversize", f"update declares a payload of {head.payload_bytes} bytes, the model "
+                                              f"holds at most {ctx.payload_cap}")
     try:
-        dec = decode_update(blob, ctx.limits, ctx.shapes)
+        dec = decode_update(blob, ctx.limits, ctx.shapes)  # the validity gate: shapes, positions, finite, norm
+    except InvalidUpdate as exc:
+        return refuse("rejected", "invalid", exc.reason)
     except WireError as exc:
-        return _no("rejected", "malformed", exc.reason)
-    try:
-        norm = check_update(dec.update, ctx.shapes, None)
-    except UpdateError as exc:
-        return _no("rejected", "invalid", str(exc))
-    update = dec.update
-    weight = float(min(update.num_samples, ctx.max_samples))
-    if ctx.norm_bound is not None and norm > ctx.norm_bound:
-        if ctx.norm_policy != "clip":
-            return _no("rejected", "norm", f"update norm {norm:.4g} exceeds the bound {ctx.norm_bound:.4g}")
-        update = clip_update(update, ctx.norm_bound / norm * (1 - 1e-6))
-        return Verdict("accepted", f"clipped from norm {norm:.4g} to {ctx.norm_bound:.4g}", None, update, norm, True,
-                       weight)
-    return Verdict("accepted", "", None, update, norm, False, weight)
+        return refuse("rejected", "malformed", exc.reason)
+    assert dec.norm is not None
+    return admit(dec.update, dec.norm, ctx.bounds, staleness)

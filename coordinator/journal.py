@@ -62,7 +62,8 @@ class JournalRecord:
 
 @dataclass
 class JournalReplay:
-    plan: bytes | None = None
+    plan: bytes | None = None  # the last plan written (asynchronous rounds write one per change of slots)
+    plans: list[bytes] = field(default_factory=list)
     updates: list[JournalRecord] = field(default_factory=list)
     good_bytes: int = 0  # offset after the last intact record
     torn_bytes: int = 0  # bytes after it (a torn tail)
@@ -114,6 +115,7 @@ def read_journal(path: Path) -> JournalReplay:
             log.error("journal %s: record at byte %d fails its CRC; skipped", path, at)
         elif kind == KIND_PLAN:
             out.plan = payload
+            out.plans.append(payload)
         else:
             try:
                 out.updates.append(_parse_update(payload))

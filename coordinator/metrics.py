@@ -11,12 +11,12 @@ rejected by reason, clipped, bytes_in, bytes_out, model_bytes and the cumulative
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from flayer.engine import RoundTally
 from protocol.metrics_schema import MetricsFile, round_record
 
 __all__ = ["MetricsLog", "RoundStats"]
@@ -26,23 +26,20 @@ MetricsLog = MetricsFile  # the coordinator's metrics file (kept under its old n
 
 @dataclass
 class RoundStats:
+    """A round's transport counters beside the engine's tally of what was folded (one record)."""
+
     round: int
     selected: list[str] = field(default_factory=list)
     opened_at: float = 0.0
     received: int = 0
-    accepted: int = 0
     rejected: Counter = field(default_factory=Counter)
     bytes_in: int = 0
     bytes_out: int = 0
     model_bytes: int = 0
-    correct: float = 0.0
-    total: float = 0.0
-    losses: list[float] = field(default_factory=list)
-    clipped: int = 0
     refusals: list[dict[str, str]] = field(default_factory=list)  # the latest, with reasons
     refused_by: dict[str, str] = field(default_factory=dict)  # device -> its last refusal's counter
-    device_acc: dict[str, float] = field(default_factory=dict)  # device -> the accuracy it reported
-    weight_capped: int = 0  # accepted updates whose num_samples was cut to max_samples
+    tally: RoundTally = field(default_factory=RoundTally)  # the folded updates (flayer.engine)
+    mode: str = "sync"
 
     def refuse(self, counter: str, detail: str, client: str | None = None, n: int = 1) -> None:
         self.rejected[counter] += n
@@ -57,37 +54,18 @@ class RoundStats:
             self.refusals = [*self.refusals[-49:], {"reason": counter, "detail": detail[:300],
                                                     "device": client or ""}]
 
-    def add_eval(self, info: Mapping[str, float], client: str | None = None) -> None:
-        """Fold a device's reported evaluation (``test_correct``, ``test_total``, ``train_loss``)."""
-        c, t = info.get("test_correct"), info.get("test_total")
-        if c is not None and t is not None and t > 0 and 0 <= c <= t:
-            self.correct += float(c)
-            self.total += float(t)
-            if client is not None:
-                self.device_acc[client] = float(c) / float(t)
-        loss = info.get("train_loss")
-        if loss is not None and math.isfinite(loss):
-            self.losses.append(float(loss))
-
-    @property
-    def acc(self) -> float | None:
-        return self.correct / self.total if self.total else None
-
-    @property
-    def train_loss(self) -> float | None:
-        return sum(self.losses) / len(self.losses) if self.losses else None
-
     def as_dict(self, closed_at: float, reason: str, counters: Mapping[str, int],
                 accepted: Iterable[str] = ()) -> dict[str, Any]:
         """The round's line of the metrics file (``accepted``: the devices whose update was folded in)."""
-        done = set(accepted)
+        done, t = set(accepted), self.tally
         rows = [{"id": c, "result": "accepted" if c in done else
-                 "late" if self.refused_by.get(c) == "late" else "refused" if c in self.refused_by else "missing",
-                 "acc": self.device_acc.get(c)} for c in self.selected]
+                 "late" if self.refused_by.get(c) in ("late", "stale") else "refused" if c in self.refused_by
+                 else "missing", "acc": t.device_acc.get(c)} for c in self.selected]
         return round_record(
             "coordinator", closed_at, round=self.round, wall_s=closed_at - self.opened_at, selected=self.selected,
-            devices=rows, refused=self.rejected, bytes_up=self.bytes_in, bytes_down=self.bytes_out, acc=self.acc,
-            train_loss=self.train_loss, closed=reason, late=self.rejected.get("late", 0), refusals=self.refusals,
-            received=self.received, accepted=self.accepted, rejected=dict(self.rejected), clipped=self.clipped,
-            weight_capped=self.weight_capped,
+            devices=rows, refused=self.rejected, bytes_up=self.bytes_in, bytes_down=self.bytes_out, acc=t.acc,
+            train_loss=t.train_loss, closed=reason, late=self.rejected.get("late", 0), refusals=self.refusals,
+            received=self.received, accepted=t.accepted, rejected=dict(self.rejected), clipped=t.clipped,
+            weight_capped=t.weight_capped, mode=self.mode, staleness_mean=t.mean_staleness,
+            stale=self.rejected.get("stale", 0),
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, model_bytes=self.model_bytes, counters=dict(counters))

@@ -1,7 +1,9 @@
 """Everything that belongs to the round in progress, in one object the coordinator replaces per round.
 
-:class:`OpenRound` holds the selection, the strategy's streaming aggregator, the intake context, the
-per-round statistics, the timer and the round's journal. :meth:`OpenRound.accept` is the one path
+:class:`OpenRound` holds the selection, the engine's open aggregate (:class:`flayer.engine.OpenAggregate`),
+the intake context, the per-round statistics, the timer and the round's journal. In asynchronous
+rounds it is the buffer of one model version: updates trained from older versions are journaled
+under the round they were trained from and folded with their staleness weight. :meth:`OpenRound.accept` is the one path
 an update takes into the aggregate -- journal (fsync) first, then fold -- and :meth:`OpenRound.replay`
 re-folds a journal after a restart through the same validation (quarantined records skipped).
 :meth:`OpenRound.close` checks that the next global model is finite; when it is not, the round's
@@ -20,17 +22,18 @@ from typing import Any
 import torch
 
 from flayer.aggregate import is_finite_state
+from flayer.engine import Bounds, OpenAggregate, Verdict
 from flayer.strategies.base import Strategy
 from protocol import Kind, Plan, WireError, WireLimits, decode_message, payload_bound
 
 from .config import FederationSettings
 from .guard import Quarantine, finite_fold
-from .intake import IntakeContext, Verdict, validate
+from .intake import IntakeContext, validate
 from .journal import Journal, JournalRecord, JournalReplay, journal_path, read_journal
 from .metrics import RoundStats
 from .rounds import RoundTimer
 
-__all__ = ["OpenRound", "folded_in", "journaled_round"]
+__all__ = ["OpenRound", "folded_in", "journaled_round", "journaled_selection"]
 
 log = logging.getLogger(__name__)
 
@@ -39,27 +42,31 @@ log = logging.getLogger(__name__)
 class OpenRound:
     number: int
     selected: frozenset[str]
-    aggregator: Any  # flayer.aggregate.Aggregator (or a strategy's own, same interface)
+    aggregate: OpenAggregate
     ctx: IntakeContext
     stats: RoundStats
     accepted: set[str] = field(default_factory=set)
     timer: RoundTimer | None = None
     journal: Journal | None = None
-    fresh: Callable[[], Any] | None = None  # an empty aggregator of this round
     journal_dir: Path | None = None
     norms: list[float] = field(default_factory=list)  # of the accepted updates
+    on_fold: Callable[[str, int], None] | None = None  # (client, base round): asynchronous bookkeeping
 
     @classmethod
     def begin(cls, number: int, selected: tuple[str, ...] | list[str], strategy: Strategy,
               global_state: Mapping[str, torch.Tensor], model_digest: str, fs: FederationSettings, federation: str,
-              limits: WireLimits, now: float, norm_bound: float | None = None) -> OpenRound:
-        """``norm_bound``: the round's bound (explicit or automatic, :class:`coordinator.guard.NormHistory`)."""
-        agg = strategy.aggregator(global_state, norm_bound)
+              limits: WireLimits, now: float, norm_bound: float | None = None,
+              bases: Mapping[int, str] | None = None) -> OpenRound:
+        """``norm_bound``: the round's bound (explicit or automatic, :class:`coordinator.guard.NormHistory`);
+        ``bases``: the model digests of the versions updates may be trained from (asynchronous rounds;
+        synchronous: this round's model only)."""
+        agg = OpenAggregate(strategy, global_state)
         sel = frozenset(selected)
-        ctx = IntakeContext(federation, number, model_digest, agg.shapes, limits, fs.max_update_bytes, norm_bound,
-                            fs.norm_policy, sel, fs.max_samples, payload_bound(agg.shapes))
-        return cls(number, sel, agg, ctx, RoundStats(number, sorted(sel), now),
-                   fresh=lambda: strategy.aggregator(global_state, norm_bound))
+        bounds = Bounds(norm_bound, fs.norm_policy, fs.max_samples, fs.max_staleness if fs.mode == "async" else 0,
+                        fs.staleness)
+        ctx = IntakeContext(federation, number, dict(bases or {number: model_digest}), agg.shapes, limits,
+                            fs.max_update_bytes, bounds, payload_bound(agg.shapes))
+        return cls(number, sel, agg, ctx, RoundStats(number, sorted(sel), now, tally=agg.tally))
 
     def start_timer(self, fs: FederationSettings, now: float) -> RoundTimer:
         self.timer = RoundTimer(now, now + fs.deadline_s, len(self.selected), fs.quorum, fs.grace_s, fs.min_updates,
@@ -72,31 +79,27 @@ class OpenRound:
         self.journal_dir = folder
         return self.journal
 
-    def fold(self, client: str, verdict: Verdict) -> None:
-        """Fold an update that :func:`coordinator.intake.validate` accepted."""
-        update = verdict.update
-        assert update is not None
-        self.aggregator.fold(update, weight=verdict.weight, checked_norm=verdict.norm)
+    def fold(self, client: str, verdict: Verdict, base: int) -> None:
+        """Fold an update that :func:`coordinator.intake.validate` accepted (trained from round ``base``)."""
+        self.aggregate.fold(verdict, client)
         self.accepted.add(client)
         self.norms.append(verdict.norm)
-        self.stats.accepted += 1
-        self.stats.clipped += int(verdict.clipped)
-        self.stats.weight_capped += int(verdict.weight < update.num_samples)
-        self.stats.add_eval(update.info, client)
+        if self.on_fold is not None:
+            self.on_fold(client, base)
 
-    def accept(self, client: str, blob: bytes, verdict: Verdict, now: float) -> None:
+    def accept(self, client: str, base: int, blob: bytes, verdict: Verdict, now: float) -> None:
         """Journal (append + fsync), then fold: the caller acks only after this returns."""
         assert self.journal is not None and verdict.update is not None
-        self.journal.append_update(client, self.number, blob)
-        self.fold(client, verdict)
+        self.journal.append_update(client, base, blob)
+        self.fold(client, verdict, base)
         if self.timer is not None:
             self.timer.accepted(len(self.accepted), now)
 
     def _valid(self, records: list[JournalRecord], quarantine: Quarantine) -> Iterator[tuple[JournalRecord, Verdict]]:
         for rec in records:
-            if rec.round != self.number or (rec.round, rec.client, rec.digest) in quarantine:
+            if rec.round not in self.ctx.bases or (rec.round, rec.client, rec.digest) in quarantine:
                 continue
-            verdict = validate(rec.client, rec.data, self.ctx)
+            verdict = validate(rec.client, rec.data, self.ctx, self.number - rec.round)
             if not verdict.accepted or verdict.update is None:
                 log.error("journal of round %d: the update of %s no longer validates (%s)", self.number,
                           rec.client, verdict.reason)
@@ -106,10 +109,12 @@ class OpenRound:
     def replay(self, replay: JournalReplay, quarantine: Quarantine) -> int:
         """Fold the journaled updates of this round again (same validation, quarantined ones left out);
         returns how many."""
+        seen: set[tuple[str, int]] = set()
         for rec, verdict in self._valid(replay.updates, quarantine):
-            if rec.client not in self.accepted:
-                self.fold(rec.client, verdict)
-        return len(self.accepted)
+            if (rec.client, rec.round) not in seen:
+                seen.add((rec.client, rec.round))
+                self.fold(rec.client, verdict, rec.round)
+        return len(seen)
 
     def close(self, quarantine: Quarantine) -> tuple[dict[str, torch.Tensor], list[str]]:
         """(the next global state, finite; the clients whose updates were quarantined to keep it so).
@@ -117,28 +122,28 @@ class OpenRound:
         if self.journal is not None:
             self.journal.close()
             self.journal = None
-        result = self.aggregator.result()
+        result = self.aggregate.result()
         bad = is_finite_state(result)
         if bad is None:
             return result, []
-        assert self.fresh is not None and self.journal_dir is not None
+        assert self.journal_dir is not None
         log.error("round %d: the aggregate is not finite (tensor %r); folding the journal again", self.number, bad)
         records = read_journal(journal_path(self.journal_dir, self.number)).updates
 
         def fold_of(v: Verdict) -> Callable[[Any], None]:
-            return lambda agg: agg.fold(v.update, weight=v.weight, checked_norm=v.norm)
+            return lambda agg: agg.fold(v.update, weight=v.weight)
 
         def folds() -> Iterator[tuple[tuple[str, str], Callable[[Any], None]]]:
             for rec, verdict in self._valid(records, quarantine):
                 yield (rec.client, rec.digest), fold_of(verdict)
 
-        self.aggregator, left_out = finite_fold(self.fresh, folds())
+        self.aggregate.aggregator, left_out = finite_fold(self.aggregate.fresh, folds())
         for client, digest in left_out:
             quarantine.add(self.number, client, digest, f"with it the aggregate's tensor {bad!r} is not finite")
             self.accepted.discard(client)
-        self.stats.accepted -= len(left_out)
+        self.aggregate.tally.remove(len(left_out))
         self.stats.rejected["quarantined"] += len(left_out)
-        return self.aggregator.result(), [c for c, _ in left_out]
+        return self.aggregate.result(), [c for c, _ in left_out]
 
 
 def journaled_round(folder: Path, number: int, limits: WireLimits, model_digest: str
@@ -163,11 +168,26 @@ def journaled_round(folder: Path, number: int, limits: WireLimits, model_digest:
 
 
 def folded_in(folder: Path, rounds: range) -> dict[int, set[str]]:
-    """Who was folded in each closed round of ``rounds`` whose journal is still on disk (after a restart,
-    a device re-sending one of those updates is told ``duplicate``, as before it, not ``late``)."""
+    """Who was folded, by the round each update was trained from, in the journals of ``rounds`` still on
+    disk (after a restart, a device re-sending one of those updates is told ``duplicate``, as before it,
+    not ``late``)."""
     out: dict[int, set[str]] = {}
     for r in rounds:
         path = journal_path(folder, r)
         if path.exists():
-            out[r] = {rec.client for rec in read_journal(path).updates if rec.round == r}
+            for rec in read_journal(path).updates:
+                out.setdefault(rec.round, set()).add(rec.client)
+    return out
+
+
+def journaled_selection(replay: JournalReplay, limits: WireLimits) -> set[str]:
+    """Every device any plan in a journal selected (asynchronous rounds write a plan per change of slots)."""
+    out: set[str] = set()
+    for payload in replay.plans:
+        try:
+            _, plan = decode_message(payload, limits, Kind.PLAN)
+        except WireError:
+            continue
+        assert isinstance(plan, Plan)
+        out.update(plan.selected)
     return out

@@ -59,7 +59,8 @@ def make_plan(cfg: CoordinatorConfig, strategy: str, options: Mapping[str, Any],
                 options=dict(options), model=dict(dataclasses.asdict(cfg.spec)), model_digest=model.digest,
                 model_chunks=chunks, model_size=model.size, value_codec=fs.value_codec, compress=fs.compress,
                 phase=phase, seed=cfg.run.seed, train=cfg.train_plan, rounds=cfg.run.rounds,
-                max_update_bytes=fs.max_update_bytes)
+                max_update_bytes=fs.max_update_bytes, mode=fs.mode,
+                max_staleness=fs.max_staleness if fs.mode == "async" else 0)
 
 
 class Publisher:

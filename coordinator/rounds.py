@@ -1,8 +1,7 @@
 """Round policy, as pure functions of the clock: who is selected, and when a round closes.
 
-Selection (over-selection among online devices): ``k = min(online, ceil(over_selection x quorum))``
-devices drawn uniformly without replacement, seeded from (run seed, round) -- the same draw on a
-restarted coordinator.
+Selection is the engine's (:func:`flayer.engine.select_devices`, over-selection among the devices
+online, seeded from (run seed, round): the same draw on a restarted coordinator).
 
 Closing (:class:`RoundTimer`, first rule that holds):
 
@@ -17,25 +16,11 @@ Closing (:class:`RoundTimer`, first rule that holds):
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from flayer.strategies.base import derive_seed
+from flayer.engine import select_devices
 
 __all__ = ["Decision", "RoundTimer", "select_devices"]
-
-
-def select_devices(online: Sequence[str], quorum: int, over_selection: float, seed: int, round_: int) -> list[str]:
-    """Seeded over-selection among ``online`` (see module docstring); sorted ids."""
-    pool = sorted(set(online))
-    k = min(len(pool), max(quorum, math.ceil(over_selection * quorum - 1e-9)))
-    if k >= len(pool):
-        return pool
-    rng = np.random.default_rng(derive_seed(seed, round_, "mqtt-select"))
-    return sorted(pool[int(i)] for i in rng.choice(len(pool), size=k, replace=False))
 
 
 @dataclass(frozen=True)

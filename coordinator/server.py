@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from flayer.simulation import initial_global_state
+from flayer.engine import VersionWindow, initial_global_state
 from flayer.state import load_initial_model, save_model
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
@@ -42,14 +42,15 @@ from protocol.metrics_schema import end_record, run_record
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, Received
 
+from .async_rounds import Slots
 from .calibration import Calibration, CalibrationError
-from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
 from .guard import NormHistory, Quarantine
 from .inbox import CompleteUpdate, Inbox
 from .journal import prune_journals
 from .metrics import MetricsLog
-from .open_round import OpenRound, folded_in, journaled_round
+from .open_round import OpenRound, folded_in, journaled_round, journaled_selection
 from .publish import ModelBlob, Publisher, StopRequested, make_plan, model_blob
 from .receive import ReceiveQueue
 from .registry import DeviceRegistry
@@ -109,6 +110,11 @@ class Coordinator:
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
         self.norms = NormHistory(self.fs.norm_auto, self.fs.norm_window, self.fs.norm_warmup)
         self.quarantine = Quarantine(cfg.state_dir)
+        self.asynchronous = self.fs.mode == "async"  # buffered asynchronous rounds (coordinator.async_rounds)
+        self.window: VersionWindow | None = VersionWindow(self.fs.max_staleness) if self.asynchronous else None
+        self.slots = Slots(self.fs.async_settings, cfg.run.seed, self.fs.deadline_s)
+        if self.asynchronous:
+            self.inbox.on_refuse = self.slots.release
 
     @property
     def open(self) -> OpenRound | None:
@@ -173,9 +179,10 @@ class Coordinator:
 
     # ---- start-up: checkpoint and journal -------------------------------------------------------
     def identity(self) -> dict[str, Any]:
-        return {"federation": self.creds.federation, "strategy": self.cfg.run.strategy, "seed": self.cfg.run.seed,
-                "options": dict(self.cfg.options), "train": self.cfg.train_plan,
-                "model": dataclasses.asdict(self.cfg.spec)}
+        ident = {"federation": self.creds.federation, "strategy": self.cfg.run.strategy, "seed": self.cfg.run.seed,
+                 "options": dict(self.cfg.options), "train": self.cfg.train_plan,
+                 "model": dataclasses.asdict(self.cfg.spec)}
+        return {**ident, "mode": "async"} if self.asynchronous else ident
 
     def _restore(self) -> None:
         ckpt = load_checkpoint(self.cfg.state_dir, self.identity())
@@ -188,6 +195,12 @@ class Coordinator:
             self.done_round, self.global_state = ckpt.round, ckpt.global_state
             self.counters.update(ckpt.counters)
             self.norms.add(ckpt.norms)
+            if self.window is not None and ckpt.window:
+                try:
+                    self.window = VersionWindow.from_dict(self.fs.max_staleness, ckpt.window)
+                except (TypeError, ValueError, AttributeError) as exc:
+                    raise CheckpointError(f"checkpoint in {self.cfg.state_dir}: unreadable version window ({exc})") \
+                        from None
             self._calibrated = True  # a checkpoint exists only after a calibration (if any)
             if ckpt.options != self.options:  # options a calibration resolved
                 self.options = ckpt.options
@@ -206,6 +219,8 @@ class Coordinator:
         if found is not None:
             plan, replay = found
             self.open = self._begin(plan.round, plan.selected)
+            if self.window is not None:  # every device a plan of this version offered a slot
+                self.window.offer(journaled_selection(replay, self.limits))
             self._resumed = True
             log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay, self.quarantine),
                      plan.round)
@@ -215,8 +230,17 @@ class Coordinator:
         assert self.model is not None
         bound = self.norms.bound(self.fs.norm_bound, self.global_state)
         log.info("round %d: update norm bound %s", number, "none" if bound is None else f"{bound:.4g}")
-        return OpenRound.begin(number, selected, self.strategy, self.global_state, self.model.digest, self.fs,
-                               self.creds.federation, self.limits, self.clock(), bound)
+        bases = None
+        if self.window is not None:  # the buffer of version `number`: updates from recent versions are taken
+            self.window.publish(number, self.model.digest)
+            self.window.offer(selected)
+            bases = dict(self.window.digests)
+        rnd = OpenRound.begin(number, selected, self.strategy, self.global_state, self.model.digest, self.fs,
+                              self.creds.federation, self.limits, self.clock(), bound, bases)
+        if self.window is not None:
+            rnd.on_fold = self.window.fold
+            rnd.stats.mode = "async"
+        return rnd
 
     # ---- events -------------------------------------------------------------------------------
     def _next_event(self) -> Any:
@@ -256,7 +280,7 @@ class Coordinator:
             return
         if parsed.kind == "update":
             try:
-                done = self.inbox.update_chunk(parsed, ev.payload, self.done_round, self.accepted_before)
+                done = self.inbox.update_chunk(parsed, ev.payload, self.done_round, self.accepted_before, self.window)
             except ValueError as exc:  # a check this code does not foresee: refuse, count, keep running
                 log.exception("update chunk from %s", parsed.client)
                 self.inbox.count("malformed", f"update chunk from {parsed.client}: {exc}")
@@ -278,9 +302,11 @@ class Coordinator:
     def _accept(self, up: CompleteUpdate) -> None:
         rnd = self.open
         assert rnd is not None
-        rnd.accept(up.client, up.blob, up.verdict, self.clock())  # journaled and fsynced, then folded
+        rnd.accept(up.client, up.round, up.blob, up.verdict, self.clock())  # journaled and fsynced, then folded
         if up.verdict.clipped:
             self.counters["clipped"] += 1
+        if self.asynchronous:
+            self.slots.release(up.client)  # the next tick gives the slot to an idle device
         self.inbox.ack(up.client, up.round, up.digest, "accepted", up.verdict.reason)
         if self.on_progress is not None:
             self.on_progress("accepted", {"round": up.round, "client": up.client, "accepted": len(rnd.accepted),
@@ -300,16 +326,24 @@ class Coordinator:
                 self._finish()
             elif len(online) >= self.fs.min_devices and not self._calibrated and self.strategy.needs_calibration():
                 self._open_calibration(online)
-            elif len(online) >= self.fs.min_devices:
+            elif len(online) >= self.fs.min_devices or (self.asynchronous and self.done_round > 0):
                 r = self.done_round + 1
-                self.open = self._begin(r, select_devices(online, self.fs.quorum, self.fs.over_selection,
-                                                          self.cfg.run.seed, r))
+                if self.asynchronous:
+                    self.slots.drop_offline(online)
+                    self.slots.fill(online, (), r, now)
+                    selected = sorted(self.slots.held)
+                else:
+                    selected = select_devices(online, self.fs.quorum, self.fs.over_selection, self.cfg.run.seed, r)
+                self.open = self._begin(r, selected)
                 self._open_round()
             elif self.on_progress is not None:
                 self.on_progress("waiting", {"online": len(online), "needed": self.fs.min_devices})
             return
         if rnd.timer is None:  # replayed from the journal: open it again
             self._open_round()
+            return
+        if self.asynchronous:
+            self._tick_async(rnd, now)
             return
         decision = rnd.timer.decide(len(rnd.accepted), now)
         if decision.action == "extend":
@@ -318,6 +352,28 @@ class Coordinator:
             self._publish_plan()
         elif decision.action == "close":
             self._close_round(decision.reason)
+
+    def _tick_async(self, rnd: OpenRound, now: float) -> None:
+        """The buffer of version ``rnd.number``: keep the slots filled, publish at ``buffer`` updates."""
+        assert self.window is not None and rnd.timer is not None and rnd.journal is not None
+        revoked = self.revoked.refresh()
+        online = [c for c in self.registry.online(now) if c not in revoked]
+        freed = self.slots.expire(now) + self.slots.drop_offline(online)
+        new = self.slots.fill(online, self.window.folded.get(rnd.number, set()), rnd.number, now)
+        if new or freed:
+            self.window.offer(new)
+            rnd.selected = frozenset(self.slots.held)
+            rnd.stats.selected = sorted(set(rnd.stats.selected) | set(new))
+            rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username))
+            self._publish_plan()
+        accepted = rnd.aggregate.tally.accepted
+        if accepted >= self.fs.buffer:
+            self._close_round(f"buffer of {self.fs.buffer} update(s) full")
+        elif now >= rnd.timer.deadline:
+            if accepted >= self.fs.min_updates:
+                self._close_round(f"deadline with {accepted} of {self.fs.buffer} update(s)")
+            else:
+                rnd.timer.deadline = now + self.fs.deadline_s  # nothing to publish yet: keep buffering
 
     def _plan(self, phase: str = "train") -> Plan:
         assert self.model is not None and self._chunks > 0
@@ -411,9 +467,11 @@ class Coordinator:
         self.done_round = r
         self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
         self.accepted_before[r] = set(rnd.accepted)
-        self.inbox.round_closed(r)  # unfinished blobs are counted in this round's metrics
+        # unfinished blobs are counted in this round's metrics (async: those still young enough stay)
+        self.inbox.round_closed(r, r + 1 - self.fs.max_staleness if self.asynchronous else None)
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
-                                                       dict(self.counters), dict(self.options), self.norms.norms))
+                                                       dict(self.counters), dict(self.options), self.norms.norms,
+                                                       self.window.as_dict() if self.window is not None else {}))
         if self._connected_once:  # the broker re-sends what is retained under update/ and metrics/: cleared
             self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
         record = rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted)
@@ -424,6 +482,8 @@ class Coordinator:
         log.info("round %d closed (%s): %d accepted", r, reason, record["accepted"])
         if self.on_round is not None:
             self.on_round(record)
+        if self.asynchronous:
+            self._tick()  # the next version's buffer opens at once: updates keep arriving
 
     def _finish(self) -> None:
         """Publish the final model and a ``final`` plan (retained), save the global model, end."""

@@ -254,10 +254,12 @@ class EdgeClient:
     def _on_plan(self, plan: Plan) -> None:
         self.plan = plan
         up, pend = self.stored.upload, self._pending
-        if up is not None and not up.settled and up.round < plan.round and plan.phase != "final":
+        if up is not None and not up.settled and plan.phase != "final" \
+                and plan.round - up.round > (plan.max_staleness if plan.mode == "async" else 0):
             log.warning("%s: upload of round %d was never acknowledged; round %d is open, dropping it",
                         self.id, up.round, plan.round)
             self._settle("dropped")
+            up = self.stored.upload
         if pend is not None and pend.kind == "calibration" and plan.phase != "calibrate":
             self._pending = None  # the calibration is over
         if self._busy:
@@ -271,7 +273,7 @@ class EdgeClient:
             if self.id in plan.selected and self._pending is None \
                     and self.stored.extra.get("calibrated") != plan.model_digest:
                 self._fetch(plan)
-        elif up is not None and up.round == plan.round and not up.settled:
+        elif up is not None and not up.settled and up.round <= plan.round:  # this round's, or (async) a recent one's
             if self._pending is None:  # restarted with an unacknowledged upload: send it again
                 self._resume_upload(up)
         elif self.id not in plan.selected or plan.round <= self.stored.done_round:
@@ -492,6 +494,8 @@ class EdgeClient:
         log.log(level, "%s: round %d %s %s%s", self.id, ack.round, kind, ack.status,
                 f": {ack.reason}" if ack.reason else "")
         self._progress("ack", round=ack.round, status=ack.status, reason=ack.reason)
+        if self.plan is not None and self.plan.mode == "async" and not self._busy:
+            self._on_plan(self.plan)  # answered: train on the newest version if this device holds a slot
 
     def _settle(self, status: str) -> None:
         """The pending message (or a stored upload) is done with: acked, refused, or given up."""

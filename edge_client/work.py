@@ -21,8 +21,8 @@ import torch
 
 from flayer.aggregate import is_finite_state
 from flayer.config import ConfigError, TrainConfig, from_mapping
+from flayer.engine import ClientEval, client_round
 from flayer.registry import architecture, architecture_diff, fingerprint
-from flayer.simulation import ClientEval, client_round
 from flayer.spec import ModelSpec
 from flayer.state import save_model
 from flayer.strategies import make_strategy

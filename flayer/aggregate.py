@@ -100,17 +100,15 @@ def _squared_norm(name: str, values: np.ndarray) -> float:
 class Aggregator:
     """Streaming weighted mean of sparse deltas (see module docstring for the rules).
 
-    ``fold`` validates and adds one update; ``result`` gives the next global state. Per-coordinate
+    ``fold`` adds one checked update; ``result`` gives the next global state. Per-coordinate
     weight arrays are only allocated for tensors that receive sparse deltas; dense deltas add to a
     per-tensor scalar.
     """
 
-    def __init__(self, global_state: Mapping[str, torch.Tensor], rule: str = "carry",
-                 max_norm: float | None = None) -> None:
+    def __init__(self, global_state: Mapping[str, torch.Tensor], rule: str = "carry") -> None:
         if rule not in ("carry", "zero"):
             raise ValueError(f"the streaming rules are carry and zero, got {rule!r} (see make_aggregator)")
         self.rule = rule
-        self.max_norm = max_norm
         self._prev = {k: v.detach().cpu() for k, v in global_state.items()}
         self.shapes = {k: tuple(v.shape) for k, v in self._prev.items()}
         self._sum: dict[str, np.ndarray] = {}  # float64 flat, allocated on first delta
@@ -119,18 +117,14 @@ class Aggregator:
         self.total_weight = 0.0
         self.contributors = 0
 
-    def fold(self, update: Update, weight: float | None = None, checked_norm: float | None = None) -> float:
-        """Validate and add ``update`` with ``weight`` (default: its num_samples). Returns its norm.
-
-        ``checked_norm``: the caller already ran :func:`check_update` on ``update`` against these
-        shapes (and this bound) and got this norm; the second pass is skipped."""
-        norm = check_update(update, self.shapes, self.max_norm) if checked_norm is None else checked_norm
+    def fold(self, update: Update, weight: float | None = None) -> None:
+        """Add ``update`` with ``weight`` (default: its num_samples). The update passed the validity gate
+        (:func:`check_update`, run by the decoder or the simulator: ``flayer.engine.gate``)."""
         w = _weight(update, weight)
         for name, d in update.deltas.items():
             self._add(name, d, w)
         self.total_weight += w
         self.contributors += 1
-        return norm
 
     def _add(self, name: str, d: TensorDelta, w: float) -> None:
         acc = self._sum.get(name)
@@ -194,25 +188,23 @@ class RobustAggregator:
     (module docstring). Same interface as :class:`Aggregator`; weights only count contributors."""
 
     def __init__(self, global_state: Mapping[str, torch.Tensor], rule: str = "median",
-                 max_norm: float | None = None, trim: float = DEFAULT_TRIM) -> None:
+                 trim: float = DEFAULT_TRIM) -> None:
         if rule not in ROBUST_RULES:
             raise ValueError(f"robust rule must be one of {ROBUST_RULES}, got {rule!r}")
         if not 0 <= trim < 0.5:
             raise ValueError(f"trim must be in [0, 0.5), got {trim}")
-        self.rule, self.max_norm, self.trim = rule, max_norm, trim
+        self.rule, self.trim = rule, trim
         self._prev = {k: v.detach().cpu() for k, v in global_state.items()}
         self.shapes = {k: tuple(v.shape) for k, v in self._prev.items()}
         self._sent: dict[str, list[TensorDelta]] = {k: [] for k in self._prev}
         self.total_weight = 0.0
         self.contributors = 0
 
-    def fold(self, update: Update, weight: float | None = None, checked_norm: float | None = None) -> float:
-        norm = check_update(update, self.shapes, self.max_norm) if checked_norm is None else checked_norm
+    def fold(self, update: Update, weight: float | None = None) -> None:
         self.total_weight += _weight(update, weight)
         for name, d in update.deltas.items():
             self._sent[name].append(d)
         self.contributors += 1
-        return norm
 
     def unsent(self) -> int:
         total = 0
@@ -262,14 +254,14 @@ class RobustAggregator:
         return out
 
 
-def make_aggregator(global_state: Mapping[str, torch.Tensor], rule: str = "carry", max_norm: float | None = None,
+def make_aggregator(global_state: Mapping[str, torch.Tensor], rule: str = "carry",
                     trim: float = DEFAULT_TRIM) -> Any:
     """The aggregator of server rule ``rule`` (``carry``, ``zero``, ``median`` or ``trimmed``)."""
     if rule not in SERVER_RULES:
         raise ValueError(f"server rule must be one of {SERVER_RULES}, got {rule!r}")
     if rule in ROBUST_RULES:
-        return RobustAggregator(global_state, rule, max_norm, trim)
-    return Aggregator(global_state, rule, max_norm)
+        return RobustAggregator(global_state, rule, trim)
+    return Aggregator(global_state, rule)
 
 
 def is_finite_state(state: Mapping[str, torch.Tensor]) -> str | None:

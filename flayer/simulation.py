@@ -1,12 +1,13 @@
-"""In-process federation: every client in one process, the same strategy code as over MQTT.
+"""In-process federation: every client in one process, driving the round engine directly.
 
-The round loop is written once here. Per round: select clients (join ratio, seeded); every client
-runs :func:`client_round` -- download (``receive``), evaluate on its test split (PFLlib's protocol),
-and, if selected, local training and upload; the server folds the uploads into the next global
-model with the strategy's aggregator. After the last round each client's personal model is
-evaluated too. A strategy that ``needs_calibration()`` first runs :func:`calibrate` ("round 0": every
-client reports on the common initial model, the server resolves the reports into options), and the
-rounds run with the strategy those options configure.
+Per round (:mod:`flayer.engine`): select clients (PFLlib's join ratio, seeded); every client runs
+:func:`flayer.engine.client_round` -- download (``receive``), evaluate on its test split (PFLlib's
+protocol), and, if selected, local training and upload; each upload passes the validity gate and the
+admission policy and is folded into the open aggregate, whose result is the next global model.
+After the last round each client's personal model is evaluated too. A strategy that
+``needs_calibration()`` first runs :func:`flayer.engine.calibrate` (round 0). The MQTT coordinator
+drives the same engine from network events; ``emulator.virtual`` drives it on a simulated clock
+(synchronous or asynchronous rounds, device profiles).
 """
 
 from __future__ import annotations
@@ -21,101 +22,25 @@ import numpy as np
 import torch
 
 from .aggregate import UpdateError
-from .strategies.base import ClientState, LocalResult, RoundContext, Strategy, derive_seed
+from .engine import (
+    Bounds,
+    ClientEval,
+    OpenAggregate,
+    RoundRecord,
+    admit,
+    calibrate,
+    check,
+    client_round,
+    initial_global_state,
+    select_clients,
+)
+from .strategies.base import ClientState, RoundContext, Strategy
 from .train import ClientData, evaluate
-from .update import Update, float_state
+from .update import Update
 
-__all__ = [
-    "ClientEval",
-    "RoundRecord",
-    "SimulationResult",
-    "calibrate",
-    "client_round",
-    "divergence",
-    "initial_global_state",
-    "select_clients",
-    "simulate",
-]
+__all__ = ["SimulationResult", "divergence", "simulate", "weighted"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ClientEval:
-    correct: int
-    total: int
-    loss_sum: float
-    val: ClientEval | None = None  # the same model on the validation hold-out, when asked for
-
-
-    @property
-    def acc(self) -> float:
-        return self.correct / self.total if self.total else 0.0
-
-
-def client_round(strategy: Strategy, global_state: Mapping[str, torch.Tensor], state: ClientState,
-                 data: ClientData, ctx: RoundContext, train: bool = True,
-                 val: bool = False) -> tuple[ClientEval, LocalResult | None]:
-    """One client's round: receive, evaluate on test (before training), then train if ``train``.
-
-    With ``val`` the received model is also evaluated on the client's validation hold-out (what
-    ``flayer tune`` chooses learning rates by: the test split never steers a choice).
-    The simulator and the edge client both call this, so both run exactly the same code.
-    """
-    model = strategy.receive(global_state, state, data, ctx)
-    correct, total, loss = evaluate(model, data.test, ctx.device)
-    val_eval = ClientEval(*evaluate(model, data.val, ctx.device)) if val and len(data.val) else None
-    result = strategy.local_round(model, global_state, state, data, ctx) if train else None
-    return ClientEval(correct, total, loss, val_eval), result
-
-
-def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int) -> list[int]:
-    """PFLlib's selection: round(join_ratio * N) clients (at least 1), uniformly, seeded per round."""
-    k = max(1, int(round(join_ratio * num_clients)))
-    if k >= num_clients:
-        return list(range(num_clients))
-    rng = np.random.default_rng(derive_seed(seed, round_, "select"))
-    return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
-
-
-def initial_global_state(strategy: Strategy, seed: int) -> dict[str, torch.Tensor]:
-    """The round-1 global model: the strategy's model initialised from ``seed``."""
-    with torch.random.fork_rng(devices=[]):  # leaves the caller's global RNG state as it was
-        torch.manual_seed(derive_seed(seed, "init"))
-        return float_state(strategy.new_model())
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    round: int
-    acc: float  # sample-weighted test accuracy over all clients, after download, before training
-    loss: float
-    train_loss: float  # mean over selected clients
-    selected: tuple[int, ...]
-    sent: int  # coordinates uploaded, all selected clients together
-    numel: int  # coordinates a dense upload of the same tensors would hold
-    upload_bytes: int  # wire bytes (0 when no sizer was given)
-    seconds: float
-    client_acc: tuple[float, ...]
-    unsent: int = 0  # coordinates of the global model no selected client sent (rule zero sets them to 0)
-    coordinates: int = 0  # coordinates of the global model
-    indexed: int = 0  # explicit positions uploaded (sparse deltas), all selected clients together
-    val_acc: float | None = None  # as ``acc``, on the clients' validation hold-outs (when evaluated)
-
-    @property
-    def upload_fraction(self) -> float:
-        return self.sent / self.numel if self.numel else 0.0
-
-    @property
-    def unsent_fraction(self) -> float:
-        return self.unsent / self.coordinates if self.coordinates else 0.0
-
-    def as_dict(self) -> dict[str, object]:
-        return {"round": self.round, "acc": self.acc, "loss": self.loss, "train_loss": self.train_loss,
-                "selected": list(self.selected), "sent": self.sent, "numel": self.numel,
-                "upload_fraction": self.upload_fraction, "upload_bytes": self.upload_bytes,
-                "seconds": self.seconds, "client_acc": list(self.client_acc), "unsent": self.unsent,
-                "unsent_fraction": self.unsent_fraction, "indexed": self.indexed, "val_acc": self.val_acc}
 
 
 @dataclass
@@ -133,31 +58,11 @@ class SimulationResult:
         return max([r.acc for r in self.rounds] + [self.final_acc])
 
 
-def _weighted(evals: Sequence[ClientEval]) -> tuple[float, float]:
+def weighted(evals: Sequence[ClientEval]) -> tuple[float, float]:
+    """(accuracy, mean loss) over ``evals``, weighted by their sample counts."""
     total = sum(e.total for e in evals)
     return (sum(e.correct for e in evals) / total if total else 0.0,
             sum(e.loss_sum for e in evals) / total if total else 0.0)
-
-
-def calibrate(strategy: Strategy, clients: Sequence[ClientData], global_state: Mapping[str, torch.Tensor],
-              seed: int, device: torch.device = torch.device("cpu")) -> tuple[Strategy, dict[str, Any]]:
-    """Round 0: every client calibrates on the common initial model, the server resolves the reports.
-
-    Returns the configured strategy (``strategy.with_options(resolved)``) and the resolved options.
-    The MQTT coordinator runs the same two halves over the wire: ``strategy.calibrate`` on each edge
-    client, ``strategy.resolve_calibration`` on the server.
-    """
-    reports = []
-    for i, data in enumerate(clients):
-        ctx = RoundContext(round=0, client=i, seed=seed, device=device)
-        reports.append(strategy.calibrate(global_state, data, ctx))
-    resolved = strategy.resolve_calibration(reports, [float(d.num_train) for d in clients])
-    configured = strategy.with_options(resolved)
-    if configured.needs_calibration():
-        raise ValueError(f"strategy {strategy.name!r}: the calibration resolved {resolved}, which does not "
-                         f"settle what it needs")
-    log.info("calibration of %s resolved %s", strategy.name, resolved)
-    return configured, resolved
 
 
 def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, seed: int,
@@ -186,10 +91,10 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     for r in range(1, rounds + 1):
         t0 = time.perf_counter()
         selected = set(select_clients(len(clients), join_ratio, seed, r))
-        agg = strategy.aggregator(g)
+        agg = OpenAggregate(strategy, g)
         evals: list[ClientEval] = []
         losses: list[float] = []
-        sent = numel = nbytes = indexed = 0
+        nbytes = 0
         for i, data in enumerate(clients):
             ctx = RoundContext(round=r, client=i, seed=seed, device=device)
             ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected, val=val)
@@ -198,25 +103,22 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
                 states[i] = result.state
                 losses.append(result.metrics.get("train_loss", float("nan")))
                 try:
-                    agg.fold(result.update)
+                    norm = check(result.update, agg.shapes)
                 except UpdateError as exc:  # e.g. non-finite values: the learning rate made training diverge
                     diverged = f"diverged: client {i}'s update in round {r} was refused ({exc})"
                 else:
-                    sent += result.update.sent
-                    numel += result.update.numel
-                    indexed += sum(d.count for d in result.update.deltas.values() if d.indices is not None)
+                    agg.fold(admit(result.update, norm, Bounds()))
                     nbytes += sizer(result.update) if sizer is not None else 0
             if on_client is not None:
                 on_client(r, i + 1)
-        unsent = agg.unsent() if agg.contributors else 0
-        coordinates = sum(v.numel() for v in g.values())
+        unsent, t = agg.unsent(), agg.tally
         if diverged is None:  # a refused update leaves the global model as it was
             g = agg.result()
-        acc, loss = _weighted(evals)
+        acc, loss = weighted(evals)
         vals = [e.val for e in evals if e.val is not None]
         rec = RoundRecord(r, acc, loss, float(np.mean(losses)) if losses else float("nan"), tuple(sorted(selected)),
-                          sent, numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals),
-                          unsent, coordinates, indexed, _weighted(vals)[0] if vals else None)
+                          t.sent, t.numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals),
+                          unsent, agg.coordinates, t.indexed, weighted(vals)[0] if vals else None)
         records.append(rec)
         log.info("round %d: acc %.4f loss %.4f train_loss %.4f upload %.3f", r, acc, loss, rec.train_loss,
                  rec.upload_fraction)
@@ -231,7 +133,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         ctx = RoundContext(round=rounds + 1, client=i, seed=seed, device=device)
         model = strategy.personal_model(g, states[i], data, ctx)
         finals.append(ClientEval(*evaluate(model, data.test, device)))
-    final_acc, _ = _weighted(finals)
+    final_acc, _ = weighted(finals)
     return SimulationResult(records, final_acc, [e.acc for e in finals], g, states, resolved, diverged)
 
 

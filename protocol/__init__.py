@@ -9,7 +9,7 @@ docs/reference/wire.md for the byte layouts.
 from .blobs import STATE_DTYPES, blob_digest, decode_state, encode_state
 from .chunks import ChunkCollector, Reassembler, chunk_blob, max_body_per_chunk, mqtt_payload_limit
 from .envelope import Codec, Envelope, Kind, check_topic, decode_envelope, header_size
-from .errors import EncodeError, WireError
+from .errors import EncodeError, InvalidUpdate, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
 from .messages import Ack, Message, Metrics, Plan, Status, decode_message, encode_message, parse_message
 from .sparse import Method, entropy_bits
@@ -37,6 +37,7 @@ __all__ = [
     "DecodedUpdate",
     "EncodeError",
     "Envelope",
+    "InvalidUpdate",
     "Kind",
     "Message",
     "Method",

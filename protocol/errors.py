@@ -13,7 +13,7 @@ hostile bytes.
 
 from __future__ import annotations
 
-__all__ = ["EncodeError", "WireError"]
+__all__ = ["EncodeError", "InvalidUpdate", "WireError"]
 
 
 class WireError(ValueError):
@@ -22,6 +22,11 @@ class WireError(ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class InvalidUpdate(WireError):
+    """An update that decodes but does not fit the global model: non-finite values, a sample count that
+    is not positive (``flayer.aggregate.check_update``, run by the decoder given the model's shapes)."""
 
 
 class EncodeError(ValueError):

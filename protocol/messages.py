@@ -58,6 +58,7 @@ ACK_STATUSES = ("accepted", "duplicate", "rejected", "late", "not_selected")
 # train: selected devices run a local round and upload; calibrate: "round 0", devices report a small
 # metrics map instead of an update; final: the federation is over, the plan names the final model
 PLAN_PHASES = ("train", "calibrate", "final")
+PLAN_MODES = ("sync", "async")
 CLIENT_STATES = ("online", "idle", "training", "uploading", "offline")
 MAX_SELECTED = 100_000
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -176,6 +177,8 @@ class Plan:
     train: Mapping[str, Scalar] = field(default_factory=dict)
     rounds: int = 0
     max_update_bytes: int = 0
+    mode: str = "sync"  # async: devices keep an older round's upload until answered (flayer.engine.versions)
+    max_staleness: int = 0  # async: how many versions behind an update is still taken
 
     CHECKS: ClassVar[Checks] = {
         "round": _ROUND, "selected": _ids, "deadline": _time, "strategy": _id,
@@ -183,7 +186,7 @@ class Plan:
               "model_chunks": _int(1, 2**32), "model_size": _int(1, 2**63),
               "value_codec": _choice(tuple(VALUE_CODECS)), "compress": _bool, "phase": _choice(PLAN_PHASES),
               "seed": _int(0, 2**63), "train": _mapping(16, _scalar), "rounds": _int(0, 2**32),
-              "max_update_bytes": _int(0, 2**63)}
+              "max_update_bytes": _int(0, 2**63), "mode": _choice(PLAN_MODES), "max_staleness": _int(0, 1000)}
 
     def problems(self) -> str | None:
         """Checks across fields: round 0 is the calibration phase and only that."""

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
+from flayer.aggregate import UpdateError, check_update
 from flayer.update import TensorDelta, Update
 
 from ._reader import Reader
-from .errors import EncodeError, WireError
+from .errors import EncodeError, InvalidUpdate, WireError
 from .limits import DEFAULT_LIMITS, HARD_MAX_NUMEL, WireLimits
 from .sparse import Method, decode_positions, encode_best
 from .topics import TopicError, validate_id
@@ -117,6 +118,7 @@ class DecodedUpdate:
     header: UpdateHeader
     update: Update
     compressed: bool
+    norm: float | None = None  # the update's L2 norm, when decoded against the model's shapes
 
 
 # ---- encode -------------------------------------------------------------------------------------
@@ -315,7 +317,8 @@ def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = DEF
                   expect: UpdateHeader | None = None) -> DecodedUpdate:
     """Decode and validate an update blob; WireError on anything invalid (see module docstring).
 
-    ``shapes``: the global model's tensor shapes (reject unknown tensors and shape mismatches);
+    ``shapes``: the global model's tensor shapes (reject unknown tensors and shape mismatches, then run
+    ``flayer.aggregate.check_update``: :class:`InvalidUpdate` when it fails, ``norm`` set when it passes);
     ``expect``: the header the receiver expects (federation, round, sender, base digest).
     """
     if len(data) > limits.max_blob_bytes:
@@ -342,4 +345,11 @@ def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = DEF
         name, delta = _read_tensor(body, limits, shapes, seen, total)
         deltas[name] = delta
     body.done()
-    return DecodedUpdate(header, Update(deltas, num_samples, info), head.compressed)
+    update = Update(deltas, num_samples, info)
+    if shapes is None:
+        return DecodedUpdate(header, update, head.compressed)
+    try:  # the one validity gate (flayer.engine.gate): finite values, positive count; its norm
+        norm = check_update(update, shapes)
+    except UpdateError as exc:
+        raise InvalidUpdate(f"update: {exc}") from None
+    return DecodedUpdate(header, update, head.compressed, norm)

@@ -176,8 +176,6 @@ class Strategy(ABC):
         """Rule ``trimmed``: the fraction of the deltas dropped at each end, per coordinate."""
         return DEFAULT_TRIM
 
-    def aggregator(self, global_state: Mapping[str, torch.Tensor],
-                   max_norm: float | None = None) -> Aggregator | RobustAggregator:
-        agg: Aggregator | RobustAggregator = make_aggregator(global_state, self.server_rule(), max_norm,
-                                                            self.server_trim())
+    def aggregator(self, global_state: Mapping[str, torch.Tensor]) -> Aggregator | RobustAggregator:
+        agg: Aggregator | RobustAggregator = make_aggregator(global_state, self.server_rule(), self.server_trim())
         return agg

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from coordinator.guard import NormHistory, Quarantine, finite_fold, state_norm
+from flayer.engine import Bounds
 from coordinator.intake import IntakeContext, validate
 from coordinator.receive import ReceiveQueue, sender_of
 from flayer.aggregate import make_aggregator
@@ -21,10 +22,10 @@ SHAPES = {"w": (4, 3), "b": (4,)}
 BASE = "ab" * 32
 
 
-def _ctx(**kw: object) -> IntakeContext:
-    args: dict[str, object] = {"federation": "fed", "round": 2, "base_digest": BASE, "shapes": SHAPES,
-                               "limits": WireLimits(), "max_update_bytes": 1 << 26, "selected": frozenset({"dev-1"}),
-                               "payload_cap": payload_bound(SHAPES)}
+def _ctx(max_samples: int = 2**32, **kw: object) -> IntakeContext:
+    args: dict[str, object] = {"federation": "fed", "round": 2, "bases": {2: BASE}, "shapes": SHAPES,
+                               "limits": WireLimits(), "max_update_bytes": 1 << 26,
+                               "bounds": Bounds(max_samples=max_samples), "payload_cap": payload_bound(SHAPES)}
     args.update(kw)
     return IntakeContext(**args)  # type: ignore[arg-type]
 
@@ -51,10 +52,10 @@ def test_header_and_declared_size_are_checked_before_any_decompression(bomb: byt
         assert v.counter == counter, (counter, v.reason)
 
 
-def test_blob_over_what_the_model_holds_is_oversize() -> None:
-    ctx = _ctx()
-    v = validate("dev-1", b"x" * (ctx.blob_cap + 1), ctx)
-    assert v.counter == "oversize" and ctx.blob_cap < 10_000
+def test_blob_cap_follows_what_the_model_holds() -> None:
+    """The inbox refuses a blob whose declared size is over blob_cap from its first chunk (counter
+    oversize; tests/faults/test_faults_hostile.py sends them over a real broker)."""
+    assert _ctx().blob_cap == payload_bound(SHAPES) + 8192 < 10_000
 
 
 def test_weight_is_capped_at_max_samples() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.intake import IntakeContext, clip_update, screen, validate
+from coordinator.intake import IntakeContext, screen, validate
 from flayer.aggregate import check_update
+from flayer.engine import Bounds, VersionWindow, scale_update
 from flayer.update import TensorDelta, Update
 from protocol import UpdateHeader, WireLimits, encode_update
 
@@ -25,9 +26,9 @@ def _blob(update: Update | None = None, sender: str = "dev-1", round_: int = 2, 
     return encode_update(update or _update(), UpdateHeader(federation, round_, sender, base))
 
 
-def _ctx(**kw: object) -> IntakeContext:
-    args: dict[str, object] = dict(federation="fed", round=2, base_digest=BASE, shapes=SHAPES, limits=WireLimits(),
-                                   max_update_bytes=1 << 20, selected=frozenset({"dev-1", "dev-2"}))
+def _ctx(norm_bound: float | None = None, norm_policy: str = "reject", **kw: object) -> IntakeContext:
+    args: dict[str, object] = dict(federation="fed", round=2, bases={2: BASE}, shapes=SHAPES, limits=WireLimits(),
+                                   max_update_bytes=1 << 20, bounds=Bounds(norm_bound, norm_policy))
     args.update(kw)
     return IntakeContext(**args)  # type: ignore[arg-type]
 
@@ -48,7 +49,6 @@ def test_accepts_a_good_update() -> None:
     (_blob(base="cd" * 32), {}, "wrong_model", "model"),
     (_blob(_update(shape=(3, 4))), {}, "malformed", "shape"),
     (_blob(_update(scale=100.0)), {"norm_bound": 5.0}, "norm", "norm"),
-    (_blob(), {"max_update_bytes": 50}, "oversize", "max_update_bytes"),
 ])
 def test_refusals_name_a_counter_and_a_reason(blob: bytes, ctx_kw: dict, counter: str, words: str) -> None:
     v = validate("dev-1", blob, _ctx(**ctx_kw))
@@ -69,7 +69,7 @@ def test_clip_policy_scales_to_the_bound() -> None:
     assert v.accepted and v.clipped and v.update is not None
     assert check_update(v.update, SHAPES) == pytest.approx(5.0, rel=1e-5)
     assert check_update(v.update, SHAPES) <= 5.0
-    halved = clip_update(_update(), 0.5)
+    halved = scale_update(_update(), 0.5)
     np.testing.assert_allclose(halved.deltas["w"].values, _update().deltas["w"].values * 0.5)
 
 
@@ -84,3 +84,35 @@ def test_screen() -> None:
     assert screen("b", 3, 2, 1, sel, acc, before).counter == "future_round"  # type: ignore[union-attr]
     assert screen("b", 2, None, 1, sel, acc, before).counter == "future_round"  # type: ignore[union-attr]
     assert screen("b", 1, None, 1, sel, acc, before).status == "late"  # type: ignore[union-attr]
+
+
+def test_the_declared_size_cap_is_the_smaller_of_the_setting_and_what_the_model_holds() -> None:
+    assert _ctx(max_update_bytes=50).blob_cap == 50
+    assert _ctx(payload_cap=1000).blob_cap == 1000 + 8192
+
+
+def test_async_screen_takes_older_versions_within_max_staleness() -> None:
+    w = VersionWindow(max_staleness=2)
+    for v in (1, 2, 3, 4):
+        w.publish(v, f"{v:02x}" * 32)
+        w.offer({"a"} if v < 4 else {"b"})
+    assert screen("a", 3, 4, 3, frozenset(), set(), {}, w) is None  # staleness 1
+    assert screen("a", 2, 4, 3, frozenset(), set(), {}, w) is None  # staleness 2 = max_staleness
+    v = screen("a", 1, 4, 3, frozenset(), set(), {}, w)
+    assert v is not None and v.counter == "stale" and v.status == "late" and "max_staleness" in v.reason
+    assert screen("a", 4, 4, 3, frozenset(), set(), {}, w).counter == "not_selected"  # type: ignore[union-attr]
+    assert screen("b", 5, 4, 3, frozenset(), set(), {}, w).counter == "future_round"  # type: ignore[union-attr]
+    w.fold("a", 3)
+    assert screen("a", 3, 4, 3, frozenset(), set(), {}, w).counter == "duplicate"  # type: ignore[union-attr]
+
+
+def test_async_validate_checks_the_base_of_the_round_it_names_and_weights_staleness() -> None:
+    ctx = _ctx(round=4, bases={2: BASE, 3: "cd" * 32, 4: "ef" * 32}, bounds=Bounds(max_staleness=2))
+    fresh = validate("dev-1", _blob(round_=4, base="ef" * 32), ctx, 0)
+    stale = validate("dev-1", _blob(round_=2), ctx, 2)
+    assert fresh.accepted and stale.accepted and stale.staleness == 2
+    assert stale.update is not None and fresh.update is not None
+    np.testing.assert_allclose(stale.update.deltas["w"].values, fresh.update.deltas["w"].values / np.sqrt(3),
+                               rtol=1e-6)
+    assert validate("dev-1", _blob(round_=3), ctx, 1).counter == "wrong_model"
+    assert validate("dev-1", _blob(round_=4, base="ef" * 32), ctx, 3).counter == "stale"

@@ -118,7 +118,7 @@ def test_command_parses(parser: argparse.ArgumentParser, where: str, command: st
 
 def test_a_wrong_flag_is_caught(parser: argparse.ArgumentParser) -> None:
     with pytest.raises(_Refused):
-        parse(parser, "flayer emulate --mode async")
+        parse(parser, "flayer emulate --mode asynchronous")
     with pytest.raises(_Refused):
         parse(parser, "flayer simulate --sample 100")  # an abbreviation of --samples
     assert parse(parser, "flayer simulate --samples 100 --rounds 2  # a comment").samples == 100

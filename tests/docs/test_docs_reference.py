@@ -57,10 +57,10 @@ def test_a_flag_missing_from_the_reference_is_detected(parser: argparse.Argument
 def test_no_flag_abbreviations(parser: argparse.ArgumentParser, capsys: pytest.CaptureFixture[str]) -> None:
     for path, sub, _ in walk_parsers(parser):
         assert sub.allow_abbrev is False, " ".join(path)
-    with pytest.raises(SystemExit) as exc:  # used to be taken as --model async
-        parser.parse_args(["emulate", "--mode", "async"])
+    with pytest.raises(SystemExit) as exc:  # used to be taken as --model sync
+        parser.parse_args(["emulate", "--mod", "sync"])
     assert exc.value.code == 2
-    assert "unrecognized arguments: --mode async" in capsys.readouterr().err
+    assert "unrecognized arguments: --mod sync" in capsys.readouterr().err
 
 
 def test_help_texts_have_no_restructuredtext_markup(parser: argparse.ArgumentParser) -> None:

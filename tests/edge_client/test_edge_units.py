@@ -23,7 +23,7 @@ from edge_client.work import (
 )
 from flayer.config import ConfigError
 from flayer.partition import make_partition
-from flayer.simulation import client_round, initial_global_state
+from flayer.engine import client_round, initial_global_state
 from flayer.strategies.base import ClientState
 from flayer.train import client_data
 from protocol import Plan, UpdateHeader, WireLimits, decode_update

@@ -10,7 +10,7 @@ import torch
 from edge_client.work import SkipRound, check_finite_round, train_and_encode
 from flayer.config import TrainConfig
 from flayer.partition import make_partition
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from flayer.strategies import make_strategy
 from flayer.strategies.base import LocalResult, RoundContext
 from flayer.train import client_data

@@ -127,7 +127,7 @@ def test_crash_during_the_local_round_saves_and_sends_nothing(tmp_path: Path, di
     from coordinator.config import load_coordinator_config
     from coordinator.publish import Publisher, make_plan, model_blob
     from flayer.partition import make_partition
-    from flayer.simulation import initial_global_state
+    from flayer.engine import initial_global_state
     from flayer.strategies import make_strategy
     from flayer.train import client_data
 

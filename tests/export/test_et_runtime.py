@@ -68,7 +68,7 @@ def test_a_federation_through_executorch_matches_torch(name: str, fleet: Any, en
 
 
 def _run_init(name: str, fleet: Any) -> dict[str, torch.Tensor]:
-    from flayer.simulation import initial_global_state
+    from flayer.engine import initial_global_state
 
     ds = fleet[0]
     return initial_global_state(make_strategy(name, ds.model_spec(), TrainConfig(lr=0.005, batch_size=10), {}), 3)

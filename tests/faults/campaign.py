@@ -133,7 +133,7 @@ def digest(blob: bytes) -> str:
 
 def fold(coord: Coordinator, g: dict[str, torch.Tensor], blobs: list[bytes]) -> dict[str, torch.Tensor]:
     """The model the honest ``blobs`` alone give (folded in this order)."""
-    agg = coord.strategy.aggregator(g, coord.fs.norm_bound)
+    agg = coord.strategy.aggregator(g)
     for blob in blobs:
         agg.fold(decode_update(blob).update)
     return agg.result()

@@ -23,7 +23,8 @@ from fedtestlib import ROOT, FedBroker, device_toml, federation_toml, start_fed_
 from coordinator.journal import journal_path, read_journal
 from flayer.config import TrainConfig
 from flayer.partition import make_partition, save_partition
-from flayer.simulation import initial_global_state, simulate
+from flayer.simulation import simulate
+from flayer.engine import initial_global_state
 from flayer.state import load_tensors
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy

@@ -33,7 +33,7 @@ from faultlib import FEDERATION, wait_until
 from fedtestlib import FedBroker
 
 from coordinator.publish import model_blob
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from mqtt_broker import mosquitto_available
 from protocol import UpdateHeader
 

@@ -36,7 +36,7 @@ from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from mqtt_broker import mosquitto_available
 from protocol import Topics, UpdateHeader
 

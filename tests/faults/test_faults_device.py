@@ -16,7 +16,7 @@ from coordinator.publish import Publisher, make_plan, model_blob
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
 from edge_client.store import DeviceStore
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from flayer.strategies import make_strategy
 from mqtt_broker import mosquitto_available
 from protocol import Ack, Topics, decode_envelope, encode_message

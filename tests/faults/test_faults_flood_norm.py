@@ -14,9 +14,9 @@ from craft import Device, chunks, honest_update, sparse_update
 from faultlib import FEDERATION, wait_until
 from fedtestlib import FedBroker
 
-from coordinator.intake import clip_update
+from flayer.engine import scale_update
 from flayer.aggregate import check_update
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from mqtt_broker import mosquitto_available
 from protocol import UpdateHeader, decode_update
 
@@ -103,10 +103,10 @@ def test_huge_norm_with_and_without_a_bound(
         result = coord._thread_result  # type: ignore[attr-defined]
         assert not isinstance(result, BaseException) and result is not None and result.finished
         g0 = initial_global_state(coord.strategy, 0)
-        agg = coord.strategy.aggregator(g0, coord.fs.norm_bound)
+        agg = coord.strategy.aggregator(g0)
         if not refused:
             up = decode_update(huge).update
-            agg.fold(clip_update(up, 5.0 / norm * (1 - 1e-6)) if policy == "clip" else up)
+            agg.fold(scale_update(up, 5.0 / norm * (1 - 1e-6)) if policy == "clip" else up)
         for d in ("dev-b", "dev-c") if not refused else ("dev-b", "dev-c", "dev-a"):
             agg.fold(decode_update(blobs[d]).update)
         want = agg.result()

@@ -21,7 +21,7 @@ from faultlib import FEDERATION, wait_until
 from fedtestlib import FedBroker, Recorder
 
 from coordinator.server import Coordinator
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from flayer.update import TensorDelta, Update
 from mqtt_broker import mosquitto_available
 from protocol import UpdateHeader, UpdateOptions, decode_update, encode_update

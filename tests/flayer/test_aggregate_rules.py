@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flayer.engine import check
 from flayer.aggregate import Aggregator, UpdateError, check_update
 from flayer.update import TensorDelta, Update, delta_update
 
@@ -86,9 +87,9 @@ def test_tensor_nobody_sent():
     (Update({"w": TensorDelta((4,), np.array([np.nan], np.float32), np.array([0]))}, 1), "non-finite"),
     (Update({"w": TensorDelta((4,), np.zeros(4, np.float32))}, 0), "num_samples"),
 ])
-def test_bad_updates_are_refused(update, message):
+def test_bad_updates_are_refused_by_the_gate(update, message):
     with pytest.raises(UpdateError, match=message):
-        Aggregator({"w": torch.zeros(4)}).fold(update)
+        check(update, Aggregator({"w": torch.zeros(4)}).shapes)
 
 
 def test_delta_update_takes_explicit_positions_even_where_the_delta_is_zero():
@@ -115,10 +116,13 @@ def test_check_update_norm_of_huge_finite_values_and_nan_detection():
         check_update(Update({"w": TensorDelta((4,), np.ones(2, np.float32), np.array([2, 2]))}, 1), shapes)
 
 
-def test_fold_with_checked_norm_skips_the_second_pass_but_folds_the_same():
-    g = {"w": torch.zeros(5)}
-    up = Update({"w": TensorDelta((5,), np.array([1.0, 2.0], np.float32), np.array([1, 3]))}, 2)
-    a, b = Aggregator(g), Aggregator(g)
-    a.fold(up)
-    b.fold(up, checked_norm=check_update(up, b.shapes))
-    assert torch.equal(a.result()["w"], b.result()["w"])
+def test_the_gate_refuses_what_the_decoder_refuses():
+    """In process and over the wire the same gate: the decoder given the shapes runs check_update."""
+    from protocol import UpdateHeader, WireError, decode_update, encode_update
+
+    up = Update({"w": TensorDelta((4,), np.zeros(4, np.float32))}, 5)
+    blob = encode_update(up, UpdateHeader("fed", 1, "dev", "ab" * 32))
+    assert decode_update(blob, shapes={"w": (4,)}).norm == check(up, {"w": (4,)}) == 0.0
+    assert decode_update(blob).norm is None
+    with pytest.raises(WireError, match="not part of the global model"):
+        decode_update(blob, shapes={"v": (4,)})

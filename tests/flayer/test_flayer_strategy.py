@@ -10,7 +10,7 @@ import torch
 
 from flayer.config import ConfigError, TrainConfig
 from flayer.partition import make_partition
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from flayer.state import load_client_state, save_client_state
 from flayer.strategies import make_strategy
 from flayer.strategies.base import ClientState, RoundContext

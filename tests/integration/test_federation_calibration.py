@@ -91,7 +91,7 @@ def test_calibration_round(tmp_path: Path, digits, monkeypatch: pytest.MonkeyPat
 def test_playerfl_calibration_over_the_broker_matches_the_simulator(tmp_path: Path, digits) -> None:  # type: ignore[no-untyped-def]
     """The real PLayer-FL: round 0 over MQTT resolves the same split as flayer.simulation.calibrate."""
     from flayer.config import TrainConfig
-    from flayer.simulation import calibrate, initial_global_state
+    from flayer.engine import calibrate, initial_global_state
 
     fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b"])
     part = make_partition(digits.y, digits.num_classes, 2, "dir0.5", 0)

@@ -18,7 +18,7 @@ from edge_client.config import EdgeSettings
 from edge_client.download import Pending
 from edge_client.store import DeviceStore
 from flayer.partition import make_partition
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from flayer.strategies import make_strategy
 from flayer.train import client_data
 from mqtt_broker import mosquitto_available

@@ -24,7 +24,7 @@ from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
 from edge_client.work import EdgeError, UpdateTooLarge
 from flayer.partition import make_partition
-from flayer.simulation import initial_global_state
+from flayer.engine import initial_global_state
 from flayer.train import client_data
 from flayer.update import TensorDelta, Update
 from mqtt_broker import Credentials, mosquitto_available

@@ -5,7 +5,8 @@ import pytest
 from flayer.config import TrainConfig
 from flayer.partition import make_partition
 from flayer.sensitivity import DEFAULT_THRESHOLD, aggregate_curves, auto_head_layers
-from flayer.simulation import calibrate, initial_global_state, simulate
+from flayer.simulation import simulate
+from flayer.engine import calibrate, initial_global_state
 from flayer.strategies import make_strategy
 from flayer.strategies.base import RoundContext
 from flayer.train import client_data

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from flayer.simulation import calibrate, initial_global_state, simulate
+from flayer.simulation import simulate
+from flayer.engine import calibrate, initial_global_state
 from flayer.strategies import make_strategy
 from flayer.strategies.base import RoundContext
 from flayer.update import float_state

@@ -1,0 +1,152 @@
+"""Synchronous against asynchronous buffered rounds on the demo fleet, on the same simulated-time budget.
+
+Runs ``flayer emulate --config configs/emulate-demo.toml --virtual`` for each mode and seed (the fleet's
+profiles and availability timelines, the real local rounds, simulated time; a fixed compute cost per
+sample so runs repeat exactly), skipping runs whose summary.json exists (resumable), then writes the
+comparison -- per profile the share of trained updates accepted, time to a target accuracy, final
+personal-model accuracy, mean ± std over seeds -- as Markdown and a plot into the output folder:
+
+    python benchmarks/async_rounds.py --out docs/results/async-demo
+
+``--emulator`` also runs the real emulator (broker, coordinator, 20 device clients) once per mode for
+seed 0 and puts its accepted shares per profile beside the simulated ones (minutes per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs/emulate-demo.toml"
+MODES = {"sync": [], "async": ["--mode", "async", "--buffer", "8", "--max-staleness", "32", "--concurrency", "11"]}
+
+
+def run(cmd: list[str], log: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    with open(log, "w") as fh:
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    if rc != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {log}")
+    print(f"  done in {time.perf_counter() - t0:.0f}s: {' '.join(cmd[3:])}", file=sys.stderr)
+
+
+def virtual(out: Path, mode: str, seed: int, budget: float, cost: float) -> dict[str, Any]:
+    folder = out / f"virtual-{mode}-s{seed}"
+    if not (folder / "summary.json").exists():
+        run([sys.executable, "-m", "cli.main", "emulate", "--config", str(CONFIG), "--virtual", "--seed", str(seed),
+             "--rounds", "100000", "--budget", str(budget), "--sample-cost", str(cost), "--out", str(folder),
+             *MODES[mode]], out / f"virtual-{mode}-s{seed}.log")
+    return json.loads((folder / "summary.json").read_text())
+
+
+def emulated(out: Path, mode: str, rounds: int) -> dict[str, Any]:
+    folder = out / f"emulator-{mode}-s0"
+    if not (folder / "summary.json").exists():
+        run([sys.executable, "-m", "cli.main", "emulate", "--config", str(CONFIG), "--seed", "0", "--rounds",
+             str(rounds), "--out", str(folder), *MODES[mode]], out / f"emulator-{mode}-s0.log")
+    return json.loads((folder / "summary.json").read_text())
+
+
+def mean_std(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return f"{100 * statistics.mean(xs):.2f} ± {100 * statistics.stdev(xs):.2f}" if len(xs) > 1 \
+        else f"{100 * xs[0]:.2f}"
+
+
+def report(out: Path, runs: dict[str, list[dict[str, Any]]], budget: float, target: float,
+           emu: dict[str, dict[str, Any]]) -> str:
+    lines = [f"Demo fleet (`configs/emulate-demo.toml`: 20 devices, FLAYER, Fashion-MNIST Dir(0.1)), "
+             f"{budget:g} simulated seconds per run, seeds {sorted(r['seed'] for r in runs['sync'])}.", "",
+             "| | sync | async |", "|---|---|---|"]
+    profiles = sorted({p for rs in runs.values() for r in rs for p in r["profiles"]})
+    for p in profiles:
+        cells = []
+        for mode in ("sync", "async"):
+            acc = sum(r["profiles"].get(p, {}).get("accepted", 0) for r in runs[mode])
+            done = sum(r["profiles"].get(p, {}).get("trained", 0) - r["profiles"].get(p, {}).get("in_flight", 0)
+                       for r in runs[mode])
+            cells.append(f"{acc}/{done} = {100 * acc / done:.0f}%" if done else "-")
+        lines.append(f"| {p}: updates accepted / trained | {cells[0]} | {cells[1]} |")
+    for mode_label, key in (("model versions", "versions"),):
+        lines.append(f"| {mode_label} | " + " | ".join(
+            f"{statistics.mean(r[key] for r in runs[m]):.1f}" for m in ("sync", "async")) + " |")
+    ttt = {m: [next((t for t, a in zip(r["t"], r["acc"]) if a >= target), None) for r in runs[m]] for m in runs}
+    lines.append(f"| simulated s to {100 * target:.0f}% global acc (runs that reached it) | " + " | ".join(
+        (f"{statistics.mean(x for x in ttt[m] if x is not None):.0f} ({sum(x is not None for x in ttt[m])}/"
+         f"{len(ttt[m])})" if any(x is not None for x in ttt[m]) else f"not reached (0/{len(ttt[m])})")
+        for m in ("sync", "async")) + " |")
+    lines.append("| last global accuracy % | " + " | ".join(
+        mean_std([r["acc"][-1] for r in runs[m] if r["acc"]]) for m in ("sync", "async")) + " |")
+    lines.append("| final personal-model accuracy % | " + " | ".join(
+        mean_std([r["final_personal_acc"] for r in runs[m]]) for m in ("sync", "async")) + " |")
+    lines.append("| CPU seconds per run | " + " | ".join(
+        f"{statistics.mean(r['cpu_s'] for r in runs[m]):.0f}" for m in ("sync", "async")) + " |")
+    if emu:
+        lines += ["", "Real emulator (broker, coordinator, 20 device clients), seed 0, against the simulated clock "
+                  "(seed 0, same mode):", "", "| profile | mode | emulator accepted / trained | simulated |",
+                  "|---|---|---|---|"]
+        for mode, summ in emu.items():
+            sim = next(r for r in runs[mode] if r["seed"] == 0)
+            for row in summ.get("profiles", []):
+                s = sim["profiles"].get(row["profile"], {})
+                lines.append(f"| {row['profile']} | {mode} | {row['accepted']}/{row['trained']} | "
+                             f"{s.get('accepted', 0)}/{s.get('trained', 0) - s.get('in_flight', 0)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
+    sys.path.insert(0, str(ROOT))
+    from cli.plots import _pyplot
+
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for mode, style in (("sync", "-"), ("async", "--")):
+        for r in runs[mode]:
+            ax.plot(r["t"], r["acc"], style, label=f"{mode}, seed {r['seed']}", linewidth=1.4)
+    ax.set_xlabel("simulated seconds")
+    ax.set_ylabel("global model test accuracy (all clients)")
+    ax.set_title("demo fleet: synchronous vs asynchronous buffered rounds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=ROOT / "docs/results/async-demo")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--budget", type=float, default=90.0, help="simulated seconds per run")
+    p.add_argument("--sample-cost", type=float, default=0.0005, help="compute seconds per sample at slowdown 1")
+    p.add_argument("--target", type=float, default=0.80, help="global accuracy whose time is reported")
+    p.add_argument("--emulator", action="store_true", help="also run the real emulator, seed 0, each mode")
+    p.add_argument("--emulator-rounds", type=int, default=20)
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    c0 = time.perf_counter()
+    runs = {m: [virtual(args.out, m, s, args.budget, args.sample_cost) for s in seeds] for m in MODES}
+    emu = {m: emulated(args.out, m, args.emulator_rounds) for m in MODES} if args.emulator else {}
+    text = report(args.out, runs, args.budget, args.target, emu)
+    (args.out / "comparison.md").write_text(text)
+    plot(args.out / "accuracy.png", runs)
+    print(text)
+    print(f"({time.perf_counter() - c0:.0f}s; outputs in {args.out})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""The open round: the strategy's streaming aggregator, what has been folded into it, and the round
+record both drivers write.
+
+:class:`OpenAggregate` is the one path an admitted update takes into a global model, for the
+in-process simulator and the MQTT coordinator alike (the coordinator journals before it folds).
+:class:`RoundTally` counts what the folded updates add up to (coordinates sent, the evaluation the
+clients reported before training, their training losses, clipped, capped and stale updates);
+:class:`RoundRecord` is the round as ``flayer simulate`` reports it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flayer.strategies.base import Strategy, derive_seed
+from flayer.update import float_state
+
+from .gate import Verdict
+
+__all__ = ["OpenAggregate", "RoundRecord", "RoundTally", "initial_global_state"]
+
+
+def initial_global_state(strategy: Strategy, seed: int) -> dict[str, torch.Tensor]:
+    """The round-1 global model: the strategy's model initialised from ``seed``."""
+    with torch.random.fork_rng(devices=[]):  # leaves the caller's global RNG state as it was
+        torch.manual_seed(derive_seed(seed, "init"))
+        return float_state(strategy.new_model())
+
+
+@dataclass
+class RoundTally:
+    """What the updates folded into one round (or one asynchronous buffer) add up to."""
+
+    accepted: int = 0
+    sent: int = 0  # coordinates uploaded
+    numel: int = 0  # coordinates dense uploads of the same tensors would hold
+    indexed: int = 0  # explicit positions uploaded (sparse deltas)
+    clipped: int = 0
+    weight_capped: int = 0
+    correct: float = 0.0  # the clients' test evaluation before training, as they reported it
+    total: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)
+    device_acc: dict[str, float] = field(default_factory=dict)
+
+    def add(self, verdict: Verdict, client: str | None = None) -> None:
+        up = verdict.update
+        assert up is not None
+        self.accepted += 1
+        self.sent += up.sent
+        self.numel += up.numel
+        self.indexed += sum(d.count for d in up.deltas.values() if d.indices is not None)
+        self.clipped += int(verdict.clipped)
+        self.weight_capped += int(verdict.weight < up.num_samples)
+        self.staleness.append(verdict.staleness)
+        self.add_eval(up.info, client)
+
+    def add_eval(self, info: Mapping[str, float], client: str | None = None) -> None:
+        """Fold a client's reported evaluation (``test_correct``, ``test_total``, ``train_loss``)."""
+        c, t = info.get("test_correct"), info.get("test_total")
+        if c is not None and t is not None and t > 0 and 0 <= c <= t:
+            self.correct += float(c)
+            self.total += float(t)
+            if client is not None:
+                self.device_acc[client] = float(c) / float(t)
+        loss = info.get("train_loss")
+        if loss is not None and math.isfinite(loss):
+            self.losses.append(float(loss))
+
+    def remove(self, n: int) -> None:
+        """``n`` folded updates were taken out again (quarantined)."""
+        self.accepted -= n
+
+    @property
+    def acc(self) -> float | None:
+        return self.correct / self.total if self.total else None
+
+    @property
+    def train_loss(self) -> float | None:
+        return sum(self.losses) / len(self.losses) if self.losses else None
+
+    @property
+    def mean_staleness(self) -> float:
+        return sum(self.staleness) / len(self.staleness) if self.staleness else 0.0
+
+
+class OpenAggregate:
+    """A round's (or buffer's) aggregator over ``global_state`` and its tally."""
+
+    def __init__(self, strategy: Strategy, global_state: Mapping[str, torch.Tensor]) -> None:
+        self.fresh: Callable[[], Any] = lambda: strategy.aggregator(global_state)
+        self.aggregator = self.fresh()
+        self.shapes: Mapping[str, tuple[int, ...]] = self.aggregator.shapes
+        self.tally = RoundTally()
+        self.coordinates = sum(v.numel() for v in global_state.values())
+
+    def fold(self, verdict: Verdict, client: str | None = None) -> None:
+        """Fold an admitted update (:func:`flayer.engine.gate.admit`)."""
+        assert verdict.accepted and verdict.update is not None
+        self.aggregator.fold(verdict.update, weight=verdict.weight)
+        self.tally.add(verdict, client)
+
+    def unsent(self) -> int:
+        return self.aggregator.unsent() if self.aggregator.contributors else 0
+
+    def result(self) -> dict[str, torch.Tensor]:
+        return self.aggregator.result()
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    round: int
+    acc: float  # sample-weighted test accuracy over all clients, after download, before training
+    loss: float
+    train_loss: float  # mean over selected clients
+    selected: tuple[int, ...]
+    sent: int  # coordinates uploaded, all selected clients together
+    numel: int  # coordinates a dense upload of the same tensors would hold
+    upload_bytes: int  # wire bytes (0 when no sizer was given)
+    seconds: float
+    client_acc: tuple[float, ...]
+    unsent: int = 0  # coordinates of the global model no selected client sent (rule zero sets them to 0)
+    coordinates: int = 0  # coordinates of the global model
+    indexed: int = 0  # explicit positions uploaded (sparse deltas), all selected clients together
+    val_acc: float | None = None  # as ``acc``, on the clients' validation hold-outs (when evaluated)
+
+    @property
+    def upload_fraction(self) -> float:
+        return self.sent / self.numel if self.numel else 0.0
+
+    @property
+    def unsent_fraction(self) -> float:
+        return self.unsent / self.coordinates if self.coordinates else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"round": self.round, "acc": self.acc, "loss": self.loss, "train_loss": self.train_loss,
+                "selected": list(self.selected), "sent": self.sent, "numel": self.numel,
+                "upload_fraction": self.upload_fraction, "upload_bytes": self.upload_bytes,
+                "seconds": self.seconds, "client_acc": list(self.client_acc), "unsent": self.unsent,
+                "unsent_fraction": self.unsent_fraction, "indexed": self.indexed, "val_acc": self.val_acc}

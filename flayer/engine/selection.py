@@ -1,0 +1,56 @@
+"""Who trains: every selection policy of the stack, as pure seeded functions.
+
+- :func:`select_clients` -- the in-process simulator's (PFLlib's): ``round(join_ratio x N)`` of all N
+  clients, at least one, uniformly, seeded per round;
+- :func:`select_devices` -- a synchronous MQTT round's over-selection among the devices online:
+  ``k = min(online, ceil(over_selection x quorum))``, seeded from (run seed, round), so a restarted
+  coordinator draws the same devices;
+- :func:`assign_slots` -- asynchronous rounds: free training slots (``concurrency``) filled from the
+  idle devices online, seeded from (run seed, model version, how many slots were given before).
+
+All three draw with :func:`draw`: ``k`` of a sorted pool without replacement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TypeVar
+
+import numpy as np
+
+from flayer.strategies.base import derive_seed
+
+__all__ = ["assign_slots", "draw", "select_clients", "select_devices"]
+
+T = TypeVar("T")
+
+
+def draw(pool: Sequence[T], k: int, *key: int | str) -> list[T]:
+    """``k`` members of ``pool`` (already sorted, distinct), uniformly without replacement, from a
+    generator seeded by ``key``; the whole pool when ``k >= len(pool)``. Sorted."""
+    if k >= len(pool):
+        return list(pool)
+    rng = np.random.default_rng(derive_seed(*key))
+    return sorted(pool[int(i)] for i in rng.choice(len(pool), size=k, replace=False))  # type: ignore[type-var]
+
+
+def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int) -> list[int]:
+    """PFLlib's selection: round(join_ratio * N) clients (at least 1), uniformly, seeded per round."""
+    k = max(1, int(round(join_ratio * num_clients)))
+    return draw(list(range(num_clients)), k, seed, round_, "select")
+
+
+def select_devices(online: Sequence[str], quorum: int, over_selection: float, seed: int, round_: int) -> list[str]:
+    """Seeded over-selection among ``online`` (module docstring); sorted ids."""
+    pool = sorted(set(online))
+    k = min(len(pool), max(quorum, math.ceil(over_selection * quorum - 1e-9)))
+    return draw(pool, k, seed, round_, "mqtt-select")
+
+
+def assign_slots(idle: Sequence[str], free: int, seed: int, version: int, given: int) -> list[str]:
+    """Asynchronous rounds: ``free`` of the ``idle`` devices (online, holding no slot) get a slot;
+    ``given`` (slots handed out so far in this version) keeps successive draws apart. Sorted ids."""
+    if free <= 0:
+        return []
+    return draw(sorted(set(idle)), free, seed, version, given, "async-slot")
