@@ -1,4 +1,4 @@
-"""What :meth:`coordinator.server.Coordinator.run` returns."""
+"""What :meth:`coordinator.server.Coordinator.run` returns, and the error it raises when it cannot run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["CoordinatorResult"]
+__all__ = ["CoordinatorError", "CoordinatorResult"]
+
+
+class CoordinatorError(RuntimeError):
+    """The coordinator cannot run (refused by the broker, unusable state folder, ...)."""
 
 
 @dataclass

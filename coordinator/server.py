@@ -34,16 +34,16 @@ from typing import Any
 import torch
 
 from flayer.engine import VersionWindow, initial_global_state
-from flayer.state import load_initial_model, save_model
+from flayer.state import load_initial_model
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
-from protocol import Kind, Metrics, Plan, Status, Topics, WireLimits, encode_message
+from protocol import Kind, Metrics, Status, Topics, WireLimits, encode_message
 from protocol.metrics_schema import end_record, run_record
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, Received
 
 from .async_rounds import Slots
-from .calibration import Calibration, CalibrationError
+from .calibration import Calibration
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
 from .guard import NormHistory, Quarantine
@@ -51,10 +51,11 @@ from .inbox import CompleteUpdate, Inbox
 from .journal import prune_journals
 from .metrics import MetricsLog
 from .open_round import OpenRound, folded_in, journaled_round, journaled_selection
-from .publish import ModelBlob, Publisher, StopRequested, make_plan, model_blob
+from .phases import Phases
+from .publish import ModelBlob, Publisher, StopRequested, model_blob
 from .receive import ReceiveQueue
 from .registry import DeviceRegistry
-from .result import CoordinatorResult
+from .result import CoordinatorError, CoordinatorResult
 from .revocations import RevocationList
 from .rounds import select_devices
 
@@ -63,15 +64,11 @@ __all__ = ["Coordinator", "CoordinatorError", "CoordinatorResult"]
 log = logging.getLogger(__name__)
 
 
-class CoordinatorError(RuntimeError):
-    """The coordinator cannot run (refused by the broker, unusable state folder, ...)."""
-
-
 class _Stop:
     pass
 
 
-class Coordinator:
+class Coordinator(Phases):
     """``run()`` blocks (in the caller's thread) until the last round closed or :meth:`stop`."""
 
     def __init__(self, cfg: CoordinatorConfig, creds: Credentials, *, clock: Callable[[], float] = time.time,
@@ -375,30 +372,6 @@ class Coordinator:
             else:
                 rnd.timer.deadline = now + self.fs.deadline_s  # nothing to publish yet: keep buffering
 
-    def _plan(self, phase: str = "train") -> Plan:
-        assert self.model is not None and self._chunks > 0
-        rnd, cal = self.open, self.calibration
-        if rnd is not None:
-            number, selected, deadline = rnd.number, rnd.selected, rnd.timer.deadline if rnd.timer else self.clock()
-        elif cal is not None:
-            number, selected, deadline = 0, cal.selected, cal.deadline
-        else:
-            number, selected, deadline = self.cfg.run.rounds + 1, frozenset(), self.clock()
-        return make_plan(self.cfg, self.strategy.name, self.options, number, selected, deadline, self.model,
-                         self._chunks, phase)
-
-    def _publish_model(self, round_: int) -> None:
-        assert self.model is not None
-        self._chunks, nbytes = self.publisher.model(self.model, round_)
-        if self.open is not None:
-            self.open.stats.bytes_out += nbytes
-            self.open.stats.model_bytes = self.model.size
-
-    def _publish_plan(self, phase: str = "train") -> None:
-        nbytes = self.publisher.plan(self._plan(phase))
-        if self.open is not None:
-            self.open.stats.bytes_out += nbytes
-
     def _open_round(self) -> None:
         rnd = self.open
         assert rnd is not None
@@ -418,42 +391,6 @@ class Coordinator:
         if self.on_progress is not None:
             self.on_progress("open", {"round": rnd.number, "selected": len(rnd.selected),
                                       "accepted": len(rnd.accepted)})
-
-    def _republish(self) -> None:
-        """After a reconnect: the broker may have restarted without the retained model and plan (Mosquitto
-        saves them every ``autosave_interval``), and devices that missed them would wait forever."""
-        if (self.open is None or self.open.timer is None) and self.calibration is None:
-            return
-        self.publisher.forget()
-        self._publish_model(self.open.number if self.open is not None else 0)
-        self._publish_plan("train" if self.open is not None else "calibrate")
-        log.info("published the model and plan again after the reconnect")
-
-    def _open_calibration(self, online: list[str]) -> None:
-        self.calibration = Calibration(frozenset(online), self.clock() + self.fs.calibration_s)
-        self._publish_model(0)
-        self.publisher.plan(self._plan("calibrate"))
-        log.info("calibration (round 0) open: %d devices %s", len(online), online)
-        if self.on_progress is not None:
-            self.on_progress("calibrate", {"selected": len(online)})
-
-    def _resolve_calibration(self) -> None:
-        cal, self.calibration = self.calibration, None
-        assert cal is not None and self.model is not None
-        try:
-            self.strategy, resolved = cal.resolve(self.strategy)
-        except CalibrationError as exc:
-            raise CoordinatorError(str(exc)) from None
-        bad = {k: v for k, v in resolved.items() if not isinstance(v, (str, int, float, bool))}
-        if bad:
-            raise CoordinatorError(f"the calibration resolved options the round plan cannot carry: {bad}")
-        self.options = {**self.options, **resolved}
-        self._calibrated = True
-        save_checkpoint(self.cfg.state_dir, Checkpoint(0, self.global_state, self.model.digest, self.identity(),
-                                                       dict(self.counters), dict(self.options), self.norms.norms))
-        log.info("calibration resolved %s from %d report(s)", resolved, len(cal.reports))
-        if self.on_progress is not None:
-            self.on_progress("calibrated", {"resolved": resolved, "reports": len(cal.reports)})
 
     def _close_round(self, reason: str) -> None:
         rnd = self.open
@@ -484,15 +421,3 @@ class Coordinator:
             self.on_round(record)
         if self.asynchronous:
             self._tick()  # the next version's buffer opens at once: updates keep arriving
-
-    def _finish(self) -> None:
-        """Publish the final model and a ``final`` plan (retained), save the global model, end."""
-        assert self.model is not None
-        self._publish_model(self.cfg.run.rounds + 1)
-        self.publisher.plan(self._plan("final"))
-        self.publisher.clear_old_models()
-        meta = {"strategy": self.strategy.name, "rounds": self.cfg.run.rounds, "seed": self.cfg.run.seed,
-                "role": "global", "digest": self.model.digest}
-        save_model(self.cfg.state_dir / "global.safetensors", self.global_state, self.cfg.spec, meta)
-        self._done = True
-        log.info("federation finished after round %d; final model %s", self.done_round, self.model.digest[:12])

@@ -1,0 +1,107 @@
+"""The coordinator's publishing side and its phases outside a training round: the round plan, the
+model and plan publications (and their re-publication after a reconnect), round 0 (calibration) and
+the end of the federation. A mixin of :class:`coordinator.server.Coordinator`, which holds the state."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flayer.state import save_model
+from protocol import Plan
+
+from .calibration import Calibration, CalibrationError
+from .checkpoint import Checkpoint, save_checkpoint
+from .publish import make_plan
+from .result import CoordinatorError
+
+__all__ = ["Phases"]
+
+log = logging.getLogger("coordinator.server")
+
+
+class Phases:
+    """Publishing, calibration and the finish (see module docstring)."""
+
+    cfg: Any
+    fs: Any
+    model: Any
+    open: Any
+    calibration: Any
+    publisher: Any
+    strategy: Any
+    options: dict[str, Any]
+    on_progress: Any
+    _chunks: int
+
+    def _plan(self, phase: str = "train") -> Plan:
+        assert self.model is not None and self._chunks > 0
+        rnd, cal = self.open, self.calibration
+        if rnd is not None:
+            number, selected, deadline = rnd.number, rnd.selected, rnd.timer.deadline if rnd.timer else self.clock()
+        elif cal is not None:
+            number, selected, deadline = 0, cal.selected, cal.deadline
+        else:
+            number, selected, deadline = self.cfg.run.rounds + 1, frozenset(), self.clock()
+        return make_plan(self.cfg, self.strategy.name, self.options, number, selected, deadline, self.model,
+                         self._chunks, phase)
+
+    def _publish_model(self, round_: int) -> None:
+        assert self.model is not None
+        self._chunks, nbytes = self.publisher.model(self.model, round_)
+        if self.open is not None:
+            self.open.stats.bytes_out += nbytes
+            self.open.stats.model_bytes = self.model.size
+
+    def _publish_plan(self, phase: str = "train") -> None:
+        nbytes = self.publisher.plan(self._plan(phase))
+        if self.open is not None:
+            self.open.stats.bytes_out += nbytes
+
+    def _republish(self) -> None:
+        """After a reconnect: the broker may have restarted without the retained model and plan (Mosquitto
+        saves them every ``autosave_interval``), and devices that missed them would wait forever."""
+        if (self.open is None or self.open.timer is None) and self.calibration is None:
+            return
+        self.publisher.forget()
+        self._publish_model(self.open.number if self.open is not None else 0)
+        self._publish_plan("train" if self.open is not None else "calibrate")
+        log.info("published the model and plan again after the reconnect")
+
+    def _open_calibration(self, online: list[str]) -> None:
+        self.calibration = Calibration(frozenset(online), self.clock() + self.fs.calibration_s)
+        self._publish_model(0)
+        self.publisher.plan(self._plan("calibrate"))
+        log.info("calibration (round 0) open: %d devices %s", len(online), online)
+        if self.on_progress is not None:
+            self.on_progress("calibrate", {"selected": len(online)})
+
+    def _resolve_calibration(self) -> None:
+        cal, self.calibration = self.calibration, None
+        assert cal is not None and self.model is not None
+        try:
+            self.strategy, resolved = cal.resolve(self.strategy)
+        except CalibrationError as exc:
+            raise CoordinatorError(str(exc)) from None
+        bad = {k: v for k, v in resolved.items() if not isinstance(v, (str, int, float, bool))}
+        if bad:
+            raise CoordinatorError(f"the calibration resolved options the round plan cannot carry: {bad}")
+        self.options = {**self.options, **resolved}
+        self._calibrated = True
+        save_checkpoint(self.cfg.state_dir, Checkpoint(0, self.global_state, self.model.digest, self.identity(),
+                                                       dict(self.counters), dict(self.options), self.norms.norms))
+        log.info("calibration resolved %s from %d report(s)", resolved, len(cal.reports))
+        if self.on_progress is not None:
+            self.on_progress("calibrated", {"resolved": resolved, "reports": len(cal.reports)})
+
+    def _finish(self) -> None:
+        """Publish the final model and a ``final`` plan (retained), save the global model, end."""
+        assert self.model is not None
+        self._publish_model(self.cfg.run.rounds + 1)
+        self.publisher.plan(self._plan("final"))
+        self.publisher.clear_old_models()
+        meta = {"strategy": self.strategy.name, "rounds": self.cfg.run.rounds, "seed": self.cfg.run.seed,
+                "role": "global", "digest": self.model.digest}
+        save_model(self.cfg.state_dir / "global.safetensors", self.global_state, self.cfg.spec, meta)
+        self._done = True
+        log.info("federation finished after round %d; final model %s", self.done_round, self.model.digest[:12])
