@@ -96,9 +96,9 @@ def _settings(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
 
 
 def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path, name: str = "bench.json",
-                 extra: dict[str, Any] | None = None) -> Path:
+                 extra: dict[str, Any] | None = None, growable: tuple[str, ...] = ()) -> Path:
     """Write or check the settings file ``name``; make or reuse the saved partition. Returns the
-    partition file."""
+    partition file. A ``growable`` setting (a list) may gain values: the finished runs stay valid."""
     from flayer.partition import save_partition
 
     settings = {**_settings(args, cfg), **(extra or {})}
@@ -108,7 +108,9 @@ def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path, name: str = "ben
             old = json.loads(sfile.read_text())
         except ValueError:
             raise CliError(f"{sfile} is not valid JSON; remove it or use another --out") from None
-        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k)
+                      and not (k in growable and isinstance(old.get(k), list) and isinstance(settings.get(k), list)
+                               and set(old[k]) <= set(settings[k])))
         if diff:
             raise CliError(f"{out} holds a bench with other settings ({', '.join(diff)} differ); "
                            f"use another --out or the same flags")

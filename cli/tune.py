@@ -10,7 +10,8 @@ the tuning goes on.
 
 Layout of ``--out``::
 
-    tune.json             the settings (a later call with other settings is refused)
+    tune.json             the settings (a later call with other settings is refused, except a wider
+                          --lrs: the grid grows and the finished runs count)
     partition.npz         the partition every run reads
     runs/<method>/<point>/  one ``flayer simulate`` run each (point: lr0.05, lr0.05_mu=0.1, ...)
     tuned.json            the grid, every run's validation and test accuracy, the choice per method
@@ -200,8 +201,11 @@ def markdown(rows: Sequence[dict[str, Any]], choice: dict[str, Choice]) -> str:
     for r in rows:
         c = choice.get(r["method"])
         chosen = c is not None and c.lr == r["lr"] and list(c.sets) == r["set"]
+        lrs = [x["lr"] for x in rows if x["method"] == r["method"]]
+        edge = chosen and len(set(lrs)) > 1 and r["lr"] in (min(lrs), max(lrs))
         body.append((r["method"], r["label"], pct(r["best_val_acc"]), pct(r["best_test_acc"]),
-                     r["diverged"] or "", "**chosen**" if chosen else ""))
+                     r["diverged"] or "", ("**chosen**, at the grid's edge" if edge else "**chosen**") if chosen
+                     else ""))
     return table(["method", "point", "best val acc %", "best test acc %", "diverged", ""], body, markdown=True)
 
 
@@ -221,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     part_file = _prepare_out(args, cfg, out, name="tune.json",
                              extra={"lrs": lrs, "grid": args.grid, "train_seed": args.train_seed,
-                                    "blowup": args.blowup})
+                                    "blowup": args.blowup}, growable=("lrs",))
     points = grid_points(methods, lrs, grid)
 
     def run_dir(pt: Point) -> Path:

@@ -115,6 +115,20 @@ def test_tune_then_bench_tuned_end_to_end(tmp_path: Path, capsys: Any) -> None:
     assert doc["choice"]["fedavg"]["lr"] == 0.05
     assert main(["tune", *common, "--lrs", "0.05,10", "--out", str(out)]) == 0  # resumed: nothing re-run
     assert "2 already done" in capsys.readouterr().err
+    assert main(["tune", *common, "--lrs", "0.02,0.05,10", "--out", str(out)]) == 0  # a wider grid: one more run
+    assert "2 already done in" in capsys.readouterr().err
+    assert {r["lr"] for r in json.loads((out / "tuned.json").read_text())["runs"]} == {0.02, 0.05, 10.0}
+    assert main(["tune", *common, "--lrs", "0.05", "--out", str(out)]) == 2  # dropping a point: another grid
+    assert "lrs differ" in capsys.readouterr().err
     bench = tmp_path / "bench"
     assert main(["bench", *common, "--seeds", "0", "--tuned", str(out / "tuned.json"), "--out", str(bench)]) == 0
     assert "--lr 0.05" in (bench / "runs/fedavg/seed0/log.txt").read_text().splitlines()[0]
+
+
+def test_a_choice_at_the_grids_edge_is_flagged() -> None:
+    from cli.tune import markdown
+
+    rows = [_row("fedavg", 0.01, 0.80, 0.8), _row("fedavg", 0.1, 0.95, 0.9), _row("local", 0.01, 0.7, 0.7),
+            _row("local", 0.05, 0.9, 0.9), _row("local", 0.1, 0.8, 0.8)]
+    text = markdown(rows, choose(rows))
+    assert text.count("at the grid's edge") == 1 and "**chosen**" in text.split("local")[2]
