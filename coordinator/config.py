@@ -24,6 +24,7 @@
     queue_sender_bytes = 100663296  # ... and one sender (more is dropped, counted queue_full)
     value_codec = "fp32"            # what devices upload with (fp32 is lossless)
     compress = false                # zstd on uploads
+    delta_downloads = "off"         # or exact | fp16 | int8: publish the change from the previous model too
 
     [run]      strategy, rounds, seed            (as for flayer simulate)
     [data]     dataset (and model): the model spec, without loading any data
@@ -54,6 +55,7 @@ from flayer.config import ConfigError, RunConfig, add_python_path, from_mapping,
 from flayer.registry import ModelError, with_fingerprint
 from flayer.spec import ModelSpec, canonical_args, canonical_classes
 from protocol import VALUE_CODECS
+from protocol.model_delta import DELTA_MODES
 
 __all__ = ["DATASET_INPUTS", "CoordinatorConfig", "FederationSettings", "load_coordinator_config", "model_spec_for"]
 
@@ -92,6 +94,7 @@ class FederationSettings:
     max_malformed: int = 3  # refusals of one device in one round before it is cut off for that round
     queue_bytes: int = 256 * 2**20  # the receive queue between the MQTT callbacks and the worker
     queue_sender_bytes: int = 96 * 2**20  # one sender's share of it
+    delta_downloads: str = "off"  # off | exact | fp16 | int8 (protocol.model_delta)
     revoked_file: str = ""  # 'flayer broker revoke' list; default: revoked.json of the credentials' broker folder
 
     def __post_init__(self) -> None:
@@ -116,6 +119,8 @@ class FederationSettings:
             raise ConfigError(f"norm_bound must be a positive number (leave it out for none), got {self.norm_bound}")
         if self.value_codec not in VALUE_CODECS:
             raise ConfigError(f"value_codec must be one of {', '.join(VALUE_CODECS)}, got {self.value_codec!r}")
+        if self.delta_downloads not in DELTA_MODES:
+            raise ConfigError(f"delta_downloads must be one of {', '.join(DELTA_MODES)}, got {self.delta_downloads!r}")
         if not (self.norm_auto >= 0 and math.isfinite(self.norm_auto)):
             raise ConfigError(f"norm_auto must be >= 0 (0: no automatic bound), got {self.norm_auto}")
         if self.norm_window < 1 or self.norm_warmup < 1 or self.norm_warmup > self.norm_window:

@@ -73,6 +73,7 @@ class Publisher:
         self.timeout_s = timeout_s
         self.cancelled = cancelled
         self.live: str | None = None  # digest published by this process
+        self.companion: str | None = None  # a blob retained beside it (the delta to it), published by this process
 
     def _retained(self) -> dict[str, int]:
         try:
@@ -86,7 +87,7 @@ class Publisher:
 
     def forget(self) -> None:
         """The broker may have lost what this process published (it restarted): publish it again."""
-        self.live = None
+        self.live = self.companion = None
 
     def _wait(self, infos: list, what: str) -> None:
         while not self.link.wait_published(infos, self.timeout_s, self.cancelled):
@@ -94,12 +95,14 @@ class Publisher:
                 raise StopRequested(what)
             log.warning("broker has not acknowledged %s after %.0f s; still waiting", what, self.timeout_s)
 
-    def model(self, model: ModelBlob, round_: int, shaper: Callable[[int], None] | None = None) -> tuple[int, int]:
+    def model(self, model: ModelBlob, round_: int, shaper: Callable[[int], None] | None = None,
+              companion: bool = False) -> tuple[int, int]:
         """Publish ``model`` as retained chunks unless this process already did; returns
-        (chunk count, bytes published)."""
+        (chunk count, bytes published). ``companion``: a blob kept retained beside the live model
+        (the delta to it) instead of the model itself."""
         chunks = chunk_blob(model.blob, Kind.MODEL_CHUNK, self.topics.federation, self.sender, round_,
                             self.max_payload, model.digest)
-        if self.live == model.digest:
+        if (self.companion if companion else self.live) == model.digest:
             return len(chunks), 0
         retained = self._retained()
         retained[model.digest] = len(chunks)
@@ -110,7 +113,10 @@ class Publisher:
                 shaper(len(payload))
             infos.append(self.link.publish(self.topics.model_chunk(model.digest, i), payload, retain=True))
         self._wait(infos, f"model {model.digest[:12]} ({len(chunks)} chunks)")
-        self.live = model.digest
+        if companion:
+            self.companion = model.digest
+        else:
+            self.live = model.digest
         return len(chunks), sum(len(p) for p in chunks)
 
     def plan(self, plan: Plan) -> int:
@@ -119,12 +125,13 @@ class Publisher:
         return len(payload)
 
     def clear_old_models(self) -> int:
-        """Empty the retained chunks of every recorded model but the live one; returns how many."""
+        """Empty the retained chunks of every recorded model but the live one (and its companion);
+        returns how many."""
         retained = self._retained()
-        old = {d: n for d, n in retained.items() if d != self.live}
+        old = {d: n for d, n in retained.items() if d not in (self.live, self.companion)}
         infos = [self.link.publish(self.topics.model_chunk(d, i), b"", retain=True) for d, n in old.items()
                  for i in range(n)]
         if infos:
             self._wait(infos, f"clearing {len(old)} old model(s)")
-            atomic_write(self.record, json.dumps({d: n for d, n in retained.items() if d == self.live}).encode())
+            atomic_write(self.record, json.dumps({d: n for d, n in retained.items() if d not in old}).encode())
         return len(old)

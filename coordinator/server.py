@@ -45,6 +45,7 @@ from transport.link import Connected, Disconnected, MqttLink, Received
 from .calibration import Calibration, CalibrationError
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
+from .deltas import DeltaChain
 from .guard import NormHistory, Quarantine
 from .inbox import CompleteUpdate, Inbox
 from .journal import prune_journals
@@ -93,6 +94,7 @@ class Coordinator:
         self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters)
         self.publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
                                    self.fs.publish_timeout_s, lambda: self._stopping)
+        self.deltas = DeltaChain(self.fs.delta_downloads, creds.federation, creds.username)  # thin links
         self.history: list[dict[str, Any]] = []
         self._stopping = self._done = self._connected_once = False
         self._fatal: str | None = None
@@ -328,12 +330,14 @@ class Coordinator:
             number, selected, deadline = 0, cal.selected, cal.deadline
         else:
             number, selected, deadline = self.cfg.run.rounds + 1, frozenset(), self.clock()
-        return make_plan(self.cfg, self.strategy.name, self.options, number, selected, deadline, self.model,
+        plan = make_plan(self.cfg, self.strategy.name, self.options, number, selected, deadline, self.model,
                          self._chunks, phase)
+        return dataclasses.replace(plan, delta=self.deltas.plan_field(self.model.digest))  # thin links
 
     def _publish_model(self, round_: int) -> None:
         assert self.model is not None
         self._chunks, nbytes = self.publisher.model(self.model, round_)
+        nbytes += self.deltas.publish(self.publisher, self.model, round_)  # thin links: the delta beside it
         if self.open is not None:
             self.open.stats.bytes_out += nbytes
             self.open.stats.model_bytes = self.model.size
@@ -403,11 +407,13 @@ class Coordinator:
         rnd = self.open
         assert rnd is not None
         r = rnd.number
+        old_state, old_model = self.global_state, self.model
         self.global_state, left_out = rnd.close(self.quarantine)
         if left_out:
             self.counters["quarantined"] += len(left_out)
         self.norms.add(rnd.norms)
-        self.model = model_blob(self.global_state)
+        # thin links: the delta from the previous model (lossy: the new model is its reconstruction)
+        self.global_state, self.model = self.deltas.advance(old_model, old_state, self.global_state, r + 1)
         self.done_round = r
         self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
         self.accepted_before[r] = set(rnd.accepted)

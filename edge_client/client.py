@@ -57,6 +57,7 @@ from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
 from .config import EdgeSettings
+from .delta_fetch import delta_source, rebuild
 from .download import ModelDownload, Pending
 from .runtime import TrainingRuntime
 from .sources import DeviceSource
@@ -135,6 +136,7 @@ class EdgeClient:
         self._thread: threading.Thread | None = None
         self._busy = False  # a job is running
         self._download: ModelDownload | None = None
+        self._delta: Any = None  # thin links: the DeltaRef being downloaded instead of the model
         self._model: tuple[str, dict[str, torch.Tensor]] | None = None
         self._pending: Pending | None = None  # sent, not acknowledged yet
         self._early_acks: list[Ack] = []  # acks that came while the job that sent their message still ran
@@ -285,14 +287,19 @@ class EdgeClient:
         return self.finished and int(self.stored.extra.get("finished_round", plan.round)) >= plan.round
 
     def _fetch(self, plan: Plan) -> None:
+        delta = delta_source(plan, self._model)  # thin links: the change from the model held, if offered
         if self._model is not None and self._model[0] == plan.model_digest:
             self._model_ready()
-        elif self._download is None or self._download.digest != plan.model_digest:
-            if self._download is not None:
-                self._download.cancel()
-            self._download = ModelDownload(self.link, self.topics, plan.model_digest, self.limits,
-                                           self.clock(), plan.model_chunks)
-            self._set_state("online")
+        elif self._download is None or self._download.digest not in (plan.model_digest, delta and delta.digest):
+            self._start_download(plan, delta)
+
+    def _start_download(self, plan: Plan, delta: Any = None) -> None:
+        if self._download is not None:
+            self._download.cancel()
+        self._delta = delta
+        self._download = ModelDownload(self.link, self.topics, delta.digest if delta else plan.model_digest,
+                                       self.limits, self.clock(), delta.chunks if delta else plan.model_chunks)
+        self._set_state("online")
 
     def _on_model_chunk(self, digest: str, payload: bytes) -> None:
         if self._download is None or digest != self._download.digest:
@@ -304,9 +311,19 @@ class EdgeClient:
             return
         started, stats, self._download = self._download.started, self._download.stats(), None
         self._link_kbps = round(len(blob) * 8 / 1000 / max(self.clock() - started, 1e-3), 1)
+        assert self.plan is not None
+        if self._delta is not None and digest == self._delta.digest:  # thin links: rebuild from the delta
+            assert self._model is not None  # a delta is fetched only from a model held
+            stats["delta_bytes"] = len(blob)
+            try:
+                blob, digest = rebuild(blob, self._delta, self.plan, self._model[1], self.limits), self.plan.model_digest
+            except WireError as exc:
+                log.warning("%s: refusing the model delta (%s); downloading the full model", self.id, exc)
+                self._progress("delta_refused", reason=str(exc))
+                self._start_download(self.plan)
+                return
         log.info("%s: model %s downloaded (%s)", self.id, digest[:12], stats)
         self._progress("downloaded", digest=digest, **stats)
-        assert self.plan is not None
         self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))
         self._model_ready()
 
@@ -521,7 +538,11 @@ class EdgeClient:
             else:
                 self._resend()
         d = self._download
-        if d is not None and now >= d.due(self.settings.download_stall_s):
+        if d is not None and now >= d.due(self.settings.download_stall_s) and self._delta is not None \
+                and d.digest == self._delta.digest and d.received == 0 and self.plan is not None:
+            log.warning("%s: no chunk of the model delta came; downloading the full model", self.id)  # thin links
+            self._start_download(self.plan)
+        elif d is not None and now >= d.due(self.settings.download_stall_s):
             log.warning("%s: model download stalled (%d chunks missing); asking for them again", self.id,
                         len(d.missing()))
             d.resubscribe(now)
