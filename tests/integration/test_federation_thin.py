@@ -105,7 +105,7 @@ def _run(tmp: Path, fb: FedBroker, shards: list, mode: str, chain: type[DeltaCha
 def test_devices_download_deltas_and_hold_the_published_models(tmp_path: Path, fed: FedBroker, shards: list,
                                                                mode: str) -> None:
     result, events = _run(tmp_path, fed, shards, mode)
-    for d, evs in events.items():
+    for evs in events.values():
         downloads = [info for kind, info in evs if kind == "downloaded"]
         assert len(downloads) == 4  # rounds 1-3 and the final model
         assert "delta_bytes" not in downloads[0]  # nothing held yet: the full model
@@ -121,7 +121,7 @@ def test_devices_download_deltas_and_hold_the_published_models(tmp_path: Path, f
 def test_a_bad_or_missing_delta_falls_back_to_the_full_model(tmp_path: Path, fed: FedBroker, shards: list,
                                                            chain: type[DeltaChain]) -> None:
     _, events = _run(tmp_path, fed, shards, "exact", chain)
-    for d, evs in events.items():
+    for evs in events.values():
         downloads = [info for kind, info in evs if kind == "downloaded"]
         assert len(downloads) == 4 and not any("delta_bytes" in info for info in downloads)
         if chain is TamperedChain:

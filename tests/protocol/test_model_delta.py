@@ -11,8 +11,17 @@ import torch
 from coordinator.deltas import DeltaChain
 from coordinator.publish import model_blob
 from edge_client.delta_fetch import delta_source, rebuild
-from protocol import EncodeError, Plan, UpdateHeader, WireError, blob_digest, decode_envelope, decode_message
-from protocol import encode_message, encode_state
+from protocol import (
+    EncodeError,
+    Plan,
+    UpdateHeader,
+    WireError,
+    blob_digest,
+    decode_envelope,
+    decode_message,
+    encode_message,
+    encode_state,
+)
 from protocol.model_delta import DeltaRef, apply_delta, delta_ref, make_delta
 
 SHAPES = {"conv.weight": (8, 1, 3, 3), "conv.bias": (8,), "fc.weight": (10, 72), "fc.bias": (10,)}
