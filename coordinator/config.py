@@ -25,6 +25,8 @@
     value_codec = "fp32"            # what devices upload with (fp32 is lossless)
     compress = false                # zstd on uploads
     delta_downloads = "off"         # or exact | fp16 | int8: publish the change from the previous model too
+    fit_lowest_codec = "int8"       # devices with [edge] upload = "fit" may go down to this codec ...
+    fit_min_keep = 0.1              # ... and send no less than this share of their masked coordinates
 
     [run]      strategy, rounds, seed            (as for flayer simulate)
     [data]     dataset (and model): the model spec, without loading any data
@@ -56,6 +58,7 @@ from flayer.registry import ModelError, with_fingerprint
 from flayer.spec import ModelSpec, canonical_args, canonical_classes
 from protocol import VALUE_CODECS
 from protocol.model_delta import DELTA_MODES
+from protocol.upload_cap import UploadCap
 
 __all__ = ["DATASET_INPUTS", "CoordinatorConfig", "FederationSettings", "load_coordinator_config", "model_spec_for"]
 
@@ -95,6 +98,8 @@ class FederationSettings:
     queue_bytes: int = 256 * 2**20  # the receive queue between the MQTT callbacks and the worker
     queue_sender_bytes: int = 96 * 2**20  # one sender's share of it
     delta_downloads: str = "off"  # off | exact | fp16 | int8 (protocol.model_delta)
+    fit_lowest_codec: str = "int8"  # what link-fitting devices may choose (protocol.upload_cap)
+    fit_min_keep: float = 0.1
     revoked_file: str = ""  # 'flayer broker revoke' list; default: revoked.json of the credentials' broker folder
 
     def __post_init__(self) -> None:
@@ -121,6 +126,8 @@ class FederationSettings:
             raise ConfigError(f"value_codec must be one of {', '.join(VALUE_CODECS)}, got {self.value_codec!r}")
         if self.delta_downloads not in DELTA_MODES:
             raise ConfigError(f"delta_downloads must be one of {', '.join(DELTA_MODES)}, got {self.delta_downloads!r}")
+        if (problem := UploadCap(self.fit_lowest_codec, self.fit_min_keep).problems()) is not None:
+            raise ConfigError(f"fit_lowest_codec / fit_min_keep: {problem}")
         if not (self.norm_auto >= 0 and math.isfinite(self.norm_auto)):
             raise ConfigError(f"norm_auto must be >= 0 (0: no automatic bound), got {self.norm_auto}")
         if self.norm_window < 1 or self.norm_warmup < 1 or self.norm_warmup > self.norm_window:

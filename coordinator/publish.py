@@ -22,6 +22,7 @@ import torch
 from flayer.state import atomic_write
 from flayer.update import state_numpy
 from protocol import Kind, Plan, Topics, blob_digest, chunk_blob, encode_message, encode_state
+from protocol.upload_cap import UploadCap
 from transport.link import MqttLink
 
 from .config import CoordinatorConfig
@@ -59,7 +60,8 @@ def make_plan(cfg: CoordinatorConfig, strategy: str, options: Mapping[str, Any],
                 options=dict(options), model=dict(dataclasses.asdict(cfg.spec)), model_digest=model.digest,
                 model_chunks=chunks, model_size=model.size, value_codec=fs.value_codec, compress=fs.compress,
                 phase=phase, seed=cfg.run.seed, train=cfg.train_plan, rounds=cfg.run.rounds,
-                max_update_bytes=fs.max_update_bytes)
+                max_update_bytes=fs.max_update_bytes,
+                upload_fit=UploadCap(fs.fit_lowest_codec, fs.fit_min_keep).as_plan())
 
 
 class Publisher:

@@ -62,6 +62,7 @@ from .download import ModelDownload, Pending
 from .runtime import TrainingRuntime
 from .sources import DeviceSource
 from .store import DeviceStore, StoredState, UploadRecord
+from .thin import ThinUploads
 from .work import (
     EdgeError,
     SkipRound,
@@ -119,6 +120,7 @@ class EdgeClient:
         self.runtime = TrainingRuntime(settings.runtime, self.id)
         self.store = DeviceStore(settings.state_dir)
         self.stored: StoredState = self.store.load()
+        self.thin = ThinUploads(settings, clock)  # thin links: uplink rate, residual, per-round upload choice
         self.strategies = StrategyCache({"device": str(self.device), "threads": settings.threads,
                                          "amp": settings.amp})
         self.events: queue.Queue[Any] = queue.Queue()
@@ -371,7 +373,8 @@ class EdgeClient:
         upload = train_and_encode(strategy, plan, global_state, state, self._data(), ctx,
                                   federation=self.creds.federation, sender=self.id,
                                   max_payload=self.creds.max_payload, max_update_bytes=min(limits) if limits else 0,
-                                  amp=self.settings.amp)
+                                  amp=self.settings.amp,
+                                  prepare=self.thin.prepare_for(plan, self.creds.federation, self.id))
         self._computed("train", t0, c0)
         self.store.save_upload(upload.blob)  # upload, then the state that names it: before publishing
         record = UploadRecord(plan.round, upload.digest, len(upload.blob))
@@ -407,7 +410,10 @@ class EdgeClient:
 
     def _publish(self, items: list[tuple[str, bytes, bool]]) -> None:
         shape = None if self.shaper is None else (lambda n: self.sleep(self.shaper(n, "up")))  # type: ignore[misc]
-        if not self.link.publish_all(items, self.settings.publish_timeout_s, self._stopped.is_set, shape):
+        t0 = self.clock()
+        if self.link.publish_all(items, self.settings.publish_timeout_s, self._stopped.is_set, shape):
+            self.thin.measured(sum(len(p) for _, p, _ in items), self.clock() - t0)  # thin links: the uplink rate
+        else:
             log.warning("%s: PUBACKs not all in after %.0f s; the ack timer takes over", self.id,
                         self.settings.publish_timeout_s)
 
@@ -441,7 +447,10 @@ class EdgeClient:
             self._pending = Pending("update", job.round, up.digest, self._update_items(up.payloads, job.round))
             self._sent()
             log.info("%s: round %d trained and sent (%d bytes)", self.id, job.round, len(up.blob))
+            fit = self.thin.last
             self._progress("trained", round=job.round, bytes=len(up.blob), acc=up.eval.acc if up.eval else None,
+                           codec=fit.codec if fit else None, keep=fit.keep if fit else None,
+                           budget=fit.budget if fit else None,
                            train_loss=(up.metrics or {}).get("train_loss"))
         elif job.kind == "calibrated":
             self._pending = job.result
