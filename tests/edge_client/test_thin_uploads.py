@@ -121,7 +121,7 @@ def test_thin_uploads_follow_the_plan_cap_and_persist_the_rate(tmp_path: Path) -
     budget = (_size_of(update, "fp32") + _size_of(update, "fp16")) // 2  # fp16 fits, fp32 does not
     plan = Plan(3, ("dev",), 1001.0 + budget / (0.8 * 125_000), "fedavg", {}, {"name": "cnn"}, "ab" * 32, 1, 10,
                 upload_fit=UploadCap("int8", 0.2).as_plan(), compress=True)
-    sent, options = thin.prepare_for(plan, "fed", "dev")(update)
+    _, options = thin.prepare_for(plan, "fed", "dev")(update)
     assert options.values == "fp16" and thin.last is not None and abs(thin.last.budget - budget) <= 1
     _, options = thin.prepare_for(dataclasses.replace(plan, round=4, upload_fit=UploadCap("fp32", 0.2).as_plan()),
                                   "fed", "dev")(update)
