@@ -127,3 +127,52 @@ def test_a_bad_or_missing_delta_falls_back_to_the_full_model(tmp_path: Path, fed
         if chain is TamperedChain:
             refused = [info["reason"] for kind, info in evs if kind == "delta_refused"]
             assert len(refused) == 3 and all("rebuilt model" in r for r in refused), refused
+
+
+def test_a_device_on_a_1_mbit_link_fits_its_upload_to_the_deadline(tmp_path: Path, fed: FedBroker,
+                                                                    shards: list) -> None:
+    """digits' CNN is 363 kB of fp32: 2.9 s at 1 Mbit/s, more than a 4 s round leaves after its local
+    round (the margin and the 80% safety included). The device (its uplink configured, shaped by the
+    emulator's token bucket) picks a smaller codec or share each round, and every upload is acknowledged
+    before the plan's deadline."""
+    import time
+
+    from emulator.profiles import DeviceProfile
+    from emulator.shaping import LinkShaper
+
+    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
+                           tmp_path / "coord", strategy="fedavg", rounds=3, dataset="digits", deadline_s=4.0)
+    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
+    seen: list[tuple[float, float, Any]] = []
+    client: list[EdgeClient] = []
+
+    def record(kind: str, info: dict) -> None:
+        if kind == "trained":  # after the publish and its PUBACKs
+            plan = client[0].plan
+            assert plan is not None
+            seen.append((time.time(), plan.deadline, dict(info)))
+
+    settings = EdgeSettings(state_dir=str(tmp_path / "dev-a"), device="cpu", heartbeat_s=1.0, threads=1,
+                            upload="fit", uplink_kbps=1000.0, error_feedback=True)
+    shaper = LinkShaper(DeviceProfile("thin", up_mbps=1.0))
+    client.append(EdgeClient(settings, fed.devices["dev-a"], shards[0], shaper=shaper, on_progress=record))
+    thread = coord.start()
+    client[0].start()
+    try:
+        thread.join(120)
+        assert not thread.is_alive(), "the coordinator did not finish"
+        result = coord._thread_result
+        assert not isinstance(result, BaseException), result
+        assert result is not None and result.finished and result.rounds_done == 3
+        assert client[0].wait(60) and client[0].error is None
+    finally:
+        client[0].stop()
+    model_bytes = result.history[0]["model_bytes"]
+    assert [r["accepted"] for r in result.history] == [1, 1, 1]
+    assert all(r["closed"] != "deadline" for r in result.history), [r["closed"] for r in result.history]
+    assert len(seen) == 3
+    for done_at, deadline, info in seen:
+        assert info["codec"] in ("fp16", "int8") and 0 < info["budget"] < model_bytes, info
+        assert info["bytes"] <= info["budget"] or info["keep"] == 0.1, info  # within budget, or at the floor
+        assert done_at < deadline, (done_at, deadline, info)
+    assert (tmp_path / "dev-a" / "residual-3.safetensors").exists()  # error feedback kept what was left out
