@@ -41,6 +41,7 @@ from protocol import Kind, Metrics, Plan, Status, Topics, WireLimits, encode_mes
 from protocol.metrics_schema import end_record, run_record
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, Received
+from transport.wirecount import WireBytes, count_wire_bytes
 
 from .calibration import Calibration, CalibrationError
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -91,6 +92,8 @@ class Coordinator:
         self.revoked = RevocationList(cfg.revoked_file)
         self.counters: Counter[str] = Counter()
         self.link = MqttLink(mqtt_connect_settings(creds), self._post, clean_session=False)
+        self.wire = WireBytes()  # every byte of the connection, for the rounds' bytes up / down
+        count_wire_bytes(self.link.client, self.wire.add)
         self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters)
         self.publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
                                    self.fs.publish_timeout_s, lambda: self._stopping)
@@ -351,6 +354,7 @@ class Coordinator:
         rnd = self.open
         assert rnd is not None
         now = self.clock()
+        rnd.stats.wire_from = self.wire.snapshot()
         rnd.start_timer(self.fs, now)
         self._publish_model(rnd.number)
         if rnd.journal is None:
@@ -422,6 +426,7 @@ class Coordinator:
                                                        dict(self.counters), dict(self.options), self.norms.norms))
         if self._connected_once:  # the broker re-sends what is retained under update/ and metrics/: cleared
             self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
+        rnd.stats.wire_to = self.wire.snapshot()
         record = rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted)
         self.metrics.write(record)
         self.history.append(record)
