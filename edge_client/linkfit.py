@@ -105,14 +105,15 @@ def fit_upload(update: Update, size_of: Callable[[Update, str], int], start: str
 
 def prepare_upload(update: Update, *, codec: str, zstd: bool, cap: UploadCap | None, fit: bool,
                    budget: int, residual: Mapping[str, np.ndarray] | None,
-                   size_of: Callable[[Update, str], int]) -> tuple[Update, UpdateOptions, Fit,
-                                                                   dict[str, np.ndarray] | None]:
-    """Residual in (when ``residual`` is not None: error feedback on), the fitted or fixed choice,
-    and the residual out: (update to encode, its options, the choice, the next residual or None)."""
+                   size_of: Callable[[Update, str], int], keep: float = 1.0) -> tuple[
+                       Update, UpdateOptions, Fit, dict[str, np.ndarray] | None]:
+    """Residual in (when ``residual`` is not None: error feedback on), the fitted or fixed choice
+    (``codec`` and the top-k share ``keep``), and the residual out: (update to encode, its options,
+    the choice, the next residual or None)."""
     full = with_residual(update, residual) if residual is not None else update
     if fit and cap is not None:
         sent, choice = fit_upload(full, size_of, codec, cap, budget)
     else:
-        sent, choice = full, Fit(codec, 1.0, 0, 0)
+        sent, choice = top_share(full, keep), Fit(codec, keep, 0, 0)
     nxt = left_out(full, as_decoded(sent, choice.codec), residual) if residual is not None else None
     return sent, UpdateOptions(choice.codec, zstd=zstd), choice, nxt

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .aggregate import UpdateError
+from .links import LinkHooks
 from .strategies.base import ClientState, LocalResult, RoundContext, Strategy, derive_seed
 from .train import ClientData, evaluate
 from .update import Update, float_state
@@ -101,6 +102,7 @@ class RoundRecord:
     coordinates: int = 0  # coordinates of the global model
     indexed: int = 0  # explicit positions uploaded (sparse deltas), all selected clients together
     val_acc: float | None = None  # as ``acc``, on the clients' validation hold-outs (when evaluated)
+    download_bytes: int = 0  # bytes the selected clients received for this round's model (LinkHooks only)
 
     @property
     def upload_fraction(self) -> float:
@@ -115,7 +117,8 @@ class RoundRecord:
                 "selected": list(self.selected), "sent": self.sent, "numel": self.numel,
                 "upload_fraction": self.upload_fraction, "upload_bytes": self.upload_bytes,
                 "seconds": self.seconds, "client_acc": list(self.client_acc), "unsent": self.unsent,
-                "unsent_fraction": self.unsent_fraction, "indexed": self.indexed, "val_acc": self.val_acc}
+                "unsent_fraction": self.unsent_fraction, "indexed": self.indexed, "val_acc": self.val_acc,
+                "download_bytes": self.download_bytes}
 
 
 @dataclass
@@ -166,7 +169,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
              on_round: Callable[[RoundRecord], None] | None = None,
              on_client: Callable[[int, int], None] | None = None,
              sizer: Callable[[Update], int] | None = None, val: bool = False,
-             blowup: float | None = None) -> SimulationResult:
+             blowup: float | None = None, links: LinkHooks | None = None) -> SimulationResult:
     """Run ``rounds`` federated rounds of ``strategy`` over ``clients``.
 
     ``on_round(record)`` after each round, ``on_client(round, done)`` after each client (progress);
@@ -174,7 +177,8 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     model on the validation hold-outs (``RoundRecord.val_acc``). The run stops early, with
     ``SimulationResult.diverged`` saying why, when the global model or the clients' mean training
     loss is not finite, or (``blowup``) when that loss exceeds ``blowup`` times the cross-entropy of a
-    uniform guess, ln(classes).
+    uniform guess, ln(classes). ``links`` (:class:`flayer.links.LinkHooks`): fold the updates as
+    decoded, publish the model as rebuilt, count the bytes both ways (instead of ``sizer``).
     """
     g = dict(global_state) if global_state is not None else initial_global_state(strategy, seed)
     resolved: dict[str, Any] = {}
@@ -190,6 +194,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         evals: list[ClientEval] = []
         losses: list[float] = []
         sent = numel = nbytes = indexed = 0
+        down = sum(links.download(r, i) for i in sorted(selected)) if links is not None else 0  # thin links
         for i, data in enumerate(clients):
             ctx = RoundContext(round=r, client=i, seed=seed, device=device)
             ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected, val=val)
@@ -197,26 +202,29 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
             if result is not None and diverged is None:
                 states[i] = result.state
                 losses.append(result.metrics.get("train_loss", float("nan")))
+                update, wire = result.update, 0
                 try:
-                    agg.fold(result.update)
+                    if links is not None:  # thin links: the update as the server decodes it
+                        update, wire = links.upload(r, i, update)
+                    agg.fold(update)
                 except UpdateError as exc:  # e.g. non-finite values: the learning rate made training diverge
                     diverged = f"diverged: client {i}'s update in round {r} was refused ({exc})"
                 else:
-                    sent += result.update.sent
-                    numel += result.update.numel
-                    indexed += sum(d.count for d in result.update.deltas.values() if d.indices is not None)
-                    nbytes += sizer(result.update) if sizer is not None else 0
+                    sent += update.sent
+                    numel += update.numel
+                    indexed += sum(d.count for d in update.deltas.values() if d.indices is not None)
+                    nbytes += wire if links is not None else sizer(update) if sizer is not None else 0
             if on_client is not None:
                 on_client(r, i + 1)
         unsent = agg.unsent() if agg.contributors else 0
         coordinates = sum(v.numel() for v in g.values())
         if diverged is None:  # a refused update leaves the global model as it was
-            g = agg.result()
+            g = agg.result() if links is None else links.publish(r, g, agg.result())
         acc, loss = _weighted(evals)
         vals = [e.val for e in evals if e.val is not None]
         rec = RoundRecord(r, acc, loss, float(np.mean(losses)) if losses else float("nan"), tuple(sorted(selected)),
                           sent, numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals),
-                          unsent, coordinates, indexed, _weighted(vals)[0] if vals else None)
+                          unsent, coordinates, indexed, _weighted(vals)[0] if vals else None, down)
         records.append(rec)
         log.info("round %d: acc %.4f loss %.4f train_loss %.4f upload %.3f", r, acc, loss, rec.train_loss,
                  rec.upload_fraction)
