@@ -98,8 +98,8 @@ def training_runtime(runtime: str, strategy: Any, device: Any) -> Any:
 
 def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:
     """A :class:`flayer.simulation.RoundRecord` as a ``round`` record of the metrics schema: every selected
-    client reports (ids are client indices); bytes down count a dense fp32 global model per selected client,
-    or with thin-link options what each one received (model or delta blob)."""
+    client reports (ids are client indices); bytes down: the model or delta blob each selected client received
+    (``flayer simulate``, :mod:`cli.thinsim`), or without link hooks a dense fp32 model per selected client."""
     from protocol.metrics_schema import round_record
 
     selected = [str(c) for c in rec.selected]
@@ -117,7 +117,8 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
                    quiet: bool = False, save_models: bool = False, runtime: str = "torch",
                    blowup: float | None = None, thin: Any = None) -> dict[str, Any]:
     """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary.
-    ``thin``: :class:`cli.thinsim.ThinOptions` (what the links carry; None: fp32 uploads, sizes only)."""
+    ``thin``: :class:`cli.thinsim.ThinOptions` (what the links carry, both ways counted; None: no link hooks,
+    the updates folded as trained and sized as fp32 blobs)."""
     from flayer.simulation import initial_global_state, simulate
     from flayer.strategies import make_strategy
     from flayer.train import client_data, pick_device, training_engine
@@ -150,7 +151,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
                 progress.update((r - 1) * len(clients) + done)
 
         links, g0 = None, None
-        if thin is not None and thin.active:
+        if thin is not None:
             from cli.thinsim import link_hooks
 
             g0 = initial_global_state(strategy, cfg.seed)

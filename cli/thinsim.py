@@ -44,10 +44,6 @@ class ThinOptions:
         if self.delta_downloads not in DELTA_MODES:
             raise ValueError(f"delta downloads must be one of {', '.join(DELTA_MODES)}, got {self.delta_downloads!r}")
 
-    @property
-    def active(self) -> bool:
-        return self != ThinOptions()
-
 
 class _Links:
     def __init__(self, opts: ThinOptions, initial: Mapping[str, torch.Tensor]) -> None:
