@@ -97,9 +97,9 @@ class FederationSettings:
     max_malformed: int = 3  # refusals of one device in one round before it is cut off for that round
     queue_bytes: int = 256 * 2**20  # the receive queue between the MQTT callbacks and the worker
     queue_sender_bytes: int = 96 * 2**20  # one sender's share of it
-    delta_downloads: str = "off"  # off | exact | fp16 | int8 (protocol.model_delta)
-    fit_lowest_codec: str = "int8"  # what link-fitting devices may choose (protocol.upload_cap)
-    fit_min_keep: float = 0.1
+    delta_downloads: str = "off"  # publish the change from the previous model too: off, exact, fp16 or int8
+    fit_lowest_codec: str = "int8"  # the lowest value codec devices with [edge] upload = "fit" may choose
+    fit_min_keep: float = 0.1  # the least share of their masked coordinates such devices may send
     revoked_file: str = ""  # 'flayer broker revoke' list; default: revoked.json of the credentials' broker folder
 
     def __post_init__(self) -> None:

@@ -72,7 +72,7 @@ class EdgeSettings:
     max_update_bytes: int = 0
     exit_when_finished: bool = True
     keepalive_s: int = 30
-    upload: str = "plan"  # plan | fit (edge_client.linkfit)
+    upload: str = "plan"  # plan: the plan's codec; fit: codec and top-k share fitted to the uplink and deadline
     uplink_kbps: float = 0.0
     error_feedback: bool = False
 
