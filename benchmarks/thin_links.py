@@ -7,9 +7,13 @@ top-k share (``--keep``, default 0.25 of FLAYER's masked coordinates) and error 
 downloads use the matching codec (fp32: exact, fp16: fp16, int8: int8). Bytes are the update and
 model / delta blobs (the MQTT chunk framing, ~0.1%, is not counted).
 
+It also writes what one round costs on each of the emulator's built-in link profiles: seconds to
+send one update and to receive the model (or its delta) at the profile's rate, from the measured
+mean bytes per upload and per download (transfer time only: latency and the local round excluded).
+
 Resumable: each run lives in ``OUT/runs/<setting>-<delta>-s<seed>/`` and one that finished (its
 ``summary.json`` there, for the same rounds and samples) is not run again. Writes ``OUT/results.json``,
-``OUT/results.md`` (the table) and ``OUT/thin_links.png`` (accuracy against MB up and MB down per client).
+``OUT/results.md`` (the table), ``OUT/links.md`` (the per-link costs) and ``OUT/thin_links.png`` (accuracy against MB up and MB down per client).
 
     python benchmarks/thin_links.py [--seeds 0,1,2] [--rounds 30] [--samples 12000] [--clients 20]
         [--keep 0.25] [--lr LR] [--out docs/results/thin-links]
@@ -67,7 +71,7 @@ def run_one(setting: str, delta: bool, seed: int, args: argparse.Namespace) -> d
         cmd += ["--data-dir", args.data_dir]
     t0 = time.perf_counter()
     print(f"{run_name(setting, delta, seed)}: running", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     (folder / "log.txt").parent.mkdir(parents=True, exist_ok=True)
     (folder / "log.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -100,9 +104,11 @@ def summarise(args: argparse.Namespace, seeds: list[int]) -> list[dict[str, Any]
             up = statistics.fmean(r["upload_bytes_total"] / r["clients"] for r in runs)
             down = statistics.fmean(r["download_bytes_total"] / r["clients"] for r in runs)
             per_upload = statistics.fmean(r["upload_bytes_total"] / r["uploads"] for r in runs)
+            per_download = statistics.fmean(r["download_bytes_total"] / r["uploads"] for r in runs)
             rows.append({"setting": setting, "delta": SETTINGS[setting][1] if delta else "off", "seeds": seeds,
                          "acc": acc, "acc_sd": acc_sd, "mb_up": up / 1e6, "mb_down": down / 1e6,
                          "upload_vs_dense_fp32": per_upload / model, "model_bytes": model,
+                         "bytes_per_upload": per_upload, "bytes_per_download": per_download,
                          "final_round_acc": statistics.fmean(100 * r["final_round_acc"] for r in runs)})
     return rows
 
@@ -115,16 +121,17 @@ def write(args: argparse.Namespace, rows: list[dict[str, Any]], seeds: list[int]
             "rounds": args.rounds, "samples": args.samples, "clients": args.clients, "keep": args.keep,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    lines = [f"FLAYER on Fashion-MNIST Dir(0.1), {args.clients} clients, {args.samples} images, {args.rounds} "
-             f"rounds, seeds {','.join(map(str, seeds))} (mean, and sd over seeds); `{meta['command']}`, "
-             f"{meta['date']}.", "",
-             "| upload | delta downloads | personal acc % | vs fp32 (points) | final-round acc % | MB up / client "
-             "| MB down / client | upload / dense fp32 |", "|---|---|---|---|---|---|---|---|"]
+    lines = [(f"FLAYER on Fashion-MNIST Dir(0.1), {args.clients} clients, {args.samples} images, {args.rounds} "
+              f"rounds, seeds {','.join(map(str, seeds))} (mean, and sd over seeds); `{meta['command']}`, "
+              f"{meta['date']}."), "",
+             ("| upload | delta downloads | personal acc % | vs fp32 (points) | final-round acc % | MB up / client "
+              "| MB down / client | upload / dense fp32 |"), "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['setting']} | {r['delta']} | {r['acc']:.2f} +- {r['acc_sd']:.2f} | "
                      f"{r['acc'] - base['acc']:+.2f} | {r['final_round_acc']:.2f} | {r['mb_up']:.2f} | "
                      f"{r['mb_down']:.2f} | {r['upload_vs_dense_fp32']:.3f} |")
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    (args.out / "links.md").write_text(link_costs(rows))
     plt = _pyplot()
     if plt is None:
         return
@@ -145,6 +152,24 @@ def write(args: argparse.Namespace, rows: list[dict[str, Any]], seeds: list[int]
     fig.tight_layout()
     fig.savefig(args.out / "thin_links.png")
     plt.close(fig)
+
+
+def link_costs(rows: list[dict[str, Any]]) -> str:
+    """Seconds per upload and per download on each built-in link profile (transfer time at its rate)."""
+    from emulator.profiles import BUILTIN_PROFILES
+
+    links = [p for p in BUILTIN_PROFILES.values() if p.up_mbps > 0 and p.down_mbps > 0]
+    head = " | ".join(f"{p.name} ({p.up_mbps:g} / {p.down_mbps:g} Mbit/s)" for p in links)
+    out = [("Seconds to send one update (up) and to receive one round's model (down; mean over the rounds, "
+            "the first one's whole model included) at each built-in profile's rate."), "",
+           f"| upload | delta downloads | kB up | kB down | {head} |",
+           "|---|---|---|---|" + "---|" * len(links)]
+    for r in rows:
+        cells = [f"{8 * r['bytes_per_upload'] / (p.up_mbps * 1e6):.2f} up, "
+                 f"{8 * r['bytes_per_download'] / (p.down_mbps * 1e6):.2f} down" for p in links]
+        out.append(f"| {r['setting']} | {r['delta']} | {r['bytes_per_upload'] / 1e3:.0f} | "
+                   f"{r['bytes_per_download'] / 1e3:.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
