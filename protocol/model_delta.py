@@ -108,8 +108,7 @@ def make_delta(base: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray],
         deltas[name] = TensorDelta(tuple(old.shape), np.ascontiguousarray(values, dtype=np.float32),
                                    None if idx.size == old_flat.size else idx.astype(np.int64))
     update = Update(deltas, 1, {MODE_KEY: _REPLACE if mode == "exact" else _ADD})
-    values = "fp32" if mode == "exact" else mode
-    return encode_update(update, header, UpdateOptions(values=values, zstd=True))
+    return encode_update(update, header, UpdateOptions(values="fp32" if mode == "exact" else mode, zstd=True))
 
 
 def apply_delta(base: Mapping[str, np.ndarray], blob: bytes | bytearray | memoryview, base_digest: str,
