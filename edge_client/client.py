@@ -57,7 +57,7 @@ from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
 from .config import EdgeSettings
-from .delta_fetch import delta_source, rebuild
+from .delta_fetch import HeldModel, delta_source, rebuild
 from .download import ModelDownload, Pending
 from .runtime import TrainingRuntime
 from .sources import DeviceSource
@@ -139,6 +139,7 @@ class EdgeClient:
         self._busy = False  # a job is running
         self._download: ModelDownload | None = None
         self._delta: Any = None  # thin links: the DeltaRef being downloaded instead of the model
+        self._held = HeldModel(settings.state_dir)  # thin links: the last model, a delta's base after a reboot
         self._model: tuple[str, dict[str, torch.Tensor]] | None = None
         self._pending: Pending | None = None  # sent, not acknowledged yet
         self._early_acks: list[Ack] = []  # acks that came while the job that sent their message still ran
@@ -289,6 +290,11 @@ class EdgeClient:
         return self.finished and int(self.stored.extra.get("finished_round", plan.round)) >= plan.round
 
     def _fetch(self, plan: Plan) -> None:
+        if self._model is None and (held := self._held.load(self.limits)) is not None:  # thin links: rebooted
+            try:
+                self._model = (held[0], decode_global(held[1], self.strategies.get(plan), self.limits))
+            except EdgeError as exc:
+                log.info("%s: not using the stored model (%s)", self.id, exc)
         delta = delta_source(plan, self._model)  # thin links: the change from the model held, if offered
         if self._model is not None and self._model[0] == plan.model_digest:
             self._model_ready()
@@ -327,6 +333,7 @@ class EdgeClient:
         log.info("%s: model %s downloaded (%s)", self.id, digest[:12], stats)
         self._progress("downloaded", digest=digest, **stats)
         self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))
+        self._held.save(blob)  # thin links: kept for a delta after a reboot
         self._model_ready()
 
     def _model_ready(self) -> None:

@@ -5,6 +5,7 @@ or one whose chunks never come is refused and the full model fetched."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +177,38 @@ def test_a_device_on_a_1_mbit_link_fits_its_upload_to_the_deadline(tmp_path: Pat
         assert info["bytes"] <= info["budget"] or info["keep"] == 0.1, info  # within budget, or at the floor
         assert done_at < deadline, (done_at, deadline, info)
     assert (tmp_path / "dev-a" / "residual-3.safetensors").exists()  # error feedback kept what was left out
+
+
+def test_a_rebooted_device_rebuilds_from_the_model_it_stored(tmp_path: Path, fed: FedBroker, shards: list) -> None:
+    """A device that crashes after round 1 comes back holding round 1's model (global_model.bin) and
+    fetches round 2's delta instead of the whole model."""
+    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
+                           tmp_path / "coord", strategy="fedavg", rounds=3, dataset="digits",
+                           delta_downloads="exact")
+    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
+    before: list[tuple[str, dict]] = []
+    after: list[tuple[str, dict]] = []
+    settings = EdgeSettings(state_dir=str(tmp_path / "dev-a"), device="cpu", heartbeat_s=1.0, threads=1)
+    first = EdgeClient(settings, fed.devices["dev-a"], shards[0], on_progress=lambda k, i: before.append((k, i)))
+    thread = coord.start()
+    first.start()
+    second = None
+    try:
+        deadline = time.monotonic() + 60
+        while not any(k == "ack" and i["round"] == 1 for k, i in before) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert any(k == "ack" and i["round"] == 1 for k, i in before), before
+        first.crash()
+        second = EdgeClient(settings, fed.devices["dev-a"], shards[0], on_progress=lambda k, i: after.append((k, i)))
+        second.start()
+        thread.join(120)
+        assert not thread.is_alive(), "the coordinator did not finish"
+        result = coord._thread_result
+        assert not isinstance(result, BaseException) and result is not None and result.finished, result
+        assert second.wait(60) and second.error is None and 3 in second.rounds_trained
+        downloads = [i for k, i in after if k == "downloaded"]
+        assert downloads and all("delta_bytes" in i for i in downloads), downloads
+        assert second._model is not None and second._model[0] == result.model_digest
+    finally:
+        if second is not None:
+            second.stop()
