@@ -53,6 +53,7 @@ from protocol import (
     decode_message,
     encode_message,
 )
+from protocol.model_delta import DeltaRef
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
@@ -138,7 +139,7 @@ class EdgeClient:
         self._thread: threading.Thread | None = None
         self._busy = False  # a job is running
         self._download: ModelDownload | None = None
-        self._delta: Any = None  # thin links: the DeltaRef being downloaded instead of the model
+        self._delta: DeltaRef | None = None  # thin links: the delta being downloaded instead of the model
         self._held = HeldModel(settings.state_dir)  # thin links: the last model, a delta's base after a reboot
         self._model: tuple[str, dict[str, torch.Tensor]] | None = None
         self._pending: Pending | None = None  # sent, not acknowledged yet
@@ -301,7 +302,7 @@ class EdgeClient:
         elif self._download is None or self._download.digest not in (plan.model_digest, delta and delta.digest):
             self._start_download(plan, delta)
 
-    def _start_download(self, plan: Plan, delta: Any = None) -> None:
+    def _start_download(self, plan: Plan, delta: DeltaRef | None = None) -> None:
         if self._download is not None:
             self._download.cancel()
         self._delta = delta
@@ -330,6 +331,7 @@ class EdgeClient:
                 self._progress("delta_refused", reason=str(exc))
                 self._start_download(self.plan)
                 return
+            self._delta = None
         log.info("%s: model %s downloaded (%s)", self.id, digest[:12], stats)
         self._progress("downloaded", digest=digest, **stats)
         self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))
