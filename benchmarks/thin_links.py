@@ -135,21 +135,31 @@ def write(args: argparse.Namespace, rows: list[dict[str, Any]], seeds: list[int]
     plt = _pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110, sharey=True)
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.8), dpi=110, sharey=True)
     colours = dict(zip(SETTINGS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
     for ax, key, what in ((axes[0], "mb_up", "MB up per client"), (axes[1], "mb_down", "MB down per client")):
         for r in rows:
             full = r["delta"] == "off"
+            if key == "mb_up" and not full:
+                continue  # the same uploads with either download: one point per upload setting
             ax.errorbar(r[key], r["acc"], yerr=r["acc_sd"], fmt="o" if full else "s", color=colours[r["setting"]],
-                        mfc=colours[r["setting"]] if full else "white", capsize=3,
-                        label=f"{r['setting']}, {'full model' if full else 'delta ' + r['delta']}")
+                        mfc=colours[r["setting"]] if full else "white", capsize=3, markersize=7,
+                        label=f"{r['setting']} upload, {'full model' if full else 'delta ' + r['delta']}")
         ax.set_xscale("log")
+        lo, hi = min(r[key] for r in rows), max(r[key] for r in rows)
+        ax.set_xlim(lo / 1.3, hi * 1.3)
+        ax.set_xticks([t for t in (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500) if lo / 1.3 <= t <= hi * 1.3])
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(what + f" ({args.rounds} rounds)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("final personal-model accuracy (%)")
-    axes[1].legend(fontsize=7, loc="lower right")
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4)
     fig.suptitle(f"FLAYER, Fashion-MNIST Dir(0.1), {args.clients} clients: accuracy against bytes")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.9, bottom=0.27, wspace=0.08)
     fig.savefig(args.out / "thin_links.png")
     plt.close(fig)
 
