@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedtestlib import FedBroker, federation_toml, start_fed_broker
+from fedtestlib import FedBroker, Recorder, federation_toml, start_fed_broker
 
 from coordinator.config import load_coordinator_config
 from coordinator.deltas import DeltaChain
@@ -99,13 +99,13 @@ def _run(tmp: Path, fb: FedBroker, shards: list, mode: str, chain: type[DeltaCha
     finally:
         for c in clients:
             c.stop()
-    return result, events
+    return result, events, coord
 
 
 @pytest.mark.parametrize("mode", ["exact", "int8"])
 def test_devices_download_deltas_and_hold_the_published_models(tmp_path: Path, fed: FedBroker, shards: list,
                                                                mode: str) -> None:
-    result, events = _run(tmp_path, fed, shards, mode)
+    result, events, coord = _run(tmp_path, fed, shards, mode)
     for evs in events.values():
         downloads = [info for kind, info in evs if kind == "downloaded"]
         assert len(downloads) == 4  # rounds 1-3 and the final model
@@ -116,12 +116,20 @@ def test_devices_download_deltas_and_hold_the_published_models(tmp_path: Path, f
     deltas = [info["delta_bytes"] for info in (i for k, i in events[DEVICES[0]] if k == "downloaded")
               if "delta_bytes" in info]
     assert max(deltas) < (0.5 if mode == "int8" else 1.0) * model_bytes
+    # on the broker only the final model and the delta to it stay retained: older models and deltas were cleared
+    rec = Recorder(fed.devices[DEVICES[0]], [f"fl/{fed.coordinator.federation}/model/+/+"])
+    try:
+        retained = {m.topic.split("/")[3] for m in rec.drain(1.0) if m.payload and m.retain}
+    finally:
+        rec.close()
+    assert coord.deltas.blob is not None and coord.deltas.target == result.model_digest
+    assert retained == {result.model_digest, coord.deltas.blob.digest}, retained
 
 
 @pytest.mark.parametrize("chain", [TamperedChain, MissingChain])
 def test_a_bad_or_missing_delta_falls_back_to_the_full_model(tmp_path: Path, fed: FedBroker, shards: list,
                                                            chain: type[DeltaChain]) -> None:
-    _, events = _run(tmp_path, fed, shards, "exact", chain)
+    _, events, _ = _run(tmp_path, fed, shards, "exact", chain)
     for evs in events.values():
         downloads = [info for kind, info in evs if kind == "downloaded"]
         assert len(downloads) == 4 and not any("delta_bytes" in info for info in downloads)
