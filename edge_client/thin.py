@@ -4,7 +4,8 @@
 :mod:`edge_client.residual` across rounds and reboots: the uplink rate (``[edge] uplink_kbps``, or
 the estimate from its acknowledged uploads, kept in ``<state_dir>/uplink.json``) and the residual
 files. :meth:`ThinUploads.prepare_for` gives the step :func:`edge_client.work.train_and_encode`
-runs between training and encoding; :meth:`ThinUploads.measured` takes each acknowledged publish.
+runs between training and encoding (the budget also stays within the plan's and the device's
+``max_update_bytes``); :meth:`ThinUploads.measured` takes each acknowledged publish.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class ThinUploads:
         def prepare(update: Update) -> tuple[Update, UpdateOptions]:
             residual = self.residuals.before(plan.round) if s.error_feedback else None
             budget = upload_budget(self.rate, plan.deadline - self.clock()) if s.upload == "fit" else 0
+            limits = [x for x in (budget, plan.max_update_bytes, s.max_update_bytes) if x > 0]
+            budget = min(limits) if s.upload == "fit" and limits else 0  # and never over the size limits
             sent, options, fit, nxt = prepare_upload(update, codec=plan.value_codec, zstd=plan.compress, cap=cap,
                                                      fit=s.upload == "fit", budget=budget, residual=residual,
                                                      size_of=size_of)
