@@ -4,6 +4,7 @@ the end of the federation. A mixin of :class:`coordinator.server.Coordinator`, w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -33,6 +34,7 @@ class Phases:
     options: dict[str, Any]
     on_progress: Any
     _chunks: int
+    deltas: Any
 
     def _plan(self, phase: str = "train") -> Plan:
         assert self.model is not None and self._chunks > 0
@@ -43,12 +45,14 @@ class Phases:
             number, selected, deadline = 0, cal.selected, cal.deadline
         else:
             number, selected, deadline = self.cfg.run.rounds + 1, frozenset(), self.clock()
-        return make_plan(self.cfg, self.strategy.name, self.options, number, selected, deadline, self.model,
+        plan = make_plan(self.cfg, self.strategy.name, self.options, number, selected, deadline, self.model,
                          self._chunks, phase)
+        return dataclasses.replace(plan, delta=self.deltas.plan_field(self.model.digest))  # thin links
 
     def _publish_model(self, round_: int) -> None:
         assert self.model is not None
         self._chunks, nbytes = self.publisher.model(self.model, round_)
+        nbytes += self.deltas.publish(self.publisher, self.model, round_)  # thin links: the delta beside it
         if self.open is not None:
             self.open.stats.bytes_out += nbytes
             self.open.stats.model_bytes = self.model.size
