@@ -115,6 +115,7 @@ class Coordinator(Phases):
         self.asynchronous = self.fs.mode == "async"  # buffered asynchronous rounds (coordinator.async_rounds)
         self.window: VersionWindow | None = VersionWindow(self.fs.max_staleness) if self.asynchronous else None
         self.slots = Slots(self.fs.async_settings, cfg.run.seed, self.fs.deadline_s)
+        self.durations: list[float] = []  # the last rounds' lengths: the plan's close_by (coordinator.phases)
         if self.asynchronous:
             self.inbox.on_refuse = self.slots.release
 
@@ -421,6 +422,7 @@ class Coordinator(Phases):
             self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
         rnd.stats.wire_to = self.wire.snapshot()
         record = rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted)
+        self.durations = [*self.durations[-4:], float(record["wall_s"])]
         self.metrics.write(record)
         self.history.append(record)
         prune_journals(self.journal_dir, r, self.fs.keep_journals)

@@ -29,6 +29,14 @@ __all__ = ["ThinUploads"]
 log = logging.getLogger(__name__)
 
 
+def time_left(plan: Plan, now: float) -> float:
+    """Seconds until the update should have arrived: the plan's expected close (``close_by``, from the
+    coordinator's recent rounds) when it gives one, else its deadline."""
+    if plan.close_by > 0:
+        return (plan.close_by if plan.mode == "async" else min(plan.deadline, plan.close_by)) - now
+    return plan.deadline - now
+
+
 class ThinUploads:
     def __init__(self, settings: EdgeSettings, clock: Callable[[], float]) -> None:
         self.settings, self.clock = settings, clock
@@ -74,7 +82,7 @@ class ThinUploads:
 
         def prepare(update: Update) -> tuple[Update, UpdateOptions]:
             residual = self.residuals.before(plan.round) if s.error_feedback else None
-            budget = upload_budget(self.rate, plan.deadline - self.clock()) if s.upload == "fit" else 0
+            budget = upload_budget(self.rate, time_left(plan, self.clock())) if s.upload == "fit" else 0
             limits = [x for x in (budget, plan.max_update_bytes, s.max_update_bytes) if x > 0]
             budget = min(limits) if s.upload == "fit" and limits else 0  # and never over the size limits
             sent, options, fit, nxt = prepare_upload(update, codec=plan.value_codec, zstd=plan.compress, cap=cap,

@@ -187,6 +187,7 @@ class Plan:
     max_staleness: int = 0  # async: how many versions behind an update is still taken
     delta: Mapping[str, Scalar] = field(default_factory=dict)
     upload_fit: Mapping[str, Scalar] = field(default_factory=dict)
+    close_by: float = 0.0  # when an update should arrive to count (expected close; 0: unknown)
 
     CHECKS: ClassVar[Checks] = {
         "round": _ROUND, "selected": _ids, "deadline": _time, "strategy": _id,
@@ -195,7 +196,7 @@ class Plan:
               "value_codec": _choice(tuple(VALUE_CODECS)), "compress": _bool, "phase": _choice(PLAN_PHASES),
               "seed": _int(0, 2**63), "train": _mapping(16, _scalar), "rounds": _int(0, 2**32),
               "max_update_bytes": _int(0, 2**63), "mode": _choice(PLAN_MODES), "max_staleness": _int(0, 1000),
-              "delta": _mapping(8, _scalar), "upload_fit": _mapping(8, _scalar)}
+              "delta": _mapping(8, _scalar), "upload_fit": _mapping(8, _scalar), "close_by": _time}
 
     def problems(self) -> str | None:
         """Checks across fields: round 0 is the calibration phase and only that."""

@@ -137,3 +137,13 @@ def test_thin_uploads_follow_the_plan_cap_and_persist_the_rate(tmp_path: Path) -
     assert options.values == "fp32" and not (tmp_path / "f").exists()
     with pytest.raises(ConfigError, match="upload"):
         EdgeSettings(upload="auto")
+
+
+def test_the_time_left_is_the_rounds_expected_close_when_the_plan_gives_one() -> None:
+    from edge_client.thin import time_left
+
+    plan = Plan(3, ("dev",), 1060.0, "fedavg", {}, {"name": "cnn"}, "ab" * 32, 1, 10)
+    assert time_left(plan, 1000.0) == 60.0  # no history at the coordinator yet: the deadline
+    assert time_left(dataclasses.replace(plan, close_by=1012.0), 1000.0) == 12.0  # a round closes ~12 s in
+    assert time_left(dataclasses.replace(plan, close_by=1090.0), 1000.0) == 60.0  # never past the deadline
+    assert time_left(dataclasses.replace(plan, close_by=1090.0, mode="async", max_staleness=8), 1000.0) == 90.0
