@@ -86,7 +86,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="publish the change from the previous model too; devices holding it fetch only that (off)")
     g.add_argument("--upload", choices=("plan", "fit"),
                    help="plan: devices upload with the plan's codec; fit: codec and top-k share fitted to each "
-                        "device's uplink and the round's deadline (plan)")
+                        "device's uplink and the round's expected close (plan)")
     g.add_argument("--error-feedback", action="store_true", default=None,
                    help="devices keep what their upload left out and add it to their next update")
     g.add_argument("--dashboard", nargs="?", const=DASHBOARD_DEFAULT, metavar="HOST:PORT",

@@ -33,7 +33,7 @@
     download_stall_s = 30.0      # re-subscribe to the model when no chunk came for this long
     max_update_bytes = 0         # refuse larger updates before sending (0: the plan's limit)
     exit_when_finished = true    # save the personal model and exit after the final plan
-    upload = "plan"              # or "fit": value codec and top-k share fitted to the uplink and the deadline
+    upload = "plan"              # or "fit": value codec and top-k share fitted to the uplink and the round's close
     uplink_kbps = 0.0            # the uplink for "fit" (0: estimated from this device's acknowledged uploads)
     error_feedback = false       # keep what the codec / top-k left out (on disk) and add it to the next update
 
@@ -72,7 +72,7 @@ class EdgeSettings:
     max_update_bytes: int = 0
     exit_when_finished: bool = True
     keepalive_s: int = 30
-    upload: str = "plan"  # plan: the plan's codec; fit: codec and top-k share fitted to the uplink and deadline
+    upload: str = "plan"  # plan: the plan's codec; fit: codec and top-k share fitted to the uplink and round close
     uplink_kbps: float = 0.0
     error_feedback: bool = False
 
