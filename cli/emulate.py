@@ -77,6 +77,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--heartbeat", type=float, metavar="SECONDS", help="devices' status interval (5)")
     g.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="give up after this long (default: never)")
+    from protocol import VALUE_CODECS
+    from protocol.model_delta import DELTA_MODES
+
+    g.add_argument("--value-codec", choices=tuple(VALUE_CODECS),
+                   help="the codec devices upload with (the plan's; fp32)")
+    g.add_argument("--delta-downloads", choices=DELTA_MODES,
+                   help="publish the change from the previous model too; devices holding it fetch only that (off)")
+    g.add_argument("--upload", choices=("plan", "fit"),
+                   help="plan: devices upload with the plan's codec; fit: codec and top-k share fitted to each "
+                        "device's uplink and the round's expected close (plan)")
+    g.add_argument("--error-feedback", action="store_true", default=None,
+                   help="devices keep what their upload left out and add it to their next update")
     g.add_argument("--dashboard", nargs="?", const=DASHBOARD_DEFAULT, metavar="HOST:PORT",
                    help=f"serve the live dashboard while the fleet runs and print its address ({DASHBOARD_DEFAULT}, "
                         f"or a free port when that one is taken; see 'flayer dashboard')")
@@ -101,8 +113,10 @@ def _config(args: argparse.Namespace) -> Any:
         "strategy": parse_set(args.set or []),
         "federation": {"quorum": args.quorum, "over_selection": args.over_selection,
                        "min_devices": args.min_devices, "deadline_s": args.deadline, "grace_s": args.grace,
+                       "value_codec": args.value_codec, "delta_downloads": args.delta_downloads,
                        **mode_overrides(args)},
-        "edge": {"heartbeat_s": args.heartbeat, "device": args.device, "threads": args.threads},
+        "edge": {"heartbeat_s": args.heartbeat, "device": args.device, "threads": args.threads,
+                 "upload": args.upload, "error_feedback": args.error_feedback},
         "emulator": {"profiles": _abs(args.profiles), "mix": args.mix, "trace": _abs(args.trace),
                      "trace_scale": args.trace_scale, "workers": args.workers, "network": args.network,
                      "federation": args.federation, "broker_kind": args.broker_kind,

@@ -40,7 +40,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--blowup", type=float, default=None, metavar="FACTOR",
                    help="stop the run as diverged when the mean training loss exceeds FACTOR x ln(classes), the "
                         "loss of a uniform guess (a non-finite loss or model always stops it); default: off")
+    add_thin_flags(p)
     p.set_defaults(func=run)
+
+
+def add_thin_flags(p: argparse.ArgumentParser) -> None:
+    """Thin links (cli.thinsim): how uploads and downloads are coded, and their bytes counted."""
+    from protocol import VALUE_CODECS
+    from protocol.model_delta import DELTA_MODES
+
+    g = p.add_argument_group("thin links (what devices send and receive; see docs/howto/thin-links.md)")
+    g.add_argument("--value-codec", choices=tuple(VALUE_CODECS), default="fp32",
+                   help="code the uploaded values with this codec; the server folds them as decoded (fp32)")
+    g.add_argument("--keep", type=float, default=1.0, metavar="SHARE",
+                   help="upload only the largest SHARE (0-1] of each tensor's masked coordinates (1)")
+    g.add_argument("--error-feedback", action="store_true",
+                   help="keep what the codec and --keep left out per client and add it to its next update")
+    g.add_argument("--delta-downloads", choices=DELTA_MODES, default="off",
+                   help="a client holding the previous model receives the delta to the new one (off)")
+    g.add_argument("--zstd", action="store_true", help="zstd on the uploads")
+
+
+def thin_options(args: argparse.Namespace) -> Any:
+    """The :class:`cli.thinsim.ThinOptions` of the flags (CliError when out of range)."""
+    from cli.thinsim import ThinOptions
+
+    try:
+        return ThinOptions(args.value_codec, args.keep, args.error_feedback, args.delta_downloads, args.zstd)
+    except ValueError as exc:
+        raise CliError(f"--keep / --value-codec / --delta-downloads: {exc}") from None
 
 
 def check_blowup(factor: float) -> None:
@@ -70,7 +98,8 @@ def training_runtime(runtime: str, strategy: Any, device: Any) -> Any:
 
 def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:
     """A :class:`flayer.simulation.RoundRecord` as a ``round`` record of the metrics schema: every selected
-    client reports (ids are client indices); bytes down count a dense fp32 global model per selected client."""
+    client reports (ids are client indices); bytes down: the model or delta blob each selected client received
+    (``flayer simulate``, :mod:`cli.thinsim`), or without link hooks a dense fp32 model per selected client."""
     from protocol.metrics_schema import round_record
 
     selected = [str(c) for c in rec.selected]
@@ -78,15 +107,19 @@ def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:
     rows = [{"id": str(c), "result": "accepted", "acc": rec.client_acc[c] if c < len(rec.client_acc) else None}
             for c in rec.selected]
     return round_record("simulate", now, round=rec.round, wall_s=rec.seconds, selected=selected, devices=rows,
-                        refused={}, bytes_up=rec.upload_bytes, bytes_down=4 * rec.coordinates * len(selected),
+                        refused={}, bytes_up=rec.upload_bytes,
+                        bytes_down=rec.download_bytes or 4 * rec.coordinates * len(selected),
                         acc=rec.acc, train_loss=rec.train_loss if math.isfinite(rec.train_loss) else None,
                         closed="all", **extra)
 
 
 def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = None,
                    quiet: bool = False, save_models: bool = False, runtime: str = "torch",
-                   blowup: float | None = None) -> dict[str, Any]:
-    """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary."""
+                   blowup: float | None = None, thin: Any = None) -> dict[str, Any]:
+    """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary.
+    ``thin``: :class:`cli.thinsim.ThinOptions` (what the links carry, both ways counted; None: no link hooks,
+    the updates folded as trained and sized as fp32 blobs)."""
+    from flayer.engine import initial_global_state
     from flayer.simulation import simulate
     from flayer.strategies import make_strategy
     from flayer.train import client_data, pick_device, training_engine
@@ -118,10 +151,16 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
             if progress is not None:
                 progress.update((r - 1) * len(clients) + done)
 
+        links, g0 = None, None
+        if thin is not None:
+            from cli.thinsim import link_hooks
+
+            g0 = initial_global_state(strategy, cfg.seed)
+            links = link_hooks(thin, g0)
         with training_engine(engine):
-            result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device,
+            result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device, global_state=g0,
                               on_round=on_round, on_client=on_client, sizer=update_sizer(), val=True,
-                              blowup=blowup)
+                              blowup=blowup, links=links)
         metrics.write(end_record("simulate", time.time(), len(result.rounds), result.diverged is None,
                                  result.rounds[-1].acc, final_personal_acc=result.final_acc,
                                  final_client_acc=result.final_client_acc, diverged=result.diverged))
@@ -150,6 +189,8 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "sent_total": sum(r.sent for r in result.rounds),
         "indexed_total": sum(r.indexed for r in result.rounds),
         "upload_bytes_total": sum(r.upload_bytes for r in result.rounds),
+        "download_bytes_total": sum(r.download_bytes for r in result.rounds) if links is not None else None,
+        "thin": dataclasses.asdict(thin) if thin is not None else None,
     }
     write_json(out / "summary.json", summary)
     return summary
@@ -173,13 +214,14 @@ def run(args: argparse.Namespace) -> int:
     from cli.plots import bar_plot, line_plot
 
     cfg = run_config(args)
+    thin = thin_options(args)
     set_threads(cfg)
     prepared = load_data(cfg)
     out = out_dir(cfg, "simulate")
     write_json(out / "config.json", dataclasses.asdict(cfg))
     write_json(out / "partition.json", prepared.partition.summary)
     s = run_simulation(cfg, prepared, out, save_models=args.save_models, runtime=args.runtime,
-                       blowup=args.blowup)
+                       blowup=args.blowup, thin=thin)
     if args.tensorboard:
         TensorBoardSink(args.tensorboard, out / "metrics.jsonl").close()
     rows = [(i + 1, a, "-" if v is None else v) for i, (a, v) in enumerate(zip(s["acc"], s["val_acc"]))]

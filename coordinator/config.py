@@ -29,6 +29,9 @@
     max_staleness = 8               # async: updates trained more versions ago are refused (counter stale)
     staleness = "sqrt"              # async: deltas weighted 1/sqrt(1+s); "inverse" 1/(1+s); "constant" 1
     concurrency = 0                 # async: devices training at once (0: every device online)
+    delta_downloads = "off"         # or exact | fp16 | int8: publish the change from the previous model too
+    fit_lowest_codec = "int8"       # devices with [edge] upload = "fit" may go down to this codec ...
+    fit_min_keep = 0.1              # ... and send no less than this share of their masked coordinates
 
     [run]      strategy, rounds, seed            (as for flayer simulate)
     [data]     dataset (and model): the model spec, without loading any data
@@ -60,6 +63,8 @@ from flayer.engine import AsyncSettings
 from flayer.registry import ModelError, with_fingerprint
 from flayer.spec import ModelSpec, canonical_args, canonical_classes
 from protocol import VALUE_CODECS
+from protocol.model_delta import DELTA_MODES
+from protocol.upload_cap import UploadCap
 
 __all__ = ["DATASET_INPUTS", "CoordinatorConfig", "FederationSettings", "load_coordinator_config", "model_spec_for"]
 
@@ -98,6 +103,9 @@ class FederationSettings:
     max_malformed: int = 3  # refusals of one device in one round before it is cut off for that round
     queue_bytes: int = 256 * 2**20  # the receive queue between the MQTT callbacks and the worker
     queue_sender_bytes: int = 96 * 2**20  # one sender's share of it
+    delta_downloads: str = "off"  # publish the change from the previous model too: off, exact, fp16 or int8
+    fit_lowest_codec: str = "int8"  # the lowest value codec devices with [edge] upload = "fit" may choose
+    fit_min_keep: float = 0.1  # the least share of their masked coordinates such devices may send
     revoked_file: str = ""  # 'flayer broker revoke' list; default: revoked.json of the credentials' broker folder
     mode: Literal["sync", "async"] = "sync"  # async: buffered asynchronous rounds (flayer.engine.versions)
     buffer: int = 8  # async: accepted updates per new model version
@@ -127,6 +135,10 @@ class FederationSettings:
             raise ConfigError(f"norm_bound must be a positive number (leave it out for none), got {self.norm_bound}")
         if self.value_codec not in VALUE_CODECS:
             raise ConfigError(f"value_codec must be one of {', '.join(VALUE_CODECS)}, got {self.value_codec!r}")
+        if self.delta_downloads not in DELTA_MODES:
+            raise ConfigError(f"delta_downloads must be one of {', '.join(DELTA_MODES)}, got {self.delta_downloads!r}")
+        if (problem := UploadCap(self.fit_lowest_codec, self.fit_min_keep).problems()) is not None:
+            raise ConfigError(f"fit_lowest_codec / fit_min_keep: {problem}")
         if not (self.norm_auto >= 0 and math.isfinite(self.norm_auto)):
             raise ConfigError(f"norm_auto must be >= 0 (0: no automatic bound), got {self.norm_auto}")
         if self.norm_window < 1 or self.norm_warmup < 1 or self.norm_warmup > self.norm_window:

@@ -7,6 +7,12 @@ bytes up = update chunks received, bytes down = model and plan published, the sa
 accuracy the devices reported -- measured after the download, before training, as ``flayer
 simulate`` does --, per-device rows) and the coordinator's own: received (complete blobs), accepted,
 rejected by reason, clipped, bytes_in, bytes_out, model_bytes and the cumulative counters.
+
+Bytes up / down: every byte the coordinator's connection received / sent while the round was open
+(:mod:`transport.wirecount`: updates and their re-sends, statuses, metrics, acks, the model, its
+delta and the plan, MQTT framing, PUBACKs and pings included); ``bytes_in`` / ``bytes_out`` keep the
+payloads alone (update chunks received; model, delta and plan published). Without a socket count
+(a round replayed from the journal before it reopened) bytes up / down are those payloads.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ class RoundStats:
     refused_by: dict[str, str] = field(default_factory=dict)  # device -> its last refusal's counter
     tally: RoundTally = field(default_factory=RoundTally)  # the folded updates (flayer.engine)
     mode: str = "sync"
+    wire_from: tuple[int, int] | None = None  # the connection's (sent, received) byte totals at the round's open
+    wire_to: tuple[int, int] | None = None  # ... and at its close
 
     def refuse(self, counter: str, detail: str, client: str | None = None, n: int = 1) -> None:
         self.rejected[counter] += n
@@ -58,12 +66,15 @@ class RoundStats:
                 accepted: Iterable[str] = ()) -> dict[str, Any]:
         """The round's line of the metrics file (``accepted``: the devices whose update was folded in)."""
         done, t = set(accepted), self.tally
+        up, down = self.bytes_in, self.bytes_out
+        if self.wire_from is not None and self.wire_to is not None:
+            down, up = (b - a for a, b in zip(self.wire_from, self.wire_to))
         rows = [{"id": c, "result": "accepted" if c in done else
                  "late" if self.refused_by.get(c) in ("late", "stale") else "refused" if c in self.refused_by
                  else "missing", "acc": t.device_acc.get(c)} for c in self.selected]
         return round_record(
             "coordinator", closed_at, round=self.round, wall_s=closed_at - self.opened_at, selected=self.selected,
-            devices=rows, refused=self.rejected, bytes_up=self.bytes_in, bytes_down=self.bytes_out, acc=t.acc,
+            devices=rows, refused=self.rejected, bytes_up=up, bytes_down=down, acc=t.acc,
             train_loss=t.train_loss, closed=reason, late=self.rejected.get("late", 0), refusals=self.refusals,
             received=self.received, accepted=t.accepted, rejected=dict(self.rejected), clipped=t.clipped,
             weight_capped=t.weight_capped, mode=self.mode, staleness_mean=t.mean_staleness,

@@ -4,7 +4,9 @@ the end of the federation. A mixin of :class:`coordinator.server.Coordinator`, w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import statistics
 from typing import Any
 
 from flayer.state import save_model
@@ -33,6 +35,8 @@ class Phases:
     options: dict[str, Any]
     on_progress: Any
     _chunks: int
+    deltas: Any
+    durations: list[float]  # of the recent rounds (coordinator.server)
 
     def _plan(self, phase: str = "train") -> Plan:
         assert self.model is not None and self._chunks > 0
@@ -43,12 +47,28 @@ class Phases:
             number, selected, deadline = 0, cal.selected, cal.deadline
         else:
             number, selected, deadline = self.cfg.run.rounds + 1, frozenset(), self.clock()
-        return make_plan(self.cfg, self.strategy.name, self.options, number, selected, deadline, self.model,
+        plan = make_plan(self.cfg, self.strategy.name, self.options, number, selected, deadline, self.model,
                          self._chunks, phase)
+        close_by = self._close_by(rnd.stats.opened_at, deadline) if rnd is not None and rnd.timer else 0.0
+        return dataclasses.replace(plan, delta=self.deltas.plan_field(self.model.digest),  # thin links
+                                   close_by=close_by)
+
+    def _close_by(self, opened_at: float, deadline: float) -> float:
+        """When an update of the open round should have arrived to count, from the median length of the
+        recent rounds (0: no history yet). Synchronous: the round's expected close, at most its deadline;
+        asynchronous: ``max_staleness + 1`` versions after this one opened. Devices fitting their uploads
+        to their link (``[edge] upload = "fit"``) aim for it."""
+        if not self.durations:
+            return 0.0
+        typical = statistics.median(self.durations)
+        if self.fs.mode == "async":
+            return opened_at + typical * (self.fs.max_staleness + 1)
+        return min(deadline, opened_at + typical)
 
     def _publish_model(self, round_: int) -> None:
         assert self.model is not None
         self._chunks, nbytes = self.publisher.model(self.model, round_)
+        nbytes += self.deltas.publish(self.publisher, self.model, round_)  # thin links: the delta beside it
         if self.open is not None:
             self.open.stats.bytes_out += nbytes
             self.open.stats.model_bytes = self.model.size

@@ -22,6 +22,7 @@ import torch
 from flayer.state import atomic_write
 from flayer.update import state_numpy
 from protocol import Kind, Plan, Topics, blob_digest, chunk_blob, encode_message, encode_state
+from protocol.upload_cap import UploadCap
 from transport.link import MqttLink
 
 from .config import CoordinatorConfig
@@ -60,7 +61,8 @@ def make_plan(cfg: CoordinatorConfig, strategy: str, options: Mapping[str, Any],
                 model_chunks=chunks, model_size=model.size, value_codec=fs.value_codec, compress=fs.compress,
                 phase=phase, seed=cfg.run.seed, train=cfg.train_plan, rounds=cfg.run.rounds,
                 max_update_bytes=fs.max_update_bytes, mode=fs.mode,
-                max_staleness=fs.max_staleness if fs.mode == "async" else 0)
+                max_staleness=fs.max_staleness if fs.mode == "async" else 0,
+                upload_fit=UploadCap(fs.fit_lowest_codec, fs.fit_min_keep).as_plan())
 
 
 class Publisher:
@@ -74,6 +76,7 @@ class Publisher:
         self.timeout_s = timeout_s
         self.cancelled = cancelled
         self.live: str | None = None  # digest published by this process
+        self.companion: str | None = None  # a blob retained beside it (the delta to it), published by this process
 
     def _retained(self) -> dict[str, int]:
         try:
@@ -87,7 +90,7 @@ class Publisher:
 
     def forget(self) -> None:
         """The broker may have lost what this process published (it restarted): publish it again."""
-        self.live = None
+        self.live = self.companion = None
 
     def _wait(self, infos: list, what: str) -> None:
         while not self.link.wait_published(infos, self.timeout_s, self.cancelled):
@@ -95,12 +98,14 @@ class Publisher:
                 raise StopRequested(what)
             log.warning("broker has not acknowledged %s after %.0f s; still waiting", what, self.timeout_s)
 
-    def model(self, model: ModelBlob, round_: int, shaper: Callable[[int], None] | None = None) -> tuple[int, int]:
+    def model(self, model: ModelBlob, round_: int, shaper: Callable[[int], None] | None = None,
+              companion: bool = False) -> tuple[int, int]:
         """Publish ``model`` as retained chunks unless this process already did; returns
-        (chunk count, bytes published)."""
+        (chunk count, bytes published). ``companion``: a blob kept retained beside the live model
+        (the delta to it) instead of the model itself."""
         chunks = chunk_blob(model.blob, Kind.MODEL_CHUNK, self.topics.federation, self.sender, round_,
                             self.max_payload, model.digest)
-        if self.live == model.digest:
+        if (self.companion if companion else self.live) == model.digest:
             return len(chunks), 0
         retained = self._retained()
         retained[model.digest] = len(chunks)
@@ -111,7 +116,10 @@ class Publisher:
                 shaper(len(payload))
             infos.append(self.link.publish(self.topics.model_chunk(model.digest, i), payload, retain=True))
         self._wait(infos, f"model {model.digest[:12]} ({len(chunks)} chunks)")
-        self.live = model.digest
+        if companion:
+            self.companion = model.digest
+        else:
+            self.live = model.digest
         return len(chunks), sum(len(p) for p in chunks)
 
     def plan(self, plan: Plan) -> int:
@@ -120,12 +128,13 @@ class Publisher:
         return len(payload)
 
     def clear_old_models(self) -> int:
-        """Empty the retained chunks of every recorded model but the live one; returns how many."""
+        """Empty the retained chunks of every recorded model but the live one (and its companion);
+        returns how many."""
         retained = self._retained()
-        old = {d: n for d, n in retained.items() if d != self.live}
+        old = {d: n for d, n in retained.items() if d not in (self.live, self.companion)}
         infos = [self.link.publish(self.topics.model_chunk(d, i), b"", retain=True) for d, n in old.items()
                  for i in range(n)]
         if infos:
             self._wait(infos, f"clearing {len(old)} old model(s)")
-            atomic_write(self.record, json.dumps({d: n for d, n in retained.items() if d == self.live}).encode())
+            atomic_write(self.record, json.dumps({d: n for d, n in retained.items() if d not in old}).encode())
         return len(old)

@@ -41,11 +41,13 @@ from protocol import Kind, Metrics, Status, Topics, WireLimits, encode_message
 from protocol.metrics_schema import end_record, run_record
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, Received
+from transport.wirecount import WireBytes, count_wire_bytes
 
 from .async_rounds import Slots
 from .calibration import Calibration
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from .config import CoordinatorConfig
+from .deltas import DeltaChain
 from .guard import NormHistory, Quarantine
 from .inbox import CompleteUpdate, Inbox
 from .journal import prune_journals
@@ -88,9 +90,12 @@ class Coordinator(Phases):
         self.revoked = RevocationList(cfg.revoked_file)
         self.counters: Counter[str] = Counter()
         self.link = MqttLink(mqtt_connect_settings(creds), self._post, clean_session=False)
+        self.wire = WireBytes()  # every byte of the connection, for the rounds' bytes up / down
+        count_wire_bytes(self.link.client, self.wire.add)
         self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters)
         self.publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
                                    self.fs.publish_timeout_s, lambda: self._stopping)
+        self.deltas = DeltaChain(self.fs.delta_downloads, creds.federation, creds.username)  # thin links
         self.history: list[dict[str, Any]] = []
         self._stopping = self._done = self._connected_once = False
         self._fatal: str | None = None
@@ -110,6 +115,7 @@ class Coordinator(Phases):
         self.asynchronous = self.fs.mode == "async"  # buffered asynchronous rounds (coordinator.async_rounds)
         self.window: VersionWindow | None = VersionWindow(self.fs.max_staleness) if self.asynchronous else None
         self.slots = Slots(self.fs.async_settings, cfg.run.seed, self.fs.deadline_s)
+        self.durations: list[float] = []  # the last rounds' lengths: the plan's close_by (coordinator.phases)
         if self.asynchronous:
             self.inbox.on_refuse = self.slots.release
 
@@ -376,6 +382,7 @@ class Coordinator(Phases):
         rnd = self.open
         assert rnd is not None
         now = self.clock()
+        rnd.stats.wire_from = self.wire.snapshot()
         rnd.start_timer(self.fs, now)
         self._publish_model(rnd.number)
         if rnd.journal is None:
@@ -396,11 +403,13 @@ class Coordinator(Phases):
         rnd = self.open
         assert rnd is not None
         r = rnd.number
+        old_state, old_model = self.global_state, self.model
         self.global_state, left_out = rnd.close(self.quarantine)
         if left_out:
             self.counters["quarantined"] += len(left_out)
         self.norms.add(rnd.norms)
-        self.model = model_blob(self.global_state)
+        # thin links: the delta from the previous model (lossy: the new model is its reconstruction)
+        self.global_state, self.model = self.deltas.advance(old_model, old_state, self.global_state, r + 1)
         self.done_round = r
         self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
         self.accepted_before[r] = set(rnd.accepted)
@@ -411,7 +420,9 @@ class Coordinator(Phases):
                                                        self.window.as_dict() if self.window is not None else {}))
         if self._connected_once:  # the broker re-sends what is retained under update/ and metrics/: cleared
             self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
+        rnd.stats.wire_to = self.wire.snapshot()
         record = rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted)
+        self.durations = [*self.durations[-4:], float(record["wall_s"])]
         self.metrics.write(record)
         self.history.append(record)
         prune_journals(self.journal_dir, r, self.fs.keep_journals)

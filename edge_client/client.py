@@ -53,14 +53,17 @@ from protocol import (
     decode_message,
     encode_message,
 )
+from protocol.model_delta import DeltaRef
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
 from .config import EdgeSettings
+from .delta_fetch import HeldModel, delta_source, rebuild
 from .download import ModelDownload, Pending
 from .runtime import TrainingRuntime
 from .sources import DeviceSource
 from .store import DeviceStore, StoredState, UploadRecord
+from .thin import ThinUploads
 from .work import (
     EdgeError,
     SkipRound,
@@ -118,6 +121,7 @@ class EdgeClient:
         self.runtime = TrainingRuntime(settings.runtime, self.id)
         self.store = DeviceStore(settings.state_dir)
         self.stored: StoredState = self.store.load()
+        self.thin = ThinUploads(settings, clock)  # thin links: uplink rate, residual, per-round upload choice
         self.strategies = StrategyCache({"device": str(self.device), "threads": settings.threads,
                                          "amp": settings.amp})
         self.events: queue.Queue[Any] = queue.Queue()
@@ -135,6 +139,8 @@ class EdgeClient:
         self._thread: threading.Thread | None = None
         self._busy = False  # a job is running
         self._download: ModelDownload | None = None
+        self._delta: DeltaRef | None = None  # thin links: the delta being downloaded instead of the model
+        self._held = HeldModel(settings.state_dir)  # thin links: the last model, a delta's base after a reboot
         self._model: tuple[str, dict[str, torch.Tensor]] | None = None
         self._pending: Pending | None = None  # sent, not acknowledged yet
         self._early_acks: list[Ack] = []  # acks that came while the job that sent their message still ran
@@ -287,14 +293,24 @@ class EdgeClient:
         return self.finished and int(self.stored.extra.get("finished_round", plan.round)) >= plan.round
 
     def _fetch(self, plan: Plan) -> None:
+        if self._model is None and (held := self._held.load(self.limits)) is not None:  # thin links: rebooted
+            try:
+                self._model = (held[0], decode_global(held[1], self.strategies.get(plan), self.limits))
+            except EdgeError as exc:
+                log.info("%s: not using the stored model (%s)", self.id, exc)
+        delta = delta_source(plan, self._model)  # thin links: the change from the model held, if offered
         if self._model is not None and self._model[0] == plan.model_digest:
             self._model_ready()
-        elif self._download is None or self._download.digest != plan.model_digest:
-            if self._download is not None:
-                self._download.cancel()
-            self._download = ModelDownload(self.link, self.topics, plan.model_digest, self.limits,
-                                           self.clock(), plan.model_chunks)
-            self._set_state("online")
+        elif self._download is None or self._download.digest not in (plan.model_digest, delta and delta.digest):
+            self._start_download(plan, delta)
+
+    def _start_download(self, plan: Plan, delta: DeltaRef | None = None) -> None:
+        if self._download is not None:
+            self._download.cancel()
+        self._delta = delta
+        self._download = ModelDownload(self.link, self.topics, delta.digest if delta else plan.model_digest,
+                                       self.limits, self.clock(), delta.chunks if delta else plan.model_chunks)
+        self._set_state("online")
 
     def _on_model_chunk(self, digest: str, payload: bytes) -> None:
         if self._download is None or digest != self._download.digest:
@@ -306,10 +322,22 @@ class EdgeClient:
             return
         started, stats, self._download = self._download.started, self._download.stats(), None
         self._link_kbps = round(len(blob) * 8 / 1000 / max(self.clock() - started, 1e-3), 1)
+        assert self.plan is not None
+        if self._delta is not None and digest == self._delta.digest:  # thin links: rebuild from the delta
+            assert self._model is not None  # a delta is fetched only from a model held
+            stats["delta_bytes"] = len(blob)
+            try:
+                blob, digest = rebuild(blob, self._delta, self.plan, self._model[1], self.limits), self.plan.model_digest
+            except WireError as exc:
+                log.warning("%s: refusing the model delta (%s); downloading the full model", self.id, exc)
+                self._progress("delta_refused", reason=str(exc))
+                self._start_download(self.plan)
+                return
+            self._delta = None
         log.info("%s: model %s downloaded (%s)", self.id, digest[:12], stats)
         self._progress("downloaded", digest=digest, **stats)
-        assert self.plan is not None
         self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))
+        self._held.save(blob)  # thin links: kept for a delta after a reboot
         self._model_ready()
 
     def _model_ready(self) -> None:
@@ -356,7 +384,8 @@ class EdgeClient:
         upload = train_and_encode(strategy, plan, global_state, state, self._data(), ctx,
                                   federation=self.creds.federation, sender=self.id,
                                   max_payload=self.creds.max_payload, max_update_bytes=min(limits) if limits else 0,
-                                  amp=self.settings.amp)
+                                  amp=self.settings.amp,
+                                  prepare=self.thin.prepare_for(plan, self.creds.federation, self.id))
         self._computed("train", t0, c0)
         self.store.save_upload(upload.blob)  # upload, then the state that names it: before publishing
         record = UploadRecord(plan.round, upload.digest, len(upload.blob))
@@ -392,7 +421,10 @@ class EdgeClient:
 
     def _publish(self, items: list[tuple[str, bytes, bool]]) -> None:
         shape = None if self.shaper is None else (lambda n: self.sleep(self.shaper(n, "up")))  # type: ignore[misc]
-        if not self.link.publish_all(items, self.settings.publish_timeout_s, self._stopped.is_set, shape):
+        t0 = self.clock()
+        if self.link.publish_all(items, self.settings.publish_timeout_s, self._stopped.is_set, shape):
+            self.thin.measured(sum(len(p) for _, p, _ in items), self.clock() - t0)  # thin links: the uplink rate
+        else:
             log.warning("%s: PUBACKs not all in after %.0f s; the ack timer takes over", self.id,
                         self.settings.publish_timeout_s)
 
@@ -426,7 +458,10 @@ class EdgeClient:
             self._pending = Pending("update", job.round, up.digest, self._update_items(up.payloads, job.round))
             self._sent()
             log.info("%s: round %d trained and sent (%d bytes)", self.id, job.round, len(up.blob))
+            fit = self.thin.last
             self._progress("trained", round=job.round, bytes=len(up.blob), acc=up.eval.acc if up.eval else None,
+                           codec=fit.codec if fit else None, keep=fit.keep if fit else None,
+                           budget=fit.budget if fit else None,
                            train_loss=(up.metrics or {}).get("train_loss"))
         elif job.kind == "calibrated":
             self._pending = job.result
@@ -525,7 +560,11 @@ class EdgeClient:
             else:
                 self._resend()
         d = self._download
-        if d is not None and now >= d.due(self.settings.download_stall_s):
+        if d is not None and now >= d.due(self.settings.download_stall_s) and self._delta is not None \
+                and d.digest == self._delta.digest and d.received == 0 and self.plan is not None:
+            log.warning("%s: no chunk of the model delta came; downloading the full model", self.id)  # thin links
+            self._start_download(self.plan)
+        elif d is not None and now >= d.due(self.settings.download_stall_s):
             log.warning("%s: model download stalled (%d chunks missing); asking for them again", self.id,
                         len(d.missing()))
             d.resubscribe(now)

@@ -33,6 +33,9 @@
     download_stall_s = 30.0      # re-subscribe to the model when no chunk came for this long
     max_update_bytes = 0         # refuse larger updates before sending (0: the plan's limit)
     exit_when_finished = true    # save the personal model and exit after the final plan
+    upload = "plan"              # or "fit": value codec and top-k share fitted to the uplink and the round's close
+    uplink_kbps = 0.0            # the uplink for "fit" (0: estimated from this device's acknowledged uploads)
+    error_feedback = false       # keep what the codec / top-k left out (on disk) and add it to the next update
 
 Relative paths (credentials, python_path, path, data_dir, partition_file, state_dir) are read
 relative to this file. A [data] table without ``source`` but with ``dataset`` is a partition.
@@ -69,6 +72,9 @@ class EdgeSettings:
     max_update_bytes: int = 0
     exit_when_finished: bool = True
     keepalive_s: int = 30
+    upload: str = "plan"  # plan: the plan's codec; fit: codec and top-k share fitted to the uplink and round close
+    uplink_kbps: float = 0.0
+    error_feedback: bool = False
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_s", "ack_timeout_s", "backoff_s", "backoff_max_s", "download_stall_s",
@@ -81,6 +87,10 @@ class EdgeSettings:
             raise ConfigError(f"runtime must be \"torch\" or \"executorch\", got {self.runtime!r}")
         if self.runtime == "executorch" and self.device not in ("auto", "cpu"):
             raise ConfigError(f"runtime executorch runs on the CPU; device = {self.device!r} (use \"cpu\" or \"auto\")")
+        if self.upload not in ("plan", "fit"):
+            raise ConfigError(f"upload must be \"plan\" or \"fit\", got {self.upload!r}")
+        if not (self.uplink_kbps >= 0 and self.uplink_kbps < float("inf")):
+            raise ConfigError(f"uplink_kbps must be a finite number >= 0 (0: estimated), got {self.uplink_kbps}")
         if not 5 <= self.keepalive_s <= 3600:
             raise ConfigError(f"keepalive_s must be in [5, 3600], got {self.keepalive_s}")
 

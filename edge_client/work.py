@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,23 +188,27 @@ def _report(result: LocalResult, ev: ClientEval) -> dict[str, float]:
 
 def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, torch.Tensor], state: ClientState,
                      data: ClientData, ctx: RoundContext, *, federation: str, sender: str, max_payload: int,
-                     max_update_bytes: int, amp: bool) -> Upload:
+                     max_update_bytes: int, amp: bool,
+                     prepare: Callable[[Update], tuple[Update, UpdateOptions]] | None = None) -> Upload:
     """The local round (``client_round``, exactly as the simulator runs it) and the upload's bytes.
 
     Raises :class:`UpdateTooLarge` naming the sizes and the limit before anything is sent, and
-    :class:`SkipRound` when the global model, the loss or the update is not finite."""
+    :class:`SkipRound` when the global model, the loss or the update is not finite. ``prepare``: the
+    step between training and encoding (error feedback and link fitting, :mod:`edge_client.thin`)."""
     check_finite_round(plan, global_state)
     with autocast_for(ctx.device, amp):
         ev, result = client_round(strategy, global_state, state, data, ctx, train=True)
     assert result is not None
     check_finite_round(plan, None, result)
     update = Update(result.update.deltas, result.update.num_samples, _report(result, ev))
-    blob = encode_update(update, UpdateHeader(federation, plan.round, sender, plan.model_digest),
-                         UpdateOptions(plan.value_codec, zstd=plan.compress))
+    options = UpdateOptions(plan.value_codec, zstd=plan.compress)
+    if prepare is not None:  # thin links
+        update, options = prepare(update)
+    blob = encode_update(update, UpdateHeader(federation, plan.round, sender, plan.model_digest), options)
     if max_update_bytes and len(blob) > max_update_bytes:
         raise UpdateTooLarge(
             f"the update of round {plan.round} is {len(blob):,} bytes ({update.sent:,} of {update.numel:,} values, "
-            f"codec {plan.value_codec}{' + zstd' if plan.compress else ''}); the limit is {max_update_bytes:,} bytes. "
+            f"codec {options.values}{' + zstd' if plan.compress else ''}); the limit is {max_update_bytes:,} bytes. "
             f"Nothing was sent. Raise [federation] max_update_bytes on the coordinator, or upload less "
             f"(a sparser strategy, value_codec int8, compress = true)")
     payloads = chunk_blob(blob, Kind.UPDATE_CHUNK, federation, sender, plan.round, max_payload)

@@ -31,6 +31,7 @@ from edge_client.config import EdgeSettings
 from flayer.train import ClientData
 from transport.credentials import Credentials
 from transport.link import NetworkDriver
+from transport.wirecount import count_wire_bytes
 
 from .events import EventLog
 from .profiles import DeviceProfile
@@ -72,7 +73,7 @@ class EmulatedDevice:
         self.settings, self.creds, self.data = settings, creds, data
         self.log, self.counter, self.pool, self.network = log_, counter, pool, network
         self.client_factory = client_factory
-        self.shaper = LinkShaper(profile, on_bytes=self._count)
+        self.shaper = LinkShaper(profile)  # delays only: the bytes are counted on the socket (see _online)
         self.client: EdgeClient | None = None
         self.state = "offline"
         self.instances = self.crashes = 0
@@ -119,6 +120,7 @@ class EmulatedDevice:
         if client.finished:
             self.state = "finished"  # the store says the federation is over for this device
             return
+        count_wire_bytes(client.link.client, self._count)  # every byte, retransmissions and MQTT framing included
         self.client = client
         self.instances += 1
         client.start()

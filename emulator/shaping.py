@@ -12,8 +12,9 @@ latency:
 - latency (one-way) is added once per message: chunks are sent one after the other, each after its
   own delay, which is how a stop-and-wait sender on a long link behaves (PUBACKs are not delayed).
 
-A rate of 0 means unshaped. Every call also reports the bytes to ``on_bytes`` (the emulator counts
-bytes per round with it). Thread safe: one lock per direction.
+A rate of 0 means unshaped. Every call also reports the bytes to ``on_bytes`` when given (the
+emulator counts bytes on the socket instead, :mod:`transport.wirecount`, so that every MQTT packet
+and re-send is in its totals). Thread safe: one lock per direction.
 """
 
 from __future__ import annotations

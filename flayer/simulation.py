@@ -34,6 +34,7 @@ from .engine import (
     initial_global_state,
     select_clients,
 )
+from .links import LinkHooks
 from .strategies.base import ClientState, RoundContext, Strategy
 from .train import ClientData, evaluate
 from .update import Update
@@ -71,7 +72,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
              on_round: Callable[[RoundRecord], None] | None = None,
              on_client: Callable[[int, int], None] | None = None,
              sizer: Callable[[Update], int] | None = None, val: bool = False,
-             blowup: float | None = None) -> SimulationResult:
+             blowup: float | None = None, links: LinkHooks | None = None) -> SimulationResult:
     """Run ``rounds`` federated rounds of ``strategy`` over ``clients``.
 
     ``on_round(record)`` after each round, ``on_client(round, done)`` after each client (progress);
@@ -79,7 +80,8 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     model on the validation hold-outs (``RoundRecord.val_acc``). The run stops early, with
     ``SimulationResult.diverged`` saying why, when the global model or the clients' mean training
     loss is not finite, or (``blowup``) when that loss exceeds ``blowup`` times the cross-entropy of a
-    uniform guess, ln(classes).
+    uniform guess, ln(classes). ``links`` (:class:`flayer.links.LinkHooks`): fold the updates as
+    decoded, publish the model as rebuilt, count the bytes both ways (instead of ``sizer``).
     """
     g = dict(global_state) if global_state is not None else initial_global_state(strategy, seed)
     resolved: dict[str, Any] = {}
@@ -95,6 +97,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         evals: list[ClientEval] = []
         losses: list[float] = []
         nbytes = 0
+        down = sum(links.download(r, i) for i in sorted(selected)) if links is not None else 0  # thin links
         for i, data in enumerate(clients):
             ctx = RoundContext(round=r, client=i, seed=seed, device=device)
             ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected, val=val)
@@ -102,23 +105,26 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
             if result is not None and diverged is None:
                 states[i] = result.state
                 losses.append(result.metrics.get("train_loss", float("nan")))
+                update, wire = result.update, 0
                 try:
-                    norm = check(result.update, agg.shapes)
+                    if links is not None:  # thin links: the update as the server decodes it
+                        update, wire = links.upload(r, i, update)
+                    norm = check(update, agg.shapes)
                 except UpdateError as exc:  # e.g. non-finite values: the learning rate made training diverge
                     diverged = f"diverged: client {i}'s update in round {r} was refused ({exc})"
                 else:
-                    agg.fold(admit(result.update, norm, Bounds()))
-                    nbytes += sizer(result.update) if sizer is not None else 0
+                    agg.fold(admit(update, norm, Bounds()))
+                    nbytes += wire if links is not None else sizer(update) if sizer is not None else 0
             if on_client is not None:
                 on_client(r, i + 1)
         unsent, t = agg.unsent(), agg.tally
         if diverged is None:  # a refused update leaves the global model as it was
-            g = agg.result()
+            g = agg.result() if links is None else links.publish(r, g, agg.result())
         acc, loss = weighted(evals)
         vals = [e.val for e in evals if e.val is not None]
         rec = RoundRecord(r, acc, loss, float(np.mean(losses)) if losses else float("nan"), tuple(sorted(selected)),
                           t.sent, t.numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals),
-                          unsent, agg.coordinates, t.indexed, weighted(vals)[0] if vals else None)
+                          unsent, agg.coordinates, t.indexed, weighted(vals)[0] if vals else None, down)
         records.append(rec)
         log.info("round %d: acc %.4f loss %.4f train_loss %.4f upload %.3f", r, acc, loss, rec.train_loss,
                  rec.upload_fraction)

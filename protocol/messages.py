@@ -15,7 +15,11 @@ Plan        ``round`` (retained)    round, selected client ids, deadline (unix s
                                     value codec and zstd flag the clients should upload with,
                                     phase (train | calibrate | final), run seed, training
                                     settings (lr, batch size, epochs), total rounds, the largest
-                                    update the coordinator accepts (0 = only the wire limits)
+                                    update the coordinator accepts (0 = only the wire limits),
+                                    the delta from the previous model, if offered
+                                    (:class:`protocol.model_delta.DeltaRef`; empty when none),
+                                    what devices may choose for their uploads
+                                    (:class:`protocol.upload_cap.UploadCap`; empty: nothing)
 Ack         ``ack/<client>``        round, client, update digest, status, reason
 Status      ``status/<client>``     round (last seen), state, time (unix s), info (device facts)
 Metrics     ``metrics/<client>``    round, time (unix s), values (name -> finite float)
@@ -35,7 +39,9 @@ from typing import Any, ClassVar, Union
 from .envelope import Codec, Envelope, Kind, decode_envelope
 from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
+from .model_delta import delta_ref
 from .topics import TopicError, validate_id
+from .upload_cap import upload_cap
 from .values import VALUE_CODECS
 
 __all__ = [
@@ -179,6 +185,9 @@ class Plan:
     max_update_bytes: int = 0
     mode: str = "sync"  # async: devices keep an older round's upload until answered (flayer.engine.versions)
     max_staleness: int = 0  # async: how many versions behind an update is still taken
+    delta: Mapping[str, Scalar] = field(default_factory=dict)
+    upload_fit: Mapping[str, Scalar] = field(default_factory=dict)
+    close_by: float = 0.0  # when an update should arrive to count (expected close; 0: unknown)
 
     CHECKS: ClassVar[Checks] = {
         "round": _ROUND, "selected": _ids, "deadline": _time, "strategy": _id,
@@ -186,12 +195,18 @@ class Plan:
               "model_chunks": _int(1, 2**32), "model_size": _int(1, 2**63),
               "value_codec": _choice(tuple(VALUE_CODECS)), "compress": _bool, "phase": _choice(PLAN_PHASES),
               "seed": _int(0, 2**63), "train": _mapping(16, _scalar), "rounds": _int(0, 2**32),
-              "max_update_bytes": _int(0, 2**63), "mode": _choice(PLAN_MODES), "max_staleness": _int(0, 1000)}
+              "max_update_bytes": _int(0, 2**63), "mode": _choice(PLAN_MODES), "max_staleness": _int(0, 1000),
+              "delta": _mapping(8, _scalar), "upload_fit": _mapping(8, _scalar), "close_by": _time}
 
     def problems(self) -> str | None:
         """Checks across fields: round 0 is the calibration phase and only that."""
         if (self.round == 0) != (self.phase == "calibrate"):
             return f"round must be >= 1 in phase {self.phase} (round 0 is the calibration phase), got {self.round}"
+        try:
+            delta_ref(self.delta)
+            upload_cap(self.upload_fit)
+        except WireError as exc:
+            return exc.reason
         return None
 
 

@@ -13,6 +13,9 @@ topic                                       written by                 read by
 ``metrics/<client>``                        that client                coordinator
 ==========================================  ========================  ================================
 
+``model/<digest>/<i>`` also carries the delta to the current model when the coordinator offers one
+(:mod:`protocol.model_delta`): a blob named by its digest like a model's, under the same ACL.
+
 The read-only ``observer`` user (``flayer status``, ``flayer dashboard``) reads ``round``,
 ``status/+`` and ``metrics/+`` and nothing else, and may publish nothing.
 

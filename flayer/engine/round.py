@@ -128,6 +128,7 @@ class RoundRecord:
     coordinates: int = 0  # coordinates of the global model
     indexed: int = 0  # explicit positions uploaded (sparse deltas), all selected clients together
     val_acc: float | None = None  # as ``acc``, on the clients' validation hold-outs (when evaluated)
+    download_bytes: int = 0  # bytes the selected clients received for this round's model (LinkHooks only)
 
     @property
     def upload_fraction(self) -> float:
@@ -142,4 +143,5 @@ class RoundRecord:
                 "selected": list(self.selected), "sent": self.sent, "numel": self.numel,
                 "upload_fraction": self.upload_fraction, "upload_bytes": self.upload_bytes,
                 "seconds": self.seconds, "client_acc": list(self.client_acc), "unsent": self.unsent,
-                "unsent_fraction": self.unsent_fraction, "indexed": self.indexed, "val_acc": self.val_acc}
+                "unsent_fraction": self.unsent_fraction, "indexed": self.indexed, "val_acc": self.val_acc,
+                "download_bytes": self.download_bytes}

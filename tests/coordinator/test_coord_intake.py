@@ -116,3 +116,18 @@ def test_async_validate_checks_the_base_of_the_round_it_names_and_weights_stalen
                                rtol=1e-6)
     assert validate("dev-1", _blob(round_=3), ctx, 1).counter == "wrong_model"
     assert validate("dev-1", _blob(round_=4, base="ef" * 32), ctx, 3).counter == "stale"
+
+
+def test_close_by_follows_the_recent_rounds() -> None:
+    from types import SimpleNamespace
+
+    from coordinator.phases import Phases
+
+    p = Phases()
+    p.durations, p.fs = [], SimpleNamespace(mode="sync", max_staleness=0)
+    assert p._close_by(100.0, 160.0) == 0.0  # no history: devices use the deadline
+    p.durations = [10.0, 12.0, 30.0]
+    assert p._close_by(100.0, 160.0) == 112.0  # the median round length after the open
+    assert p._close_by(100.0, 105.0) == 105.0  # never past the deadline
+    p.fs = SimpleNamespace(mode="async", max_staleness=4)
+    assert p._close_by(100.0, 160.0) == 100.0 + 12.0 * 5  # a version's length x (max_staleness + 1)

@@ -1,0 +1,222 @@
+"""Delta downloads on a live Mosquitto with the real coordinator and edge clients: devices holding the
+previous model fetch only the delta and rebuild the published model bit for bit; a tampered delta
+or one whose chunks never come is refused and the full model fetched."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fedtestlib import FedBroker, Recorder, federation_toml, start_fed_broker
+
+from coordinator.config import load_coordinator_config
+from coordinator.deltas import DeltaChain
+from coordinator.publish import ModelBlob, Publisher
+from coordinator.server import Coordinator
+from edge_client.client import EdgeClient
+from edge_client.config import EdgeSettings
+from flayer.partition import make_partition
+from flayer.train import client_data
+from flayer.update import state_numpy
+from protocol import UpdateHeader, blob_digest
+from protocol.model_delta import make_delta
+
+pytestmark = [pytest.mark.integration]
+DEVICES = ["dev-a", "dev-b"]
+
+
+@pytest.fixture
+def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from mqtt_broker import mosquitto_available
+
+    if not mosquitto_available():
+        pytest.skip("mosquitto is not installed")
+    fb = start_fed_broker(tmp_path, "mosquitto", DEVICES)
+    yield fb
+    fb.broker.stop()
+
+
+@pytest.fixture(scope="module")
+def shards(digits):  # type: ignore[no-untyped-def]
+    part = make_partition(digits.y, digits.num_classes, 2, "iid", 0)
+    return [client_data(digits, c) for c in part.clients]
+
+
+class TamperedChain(DeltaChain):
+    """Offers a valid delta blob that leads to another model than the published one."""
+
+    def advance(self, old: ModelBlob | None, old_state: Any, new_state: Any, round_: int) -> Any:
+        state, model = super().advance(old, old_state, new_state, round_)
+        if self.blob is not None and old is not None:
+            target = {k: v + np.float32(1e-3) for k, v in state_numpy(state).items()}
+            blob = make_delta(state_numpy(old_state), target, "exact",
+                              UpdateHeader(self.federation, round_, self.sender, old.digest))
+            self.blob = ModelBlob(blob, blob_digest(blob))
+        return state, model
+
+
+class MissingChain(DeltaChain):
+    """Names a delta in the plan but never publishes its chunks."""
+
+    def publish(self, publisher: Publisher, model: ModelBlob, round_: int) -> int:
+        if self.blob is not None and self.target == model.digest:
+            self.chunks = 1
+        return 0
+
+
+def _run(tmp: Path, fb: FedBroker, shards: list, mode: str, chain: type[DeltaChain] = DeltaChain) -> tuple:
+    path = federation_toml(tmp / "federation.toml", fb.state_dir / "credentials/coordinator.toml", tmp / "coord",
+                           strategy="fedavg", rounds=3, dataset="digits", quorum=2, min_devices=2,
+                           delta_downloads=mode)
+    coord = Coordinator(load_coordinator_config(path), fb.coordinator)
+    coord.deltas = chain(mode, fb.coordinator.federation, fb.coordinator.username)
+    events: dict[str, list[tuple[str, dict]]] = {d: [] for d in DEVICES}
+    lock = threading.Lock()
+    clients = []
+    for i, d in enumerate(DEVICES):
+        def record(kind: str, info: dict, d: str = d) -> None:
+            with lock:
+                events[d].append((kind, dict(info)))
+        settings = EdgeSettings(state_dir=str(tmp / d), client_index=i, device="cpu", heartbeat_s=1.0,
+                                download_stall_s=1.0, threads=1)
+        clients.append(EdgeClient(settings, fb.devices[d], shards[i], on_progress=record))
+    thread = coord.start()
+    for c in clients:
+        c.start()
+    try:
+        thread.join(120)
+        assert not thread.is_alive(), "the coordinator did not finish"
+        result = coord._thread_result
+        assert not isinstance(result, BaseException), result
+        assert result is not None and result.finished and result.rounds_done == 3
+        for c in clients:
+            assert c.wait(60) and c.error is None and c.rounds_trained == [1, 2, 3]
+            assert c._model is not None and c._model[0] == result.model_digest  # the final model, bit for bit
+    finally:
+        for c in clients:
+            c.stop()
+    return result, events, coord
+
+
+@pytest.mark.parametrize("mode", ["exact", "int8"])
+def test_devices_download_deltas_and_hold_the_published_models(tmp_path: Path, fed: FedBroker, shards: list,
+                                                               mode: str) -> None:
+    result, events, coord = _run(tmp_path, fed, shards, mode)
+    for evs in events.values():
+        downloads = [info for kind, info in evs if kind == "downloaded"]
+        assert len(downloads) == 4  # rounds 1-3 and the final model
+        assert "delta_bytes" not in downloads[0]  # nothing held yet: the full model
+        assert all("delta_bytes" in info for info in downloads[1:]), downloads
+        assert not [e for e in evs if e[0] == "delta_refused"]
+    model_bytes = result.history[0]["model_bytes"]
+    deltas = [info["delta_bytes"] for info in (i for k, i in events[DEVICES[0]] if k == "downloaded")
+              if "delta_bytes" in info]
+    assert max(deltas) < (0.5 if mode == "int8" else 1.0) * model_bytes
+    # on the broker only the final model and the delta to it stay retained: older models and deltas were cleared
+    rec = Recorder(fed.devices[DEVICES[0]], [f"fl/{fed.coordinator.federation}/model/+/+"])
+    try:
+        retained = {m.topic.split("/")[3] for m in rec.drain(1.0) if m.payload and m.retain}
+    finally:
+        rec.close()
+    assert coord.deltas.blob is not None and coord.deltas.target == result.model_digest
+    assert retained == {result.model_digest, coord.deltas.blob.digest}, retained
+
+
+@pytest.mark.parametrize("chain", [TamperedChain, MissingChain])
+def test_a_bad_or_missing_delta_falls_back_to_the_full_model(tmp_path: Path, fed: FedBroker, shards: list,
+                                                           chain: type[DeltaChain]) -> None:
+    _, events, _ = _run(tmp_path, fed, shards, "exact", chain)
+    for evs in events.values():
+        downloads = [info for kind, info in evs if kind == "downloaded"]
+        assert len(downloads) == 4 and not any("delta_bytes" in info for info in downloads)
+        if chain is TamperedChain:
+            refused = [info["reason"] for kind, info in evs if kind == "delta_refused"]
+            assert len(refused) == 3 and all("rebuilt model" in r for r in refused), refused
+
+
+def test_a_device_on_a_1_mbit_link_fits_its_upload_to_the_deadline(tmp_path: Path, fed: FedBroker,
+                                                                    shards: list) -> None:
+    """digits' CNN is 363 kB of fp32: 2.9 s at 1 Mbit/s, more than a 4 s round leaves after its local
+    round (the margin and the 80% safety included). The device (its uplink configured, shaped by the
+    emulator's token bucket) picks a smaller codec or share each round, and every upload is acknowledged
+    before the plan's deadline."""
+    import time
+
+    from emulator.profiles import DeviceProfile
+    from emulator.shaping import LinkShaper
+
+    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
+                           tmp_path / "coord", strategy="fedavg", rounds=3, dataset="digits", deadline_s=4.0)
+    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
+    seen: list[tuple[float, float, Any]] = []
+    client: list[EdgeClient] = []
+
+    def record(kind: str, info: dict) -> None:
+        if kind == "trained":  # after the publish and its PUBACKs
+            plan = client[0].plan
+            assert plan is not None
+            seen.append((time.time(), plan.deadline, dict(info)))
+
+    settings = EdgeSettings(state_dir=str(tmp_path / "dev-a"), device="cpu", heartbeat_s=1.0, threads=1,
+                            upload="fit", uplink_kbps=1000.0, error_feedback=True)
+    shaper = LinkShaper(DeviceProfile("thin", up_mbps=1.0))
+    client.append(EdgeClient(settings, fed.devices["dev-a"], shards[0], shaper=shaper, on_progress=record))
+    thread = coord.start()
+    client[0].start()
+    try:
+        thread.join(120)
+        assert not thread.is_alive(), "the coordinator did not finish"
+        result = coord._thread_result
+        assert not isinstance(result, BaseException), result
+        assert result is not None and result.finished and result.rounds_done == 3
+        assert client[0].wait(60) and client[0].error is None
+    finally:
+        client[0].stop()
+    model_bytes = result.history[0]["model_bytes"]
+    assert [r["accepted"] for r in result.history] == [1, 1, 1]
+    assert all(r["closed"] != "deadline" for r in result.history), [r["closed"] for r in result.history]
+    assert len(seen) == 3
+    for done_at, deadline, info in seen:
+        assert info["codec"] in ("fp16", "int8") and 0 < info["budget"] < model_bytes, info
+        assert info["bytes"] <= info["budget"] or info["keep"] == 0.1, info  # within budget, or at the floor
+        assert done_at < deadline, (done_at, deadline, info)
+    assert (tmp_path / "dev-a" / "residual-3.safetensors").exists()  # error feedback kept what was left out
+
+
+def test_a_rebooted_device_rebuilds_from_the_model_it_stored(tmp_path: Path, fed: FedBroker, shards: list) -> None:
+    """A device that crashes after round 1 comes back holding round 1's model (global_model.bin) and
+    fetches round 2's delta instead of the whole model."""
+    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
+                           tmp_path / "coord", strategy="fedavg", rounds=3, dataset="digits",
+                           delta_downloads="exact")
+    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
+    before: list[tuple[str, dict]] = []
+    after: list[tuple[str, dict]] = []
+    settings = EdgeSettings(state_dir=str(tmp_path / "dev-a"), device="cpu", heartbeat_s=1.0, threads=1)
+    first = EdgeClient(settings, fed.devices["dev-a"], shards[0], on_progress=lambda k, i: before.append((k, i)))
+    thread = coord.start()
+    first.start()
+    second = None
+    try:
+        deadline = time.monotonic() + 60
+        while not any(k == "ack" and i["round"] == 1 for k, i in before) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert any(k == "ack" and i["round"] == 1 for k, i in before), before
+        first.crash()
+        second = EdgeClient(settings, fed.devices["dev-a"], shards[0], on_progress=lambda k, i: after.append((k, i)))
+        second.start()
+        thread.join(120)
+        assert not thread.is_alive(), "the coordinator did not finish"
+        result = coord._thread_result
+        assert not isinstance(result, BaseException) and result is not None and result.finished, result
+        assert second.wait(60) and second.error is None and 3 in second.rounds_trained
+        downloads = [i for k, i in after if k == "downloaded"]
+        assert downloads and all("delta_bytes" in i for i in downloads), downloads
+        assert second._model is not None and second._model[0] == result.model_digest
+    finally:
+        if second is not None:
+            second.stop()
