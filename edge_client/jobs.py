@@ -1,0 +1,194 @@
+"""The edge client's work off its worker thread, and what follows an upload: the local round, the
+calibration report and the personal model run as jobs on the job thread (each reports back with a
+:class:`Job` event); publishing, re-sending with backoff and the acknowledgements settle each upload.
+A mixin of :class:`edge_client.client.EdgeClient`, which holds the state (see its docstring)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from flayer.strategies.base import Strategy
+from flayer.train import ClientData, training_engine
+from protocol import Ack, Kind, Plan, chunk_blob, decode_envelope
+
+from .download import Pending
+from .store import StoredState, UploadRecord
+from .work import EdgeError, Upload, calibration_report, round_context, save_personal, train_and_encode
+
+__all__ = ["Job", "Jobs"]
+
+log = logging.getLogger("edge_client.client")
+
+
+@dataclass(frozen=True)
+class Job:
+    kind: str  # trained | calibrated | published | finished
+    round: int
+    result: Any = None
+    error: BaseException | None = None
+
+
+class Jobs:
+    """Jobs, publishing, re-sends and acknowledgements (module docstring)."""
+
+    id: str
+    settings: Any
+    stored: Any
+    store: Any
+    creds: Any
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+    shaper: Any
+    after_compute: Any
+    plan: Plan | None
+    device: Any
+    data: ClientData | None
+    events: Any
+    thin: Any
+    topics: Any
+    link: Any
+    jobs: Any
+    runtime: Any
+    rng: Any
+    _pending: Pending | None
+    _busy: bool
+    _early_acks: list[Ack]
+    _crashed: bool
+    _stopped: Any
+
+    def _set_state(self, name: str) -> None: ...
+    def _progress(self, kind: str, **info: Any) -> None: ...
+    def _on_plan(self, plan: Plan) -> None: ...
+
+    def _submit(self, kind: str, round_: int, fn: Callable[..., Any], *args: Any) -> None:
+        self._busy = True
+
+        def run() -> None:
+            try:
+                engine = self.runtime.engine_for(args[0]) if args and isinstance(args[0], Strategy) else None
+                with training_engine(engine):
+                    self.events.put(Job(kind, round_, fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 -- handed to the worker
+                self.events.put(Job(kind, round_, None, exc))
+
+        self.jobs.submit(run)
+
+    def _train_job(self, strategy: Any, plan: Plan, global_state: Any, state: Any) -> Upload:
+        limits = [x for x in (plan.max_update_bytes, self.settings.max_update_bytes) if x > 0]
+        ctx = round_context(plan, self.settings.client_index, self.device)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        upload = train_and_encode(strategy, plan, global_state, state, self._data(), ctx,
+                                  federation=self.creds.federation, sender=self.id,
+                                  max_payload=self.creds.max_payload, max_update_bytes=min(limits) if limits else 0,
+                                  amp=self.settings.amp,
+                                  prepare=self.thin.prepare_for(plan, self.creds.federation, self.id))
+        self._computed("train", t0, c0)
+        self.store.save_upload(upload.blob)  # upload, then the state that names it: before publishing
+        record = UploadRecord(plan.round, upload.digest, len(upload.blob))
+        self.store.save(StoredState(upload.state, plan.round, record, False, self.stored.extra))
+        self._publish(self._update_items(upload.payloads, plan.round))
+        return upload
+
+    def _calibrate_job(self, strategy: Any, plan: Plan, global_state: Any) -> Pending:
+        ctx = round_context(plan, self.settings.client_index, self.device)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        payload = calibration_report(strategy, plan, global_state, self._data(), ctx, amp=self.settings.amp,
+                                     now=self.clock(), federation=self.creds.federation, sender=self.id)
+        self._computed("calibrate", t0, c0)
+        items = [(self.topics.metrics(self.id), payload, False)]
+        self._publish(items)
+        return Pending("calibration", plan.round, decode_envelope(payload).digest, items, model=plan.model_digest)
+
+    def _data(self) -> ClientData:
+        """This device's data (loaded for the plan's model before any job is submitted)."""
+        assert self.data is not None
+        return self.data
+
+    def _computed(self, kind: str, t0: float, c0: float) -> None:
+        """After a local computation (job thread): the ``after_compute`` hook, then nothing more if
+        the device crashed meanwhile."""
+        if self.after_compute is not None:
+            self.after_compute(kind, time.perf_counter() - t0, time.thread_time() - c0)
+        if self._crashed:
+            raise EdgeError(f"{self.id} crashed during its {kind} computation; nothing saved or sent")
+
+    def _update_items(self, payloads: tuple[bytes, ...], round_: int) -> list[tuple[str, bytes, bool]]:
+        return [(self.topics.update_chunk(self.id, round_, i), p, False) for i, p in enumerate(payloads)]
+
+    def _publish(self, items: list[tuple[str, bytes, bool]]) -> None:
+        shape = None if self.shaper is None else (lambda n: self.sleep(self.shaper(n, "up")))  # type: ignore[misc]
+        t0 = self.clock()
+        if self.link.publish_all(items, self.settings.publish_timeout_s, self._stopped.is_set, shape):
+            self.thin.measured(sum(len(p) for _, p, _ in items), self.clock() - t0)  # thin links: the uplink rate
+        else:
+            log.warning("%s: PUBACKs not all in after %.0f s; the ack timer takes over", self.id,
+                        self.settings.publish_timeout_s)
+
+    def _finish_job(self, strategy: Any, plan: Plan, global_state: Any, state: Any) -> float:
+        ctx = round_context(plan, self.settings.client_index, self.device)
+        meta = {"client": self.id, "client_index": self.settings.client_index}
+        if self._crashed:
+            raise EdgeError(f"{self.id} crashed before saving its personal model")
+        return save_personal(strategy, plan, global_state, state, self._data(), ctx, self.store.personal_file,
+                             self.store.global_file, meta)
+
+    def _sent(self) -> None:
+        s = self.settings
+        if self._pending is not None:
+            self._pending.schedule(self.clock(), s.ack_timeout_s, s.backoff_s, s.backoff_max_s, self.rng)
+            self._set_state("uploading")
+
+    def _resume_upload(self, up: UploadRecord) -> None:
+        blob = self.store.load_upload(up)
+        if blob is None:
+            log.warning("%s: the stored upload of round %d is gone; dropping it", self.id, up.round)
+            self._settle("dropped")
+            return
+        payloads = tuple(chunk_blob(blob, Kind.UPDATE_CHUNK, self.creds.federation, self.id, up.round,
+                                    self.creds.max_payload))
+        self._pending = Pending("update", up.round, up.digest, self._update_items(payloads, up.round))
+        self._resend()
+
+    def _resend(self) -> None:
+        p = self._pending
+        assert p is not None
+        p.attempt += 1
+        p.due = None
+        self._set_state("uploading")
+        log.info("%s: re-sending the %s of round %d (attempt %d)", self.id, p.kind, p.round, p.attempt)
+        self._submit("published", p.round, self._publish, p.items)
+
+    def _on_ack(self, ack: Ack) -> None:
+        p, up = self._pending, self.stored.upload
+        if p is not None and (ack.round, ack.update_digest) == (p.round, p.digest):
+            kind = p.kind
+            self._settle(ack.status)
+        elif up is not None and up.status == "gave_up" and (ack.round, ack.update_digest) == (up.round,
+                                                                                             up.digest):
+            kind = "update (given up on, answered at last)"  # the coordinator was down past the re-sends
+            self.stored.upload = replace(up, status=ack.status)
+            self.store.save(self.stored)
+        else:
+            if self._busy and len(self._early_acks) < 16:  # the coordinator can answer before the job that
+                self._early_acks.append(ack)  # published returns (PUBACKs in flight): keep it for then
+            return
+        level = logging.INFO if ack.status in ("accepted", "duplicate") else logging.WARNING
+        log.log(level, "%s: round %d %s %s%s", self.id, ack.round, kind, ack.status,
+                f": {ack.reason}" if ack.reason else "")
+        self._progress("ack", round=ack.round, status=ack.status, reason=ack.reason)
+        if self.plan is not None and self.plan.mode == "async" and not self._busy:
+            self._on_plan(self.plan)  # answered: train on the newest version if this device holds a slot
+
+    def _settle(self, status: str) -> None:
+        """The pending message (or a stored upload) is done with: acked, refused, or given up."""
+        p, self._pending = self._pending, None
+        if p is not None and p.kind == "calibration":
+            self.stored.extra["calibrated"] = p.model
+        elif self.stored.upload is not None:
+            self.stored.upload = replace(self.stored.upload, status=status)
+        self.store.save(self.stored)
+        self._set_state("idle")
