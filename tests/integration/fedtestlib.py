@@ -131,3 +131,16 @@ def strategy_under_test() -> str:
     from flayer.strategies import STRATEGIES
 
     return "flayer" if "flayer" in STRATEGIES else "fedavg"
+
+
+def finished(coord: Any, thread: Any, timeout: float, rounds: int | None = None) -> Any:
+    """Wait for a coordinator started with ``coord.start()``; its result, asserted finished (after
+    ``rounds`` rounds when given)."""
+    thread.join(timeout)
+    assert not thread.is_alive(), "the coordinator did not finish"
+    result = coord._thread_result
+    assert not isinstance(result, BaseException), result
+    assert result is not None and result.finished, result
+    if rounds is not None:
+        assert result.rounds_done == rounds, result.rounds_done
+    return result

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, start_fed_broker
+from fedtestlib import FedBroker, finished, start_fed_broker
 from test_federation_refusals import ManualDevice, _coordinator, _edge
 
 from coordinator.publish import model_blob
@@ -72,9 +72,7 @@ def test_versions_follow_arrival_order_and_stale_updates_are_refused(tmp_path: P
         assert ack.status == "late" and "max_staleness" in ack.reason
         a4 = taken(a, a.update_blob(p4, 4, -0.5), 4)
         b3 = taken(b, b.update_blob(p3, 3, 0.25), 3)  # the buffer of version 4 full: the run's 4 versions done
-        thread.join(60)
-        result = coord._thread_result
-        assert not isinstance(result, BaseException) and result is not None and result.finished
+        result = finished(coord, thread, 60)
         assert result.counters["stale"] == 1
         assert [r["mode"] for r in result.history] == ["async"] * 4
         assert [r["accepted"] for r in result.history] == [2, 2, 2, 2]
@@ -106,9 +104,7 @@ def test_coordinator_stopped_mid_buffer_loses_nothing(tmp_path: Path, fed: FedBr
         a.rec.messages.clear()
         assert a.ack(a.send(a1, 1)).status == "duplicate"  # its ack was lost, say: re-sent after the restart
         assert c.ack(c.send(c1, 1)).status == "accepted"
-        thread.join(60)
-        result = again._thread_result
-        assert not isinstance(result, BaseException) and result is not None and result.finished
+        result = finished(again, thread, 60)
         assert result.history[-1]["accepted"] == 3
         assert result.model_digest == _versions(again.strategy, [[(a1, 0), (b1, 0), (c1, 0)]], 2)[1]
     finally:
@@ -126,9 +122,7 @@ def test_real_devices_train_on_the_newest_version(tmp_path: Path, fed: FedBroker
     for cl in clients:
         cl.start()
     try:
-        thread.join(240)
-        result = coord._thread_result
-        assert not isinstance(result, BaseException) and result is not None and result.finished, result
+        result = finished(coord, thread, 240)
         assert [r["round"] for r in result.history] == [1, 2, 3, 4]
         assert sum(r["accepted"] for r in result.history) >= 8
         trained = [cl.rounds_trained for cl in clients]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedtestlib import FedBroker, Recorder, federation_toml, start_fed_broker
+from fedtestlib import FedBroker, Recorder, federation_toml, finished, start_fed_broker
 
 from coordinator.config import load_coordinator_config
 from coordinator.deltas import DeltaChain
@@ -88,11 +88,7 @@ def _run(tmp: Path, fb: FedBroker, shards: list, mode: str, chain: type[DeltaCha
     for c in clients:
         c.start()
     try:
-        thread.join(120)
-        assert not thread.is_alive(), "the coordinator did not finish"
-        result = coord._thread_result
-        assert not isinstance(result, BaseException), result
-        assert result is not None and result.finished and result.rounds_done == 3
+        result = finished(coord, thread, 120, 3)
         for c in clients:
             assert c.wait(60) and c.error is None and c.rounds_trained == [1, 2, 3]
             assert c._model is not None and c._model[0] == result.model_digest  # the final model, bit for bit
@@ -168,11 +164,7 @@ def test_a_device_on_a_1_mbit_link_fits_its_upload_to_the_deadline(tmp_path: Pat
     thread = coord.start()
     client[0].start()
     try:
-        thread.join(120)
-        assert not thread.is_alive(), "the coordinator did not finish"
-        result = coord._thread_result
-        assert not isinstance(result, BaseException), result
-        assert result is not None and result.finished and result.rounds_done == 3
+        result = finished(coord, thread, 120, 3)
         assert client[0].wait(60) and client[0].error is None
     finally:
         client[0].stop()
@@ -209,10 +201,7 @@ def test_a_rebooted_device_rebuilds_from_the_model_it_stored(tmp_path: Path, fed
         first.crash()
         second = EdgeClient(settings, fed.devices["dev-a"], shards[0], on_progress=lambda k, i: after.append((k, i)))
         second.start()
-        thread.join(120)
-        assert not thread.is_alive(), "the coordinator did not finish"
-        result = coord._thread_result
-        assert not isinstance(result, BaseException) and result is not None and result.finished, result
+        result = finished(coord, thread, 120)
         assert second.wait(60) and second.error is None and 3 in second.rounds_trained
         downloads = [i for k, i in after if k == "downloaded"]
         assert downloads and all("delta_bytes" in i for i in downloads), downloads
