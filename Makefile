@@ -93,3 +93,10 @@ tuned-table: tune-table
 # docs/explanation/async-rounds.md: the demo fleet, synchronous vs asynchronous rounds on a simulated clock
 async-table: apt-data $(VENV)/.stamp-main
 	$(BIN)/python benchmarks/async_rounds.py --out docs/results/async-demo
+
+# docs/results/thin-links.md: accuracy against bytes (3 seeds, simulated) and the demo fleet on the real emulator
+.PHONY: thin-table
+thin-table: apt-data apt-broker $(VENV)/.stamp-main
+	$(BIN)/python benchmarks/thin_links.py --seeds 0,1,2 --rounds 15 --samples 6000 --clients 20 --lr 0.05 \
+	    --keep 0.15 --out docs/results/thin-links
+	$(BIN)/python benchmarks/thin_demo.py --out docs/results/thin-demo
