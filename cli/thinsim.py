@@ -80,12 +80,19 @@ class _Links:
         state, self.model = self.chain.advance(self.model, old, new, r + 1)
         if self.chain.blob is not None:
             self.delta_bytes[r + 1] = self.chain.blob.size
+        else:  # the chain starts over: no older delta is kept
+            self.delta_bytes.clear()
         return state
 
     def download(self, r: int, client: int) -> int:
+        """Bytes client ``client`` receives for round ``r``'s model: the chain of deltas from the version it
+        holds when the coordinator still keeps them all (protocol.model_delta.CHAIN), else the model."""
+        from protocol.model_delta import CHAIN
+
         held, self.held[client] = self.held.get(client), r
-        if held == r - 1 and r in self.delta_bytes:
-            return self.delta_bytes[r]
+        steps = range(held + 1, r + 1) if held is not None else range(0)
+        if held is not None and 1 <= r - held <= CHAIN and all(k in self.delta_bytes for k in steps):
+            return sum(self.delta_bytes[k] for k in steps)
         return self.model.size
 
 

@@ -7,20 +7,23 @@ reconstruction ``old + decoded delta`` (:func:`protocol.model_delta.apply_delta`
 devices run), so coordinator and devices hold the same bits; the checkpoint saves that model. The
 delta is published as retained chunks beside the model (:meth:`Publisher.model` with
 ``companion``) and named in the plan's ``delta`` field, but only when its blob is smaller than the
-model's. One delta is kept: from the directly previous model. After a coordinator restart there
-is none until the next round closes (devices then take the full model).
+model's. The chain keeps the deltas of the last ``CHAIN`` versions (the plan's ``delta_chain`` names
+the older ones), so a device that missed a few rounds still rebuilds the model from the one it
+holds, delta by delta. After a coordinator restart the chain starts empty (devices take the full
+model until the next round closes).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from flayer.update import state_numpy
 from protocol import UpdateHeader, blob_digest
-from protocol.model_delta import DeltaRef, apply_delta, make_delta
+from protocol.model_delta import CHAIN, DeltaRef, apply_delta, chain_entry, make_delta
 
 from .publish import ModelBlob, Publisher, model_blob
 
@@ -29,19 +32,54 @@ __all__ = ["DeltaChain"]
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Link:
+    blob: ModelBlob  # the delta blob
+    base: str  # digest of the model it starts from
+    target: str  # digest of the model it rebuilds
+    chunks: int = 0  # its chunk count once published
+
+
 class DeltaChain:
+    """The deltas to the current model: the newest from the previous model, and before it up to
+    ``CHAIN - 1`` older ones, each from its version to the next, so a device holding any of the last
+    ``CHAIN`` models rebuilds the current one step by step."""
+
     def __init__(self, mode: str, federation: str, sender: str) -> None:
         self.mode, self.federation, self.sender = mode, federation, sender
-        self.blob: ModelBlob | None = None  # the delta blob to the current model
-        self.base = self.target = ""  # digests it goes from / to
-        self.chunks = 0  # its chunk count once published
+        self.links: list[_Link] = []  # oldest first; the last one ends at the current model
+
+    # the newest link, by the names of a one-delta chain
+    @property
+    def blob(self) -> ModelBlob | None:
+        return self.links[-1].blob if self.links else None
+
+    @blob.setter
+    def blob(self, value: ModelBlob) -> None:
+        self.links[-1].blob = value
+
+    @property
+    def base(self) -> str:
+        return self.links[-1].base if self.links else ""
+
+    @property
+    def target(self) -> str:
+        return self.links[-1].target if self.links else ""
+
+    @property
+    def chunks(self) -> int:
+        return self.links[-1].chunks if self.links else 0
+
+    @chunks.setter
+    def chunks(self, value: int) -> None:
+        self.links[-1].chunks = value
 
     def advance(self, old: ModelBlob | None, old_state: Mapping[str, torch.Tensor],
                 new_state: dict[str, torch.Tensor], round_: int) -> tuple[dict[str, torch.Tensor], ModelBlob]:
         """The next global model (the reconstruction in a lossy mode) and its blob; the delta to it
-        from ``old`` is kept for :meth:`publish` when it is smaller than the model."""
-        self.blob, self.chunks = None, 0
+        from ``old`` joins the chain when it is smaller than the model (else the chain starts over)."""
         if self.mode == "off" or old is None:
+            self.links = []
             return new_state, model_blob(new_state)
         base, target = state_numpy(old_state), state_numpy(new_state)
         blob = make_delta(base, target, self.mode, UpdateHeader(self.federation, round_, self.sender, old.digest))
@@ -49,21 +87,36 @@ class DeltaChain:
             new_state = {k: torch.from_numpy(v) for k, v in apply_delta(base, blob, old.digest).items()}
         model = model_blob(new_state)
         if len(blob) < model.size:
-            self.blob, self.base, self.target = ModelBlob(blob, blob_digest(blob)), old.digest, model.digest
+            kept = self.links if self.links and self.links[-1].target == old.digest else []
+            self.links = [*kept, _Link(ModelBlob(blob, blob_digest(blob)), old.digest, model.digest)][-CHAIN:]
+        else:
+            self.links = []
         log.info("round %d: delta from %s is %d bytes, the model %d (%s)", round_, old.digest[:12], len(blob),
-                 model.size, "offered" if self.blob is not None else "not smaller: full model only")
+                 model.size, f"offered, a chain of {len(self.links)}" if self.links else "not smaller: full model only")
         return new_state, model
 
     def publish(self, publisher: Publisher, model: ModelBlob, round_: int) -> int:
-        """Publish the delta to ``model`` (retained, beside it) if there is one; bytes published."""
-        if self.blob is None or self.target != model.digest:
-            publisher.companion = None  # an older delta is cleared with the old models
+        """Publish the chain's deltas (retained, beside ``model``) that are not yet; bytes published.
+        Deltas that left the chain are cleared with the old models."""
+        if not self.links or self.links[-1].target != model.digest:
+            publisher.companions.clear()
             return 0
-        self.chunks, nbytes = publisher.model(self.blob, round_, companion=True)
-        return nbytes
+        publisher.companions &= {link.blob.digest for link in self.links}
+        total = 0
+        for link in self.links:
+            link.chunks, nbytes = publisher.model(link.blob, round_, companion=True)
+            total += nbytes
+        return total
 
     def plan_field(self, model_digest: str) -> dict[str, str | int]:
-        """The plan's ``delta`` field for a plan naming ``model_digest`` (empty when none is offered)."""
-        if self.blob is None or self.chunks == 0 or self.target != model_digest:
+        """The plan's ``delta`` field for a plan naming ``model_digest``: the newest delta (empty when none)."""
+        if not self.links or self.chunks == 0 or self.target != model_digest:
             return {}
-        return DeltaRef(self.base, self.blob.digest, self.chunks, self.blob.size).as_plan()
+        return DeltaRef(self.base, self.blob.digest, self.chunks, self.blob.size).as_plan()  # type: ignore[union-attr]
+
+    def chain_field(self, model_digest: str) -> tuple[str, ...]:
+        """The plan's ``delta_chain``: the older deltas, oldest first (:func:`protocol.model_delta.chain_entry`)."""
+        if not self.plan_field(model_digest):
+            return ()
+        return tuple(chain_entry(DeltaRef(x.base, x.blob.digest, x.chunks, x.blob.size, x.target))
+                     for x in self.links[:-1] if x.chunks > 0)

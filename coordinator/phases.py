@@ -51,7 +51,7 @@ class Phases:
                          self._chunks, phase)
         close_by = self._close_by(rnd.stats.opened_at, deadline) if rnd is not None and rnd.timer else 0.0
         return dataclasses.replace(plan, delta=self.deltas.plan_field(self.model.digest),  # thin links
-                                   close_by=close_by)
+                                   delta_chain=self.deltas.chain_field(self.model.digest), close_by=close_by)
 
     def _close_by(self, opened_at: float, deadline: float) -> float:
         """When an update of the open round should have arrived to count, from the median length of the

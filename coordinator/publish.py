@@ -76,7 +76,7 @@ class Publisher:
         self.timeout_s = timeout_s
         self.cancelled = cancelled
         self.live: str | None = None  # digest published by this process
-        self.companion: str | None = None  # a blob retained beside it (the delta to it), published by this process
+        self.companions: set[str] = set()  # blobs retained beside it (the deltas to it), published by this process
 
     def _retained(self) -> dict[str, int]:
         try:
@@ -90,7 +90,8 @@ class Publisher:
 
     def forget(self) -> None:
         """The broker may have lost what this process published (it restarted): publish it again."""
-        self.live = self.companion = None
+        self.live = None
+        self.companions = set()
 
     def _wait(self, infos: list, what: str) -> None:
         while not self.link.wait_published(infos, self.timeout_s, self.cancelled):
@@ -102,10 +103,10 @@ class Publisher:
               companion: bool = False) -> tuple[int, int]:
         """Publish ``model`` as retained chunks unless this process already did; returns
         (chunk count, bytes published). ``companion``: a blob kept retained beside the live model
-        (the delta to it) instead of the model itself."""
+        (a delta to it) instead of the model itself."""
         chunks = chunk_blob(model.blob, Kind.MODEL_CHUNK, self.topics.federation, self.sender, round_,
                             self.max_payload, model.digest)
-        if (self.companion if companion else self.live) == model.digest:
+        if (model.digest in self.companions) if companion else self.live == model.digest:
             return len(chunks), 0
         retained = self._retained()
         retained[model.digest] = len(chunks)
@@ -117,7 +118,7 @@ class Publisher:
             infos.append(self.link.publish(self.topics.model_chunk(model.digest, i), payload, retain=True))
         self._wait(infos, f"model {model.digest[:12]} ({len(chunks)} chunks)")
         if companion:
-            self.companion = model.digest
+            self.companions.add(model.digest)
         else:
             self.live = model.digest
         return len(chunks), sum(len(p) for p in chunks)
@@ -128,10 +129,10 @@ class Publisher:
         return len(payload)
 
     def clear_old_models(self) -> int:
-        """Empty the retained chunks of every recorded model but the live one (and its companion);
+        """Empty the retained chunks of every recorded model but the live one (and its companions);
         returns how many."""
         retained = self._retained()
-        old = {d: n for d, n in retained.items() if d not in (self.live, self.companion)}
+        old = {d: n for d, n in retained.items() if d != self.live and d not in self.companions}
         infos = [self.link.publish(self.topics.model_chunk(d, i), b"", retain=True) for d, n in old.items()
                  for i in range(n)]
         if infos:

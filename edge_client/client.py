@@ -312,13 +312,19 @@ class EdgeClient(Jobs):
             assert self._model is not None  # a delta is fetched only from a model held
             stats["delta_bytes"] = len(blob)
             try:
-                blob, digest = rebuild(blob, self._delta, self.plan, self._model[1], self.limits), self.plan.model_digest
+                blob, digest = rebuild(blob, self._delta, self.plan, self._model[1], self.limits)
             except WireError as exc:
                 log.warning("%s: refusing the model delta (%s); downloading the full model", self.id, exc)
                 self._progress("delta_refused", reason=str(exc))
                 self._start_download(self.plan)
                 return
             self._delta = None
+            if digest != self.plan.model_digest:  # a link of the chain: hold that version, take the next step
+                self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))
+                self._held.save(blob)
+                self._progress("delta_step", digest=digest, **stats)
+                self._fetch(self.plan)
+                return
         log.info("%s: model %s downloaded (%s)", self.id, digest[:12], stats)
         self._progress("downloaded", digest=digest, **stats)
         self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))

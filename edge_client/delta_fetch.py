@@ -1,8 +1,9 @@
 """Delta downloads on the device: fetch the change from the model it holds, rebuild, verify.
 
-When the plan offers a delta (:class:`protocol.model_delta.DeltaRef`) from the very model this
-device holds, :func:`delta_source` returns it and the client downloads the delta's retained chunks
-instead of the model's. :func:`rebuild` applies it (:func:`protocol.model_delta.apply_delta`) and
+When the plan offers a delta (:class:`protocol.model_delta.DeltaRef`, its own ``delta`` or a link of
+its ``delta_chain``) from the very model this device holds, :func:`delta_source` returns it and the
+client downloads the delta's retained chunks instead of the model's, then the next link's, until it
+holds the plan's model. :func:`rebuild` applies it (:func:`protocol.model_delta.apply_delta`) and
 returns the model blob only when its sha256 is the plan's model digest; a decode error, a delta
 against another model or a digest mismatch raises WireError, and the client then downloads the
 full model. So a wrong or tampered delta can never become the device's model.
@@ -24,7 +25,7 @@ import torch
 from flayer.state import atomic_write
 from flayer.update import state_numpy
 from protocol import Plan, WireError, WireLimits, blob_digest, encode_state
-from protocol.model_delta import DeltaRef, apply_delta, delta_ref
+from protocol.model_delta import DeltaRef, apply_delta, chain_refs, delta_ref
 
 __all__ = ["HeldModel", "delta_source", "rebuild"]
 
@@ -32,29 +33,32 @@ log = logging.getLogger(__name__)
 
 
 def delta_source(plan: Plan, held: tuple[str, Mapping[str, torch.Tensor]] | None) -> DeltaRef | None:
-    """The plan's delta when it starts from the model ``held`` (digest, state), else None."""
+    """The delta of the plan's chain that starts from the model ``held`` (digest, state), else None: the
+    plan's own ``delta`` (to the plan's model) or an older link of its ``delta_chain`` (to the next
+    version; the client then takes the next step from there)."""
     if held is None or held[0] == plan.model_digest:
         return None
     try:
-        ref = delta_ref(plan.delta)
+        refs = [*chain_refs(plan.delta_chain), *([r] if (r := delta_ref(plan.delta)) is not None else [])]
     except WireError as exc:  # the plan's own check makes this unreachable for decoded plans
         log.warning("ignoring the plan's delta: %s", exc.reason)
         return None
-    return ref if ref is not None and ref.base == held[0] else None
+    return next((ref for ref in refs if ref.base == held[0]), None)
 
 
 def rebuild(delta_blob: bytes, ref: DeltaRef, plan: Plan, held_state: Mapping[str, torch.Tensor],
-            limits: WireLimits) -> bytes:
-    """The plan's model blob, rebuilt from the held model and ``delta_blob``; WireError unless its
-    digest is the plan's model digest."""
+            limits: WireLimits) -> tuple[bytes, str]:
+    """(the model blob rebuilt from the held model and ``delta_blob``, its digest): the delta's target,
+    the plan's model for the plan's own delta. WireError unless the digest is that target."""
     if len(delta_blob) != ref.size:
         raise WireError(f"model delta: {len(delta_blob)} bytes, the plan says {ref.size}")
     state = apply_delta(state_numpy(held_state), delta_blob, ref.base, limits)
     blob = encode_state(state)
-    if blob_digest(blob) != plan.model_digest:
-        raise WireError(f"model delta: the rebuilt model is {blob_digest(blob)[:12]}, the plan's "
-                        f"{plan.model_digest[:12]}")
-    return blob
+    target = ref.target or plan.model_digest
+    if blob_digest(blob) != target:
+        raise WireError(f"model delta: the rebuilt model is {blob_digest(blob)[:12]}, the plan names "
+                        f"{target[:12]}")
+    return blob, target
 
 
 class HeldModel:

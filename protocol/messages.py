@@ -87,6 +87,15 @@ def _time(v: Any, name: str) -> float:
     return float(v)
 
 
+_LINK = re.compile(r"[0-9a-f]{64}:[0-9a-f]{64}:[0-9a-f]{64}:[1-9][0-9]{0,17}:[1-9][0-9]{0,17}")
+
+
+def _links(v: Any, name: str) -> tuple[str, ...]:
+    if not isinstance(v, (list, tuple)) or len(v) > 8 or not all(isinstance(x, str) and _LINK.fullmatch(x) for x in v):
+        raise WireError(f"{name} must be a list of at most 8 base:target:digest:chunks:size entries")
+    return tuple(v)
+
+
 def _bool(v: Any, name: str) -> bool:
     if type(v) is not bool:
         raise WireError(f"{name} must be true or false, got {v!r}")
@@ -188,6 +197,7 @@ class Plan:
     delta: Mapping[str, Scalar] = field(default_factory=dict)
     upload_fit: Mapping[str, Scalar] = field(default_factory=dict)
     close_by: float = 0.0  # when an update should arrive to count (expected close; 0: unknown)
+    delta_chain: tuple[str, ...] = ()  # older deltas, base:target:digest:chunks:size (protocol.model_delta)
 
     CHECKS: ClassVar[Checks] = {
         "round": _ROUND, "selected": _ids, "deadline": _time, "strategy": _id,
@@ -196,7 +206,8 @@ class Plan:
               "value_codec": _choice(tuple(VALUE_CODECS)), "compress": _bool, "phase": _choice(PLAN_PHASES),
               "seed": _int(0, 2**63), "train": _mapping(16, _scalar), "rounds": _int(0, 2**32),
               "max_update_bytes": _int(0, 2**63), "mode": _choice(PLAN_MODES), "max_staleness": _int(0, 1000),
-              "delta": _mapping(8, _scalar), "upload_fit": _mapping(8, _scalar), "close_by": _time}
+              "delta": _mapping(8, _scalar), "upload_fit": _mapping(8, _scalar), "close_by": _time,
+              "delta_chain": _links}
 
     def problems(self) -> str | None:
         """Checks across fields: round 0 is the calibration phase and only that."""

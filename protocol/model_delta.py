@@ -37,7 +37,9 @@ from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
 from .update_codec import UpdateHeader, UpdateOptions, decode_update, encode_update
 
-__all__ = ["DELTA_MODES", "DeltaRef", "apply_delta", "delta_ref", "make_delta"]
+__all__ = ["CHAIN", "DELTA_MODES", "DeltaRef", "apply_delta", "chain_entry", "chain_refs", "delta_ref", "make_delta"]
+
+CHAIN = 4  # deltas a coordinator keeps: a device holding any of the last CHAIN models rebuilds the current
 
 DELTA_MODES = ("off", "exact", "fp16", "int8")
 MODE_KEY = "delta_mode"
@@ -54,6 +56,7 @@ class DeltaRef:
     digest: str
     chunks: int
     size: int
+    target: str = ""  # the model it rebuilds (a chain's older link); "" for the plan's own delta
 
     def as_plan(self) -> dict[str, str | int]:
         return {"base": self.base, "digest": self.digest, "chunks": self.chunks, "size": self.size}
@@ -73,6 +76,23 @@ def delta_ref(field: Mapping[str, Any]) -> DeltaRef | None:
         if type(value) is not int or not 1 <= value < 2**63:
             raise WireError(f"plan delta: {name} must be a positive integer, got {value!r}")
     return DeltaRef(base, digest, chunks, size)
+
+
+def chain_entry(ref: DeltaRef) -> str:
+    """One entry of the plan's ``delta_chain``: ``base:target:digest:chunks:size``."""
+    return f"{ref.base}:{ref.target}:{ref.digest}:{ref.chunks}:{ref.size}"
+
+
+def chain_refs(entries: tuple[str, ...] | list[str]) -> list[DeltaRef]:
+    """The plan's ``delta_chain`` entries as DeltaRefs (with targets); WireError when malformed."""
+    out = []
+    for entry in entries:
+        parts = entry.split(":") if isinstance(entry, str) else []
+        if len(parts) != 5 or not all(_DIGEST.fullmatch(p) for p in parts[:3]) \
+                or not all(p.isdigit() and 0 < int(p) < 2**63 for p in parts[3:]):
+            raise WireError(f"plan delta_chain: entry {str(entry)[:80]!r} is not base:target:digest:chunks:size")
+        out.append(DeltaRef(parts[0], parts[2], int(parts[3]), int(parts[4]), parts[1]))
+    return out
 
 
 def _check_pair(base: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray]) -> None:

@@ -112,14 +112,15 @@ def test_devices_download_deltas_and_hold_the_published_models(tmp_path: Path, f
     deltas = [info["delta_bytes"] for info in (i for k, i in events[DEVICES[0]] if k == "downloaded")
               if "delta_bytes" in info]
     assert max(deltas) < (0.5 if mode == "int8" else 1.0) * model_bytes
-    # on the broker only the final model and the delta to it stay retained: older models and deltas were cleared
+    # on the broker only the final model and the chain of deltas to it stay retained: older models were cleared
     rec = Recorder(fed.devices[DEVICES[0]], [f"fl/{fed.coordinator.federation}/model/+/+"])
     try:
         retained = {m.topic.split("/")[3] for m in rec.drain(1.0) if m.payload and m.retain}
     finally:
         rec.close()
     assert coord.deltas.blob is not None and coord.deltas.target == result.model_digest
-    assert retained == {result.model_digest, coord.deltas.blob.digest}, retained
+    assert retained == {result.model_digest, *(link.blob.digest for link in coord.deltas.links)}, retained
+    assert len(coord.deltas.links) == 3  # the deltas to rounds 2, 3 and the final model
 
 
 @pytest.mark.parametrize("chain", [TamperedChain, MissingChain])

@@ -20,6 +20,7 @@ from protocol import (
     decode_envelope,
     decode_message,
     encode_message,
+    decode_state,
     encode_state,
 )
 from protocol.model_delta import DeltaRef, apply_delta, delta_ref, make_delta
@@ -75,8 +76,8 @@ def test_lossy_chain_agrees_bit_for_bit_with_the_coordinator(mode: str) -> None:
                     delta=chain.plan_field(new_model.digest))
         ref = delta_source(plan, (device_digest, device_state))
         assert ref is not None
-        blob = rebuild(chain.blob.blob, ref, plan, device_state, _limits())
-        assert blob == new_model.blob
+        blob, digest = rebuild(chain.blob.blob, ref, plan, device_state, _limits())
+        assert blob == new_model.blob and digest == new_model.digest
         device_state = {k: torch.from_numpy(v.copy()) for k, v in
                         apply_delta({k: v.numpy() for k, v in device_state.items()}, chain.blob.blob,
                                     device_digest).items()}
@@ -100,7 +101,7 @@ def test_tampered_or_mismatched_deltas_are_refused() -> None:
     plan = Plan(2, (), 1.0, "fedavg", {}, {"name": "cnn"}, blob_digest(target), 1, len(target))
     good = make_delta(v0, v1, "exact", header)
     ref = DeltaRef(header.base_digest, blob_digest(good), 1, len(good))
-    assert rebuild(good, ref, plan, held, _limits()) == target
+    assert rebuild(good, ref, plan, held, _limits()) == (target, blob_digest(target))
     wrong_target = make_delta(v0, v2, "exact", header)  # a valid delta, to another model
     with pytest.raises(WireError, match="rebuilt model"):
         rebuild(wrong_target, DeltaRef(ref.base, blob_digest(wrong_target), 1, len(wrong_target)), plan, held,
@@ -151,3 +152,39 @@ def test_make_delta_refuses_models_of_another_shape() -> None:
         make_delta(v0, v1, "exact", _header(v0))
     with pytest.raises(EncodeError, match="mode"):
         make_delta(v0, v0, "bf8", _header(v0))
+
+
+def test_a_device_some_versions_behind_rebuilds_through_the_chain() -> None:
+    """The coordinator keeps the deltas of the last CHAIN versions; a device holding an older one
+    follows them step by step to the plan's model, bit for bit; one older than the chain takes none."""
+    from protocol.model_delta import CHAIN
+
+    versions = _versions(CHAIN + 3, seed=3)
+    chain = DeltaChain("int8", "fed", "coordinator")
+    state = {k: torch.from_numpy(v) for k, v in versions[0].items()}
+    model = model_blob(state)
+    held = [(model.digest, state)]
+    for i, target in enumerate(versions[1:], start=2):
+        state, model = chain.advance(model, state, {k: torch.from_numpy(v) for k, v in target.items()}, i)
+        for link in chain.links:
+            link.chunks = link.chunks or 1  # as if published
+        held.append((model.digest, state))
+    assert len(chain.links) == CHAIN
+    plan = Plan(9, ("d",), 1.0, "fedavg", {}, {"name": "cnn"}, model.digest, 1, model.size,
+                delta=chain.plan_field(model.digest), delta_chain=chain.chain_field(model.digest))
+    assert len(plan.delta_chain) == CHAIN - 1
+    blobs = {link.blob.digest: link.blob.blob for link in chain.links}
+    device = held[-1 - CHAIN]  # CHAIN versions behind: the oldest link starts there
+    steps = 0
+    while device[0] != plan.model_digest:
+        ref = delta_source(plan, device)
+        assert ref is not None
+        blob, digest = rebuild(blobs[ref.digest], ref, plan, device[1], _limits())
+        device = (digest, {k: torch.from_numpy(v.copy()) for k, v in decode_state(blob).items()})
+        steps += 1
+    assert steps == CHAIN and device[0] == model.digest
+    assert delta_source(plan, held[-2 - CHAIN]) is None  # older than the chain: the full model
+    with pytest.raises(WireError):
+        from protocol.model_delta import chain_refs
+
+        chain_refs(["ab" * 32 + ":" + "cd" * 32 + ":" + "ef" * 32 + ":0:5"])
