@@ -39,7 +39,7 @@ from .update_codec import UpdateHeader, UpdateOptions, decode_update, encode_upd
 
 __all__ = ["CHAIN", "DELTA_MODES", "DeltaRef", "apply_delta", "chain_entry", "chain_refs", "delta_ref", "make_delta"]
 
-CHAIN = 4  # deltas a coordinator keeps: a device holding any of the last CHAIN models rebuilds the current
+CHAIN = 8  # deltas a coordinator keeps: a device holding any of the last CHAIN models rebuilds the current
 
 DELTA_MODES = ("off", "exact", "fp16", "int8")
 MODE_KEY = "delta_mode"
