@@ -91,8 +91,8 @@ tuned-table: tune-table
 	    --out docs/results/tuned-fmnist
 
 # docs/explanation/async-rounds.md: the demo fleet, synchronous vs asynchronous rounds on a simulated clock
-async-table: apt-data $(VENV)/.stamp-main
-	$(BIN)/python benchmarks/async_rounds.py --out docs/results/async-demo
+async-table: apt-data apt-broker $(VENV)/.stamp-main
+	$(BIN)/python benchmarks/async_rounds.py --out docs/results/async-demo --emulator
 
 # docs/results/thin-links.md: accuracy against bytes (3 seeds, simulated) and the demo fleet on the real emulator
 .PHONY: thin-table
