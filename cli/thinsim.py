@@ -68,13 +68,20 @@ class _Links:
         from edge_client.linkfit import prepare_upload
         from edge_client.residual import as_decoded
 
+        from flayer.aggregate import UpdateError
+        from protocol import EncodeError, WireError
+
         o = self.opts
         residual = self.residual.get(client, {}) if o.error_feedback else None
-        sent, options, _, nxt = prepare_upload(update, codec=o.value_codec, zstd=o.zstd, cap=None, fit=False,
-                                               budget=0, residual=residual, size_of=self._size, keep=o.keep)
+        try:
+            sent, options, _, nxt = prepare_upload(update, codec=o.value_codec, zstd=o.zstd, cap=None, fit=False,
+                                                   budget=0, residual=residual, size_of=self._size, keep=o.keep)
+            decoded, size = as_decoded(sent, options.values), self._size(sent, options.values)
+        except (EncodeError, WireError) as exc:  # e.g. non-finite values: refused as the server would
+            raise UpdateError(f"the update cannot go on the wire: {exc}") from None
         if nxt is not None:
             self.residual[client] = nxt
-        return as_decoded(sent, options.values), self._size(sent, options.values)
+        return decoded, size
 
     def publish(self, r: int, old: Mapping[str, torch.Tensor], new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         state, self.model = self.chain.advance(self.model, old, new, r + 1)
