@@ -85,7 +85,7 @@ TUNE_ARGS = --dataset fmnist --partition dir0.1 --clients 20 --samples 12000 --r
 	--methods flayer,flayer-ref,local,lgfedavg,fedala,fedper,ditto,fedrep,fedbabu,playerfl,fedavg
 .PHONY: tune-table tuned-table async-table
 tune-table: apt-data $(VENV)/.stamp-main
-	$(BIN)/flayer tune $(TUNE_ARGS) --out docs/results/tune-fmnist
+	$(BIN)/flayer tune $(TUNE_ARGS) --lrs 0.005,0.01,0.02,0.05,0.1,0.2 --out docs/results/tune-fmnist
 tuned-table: tune-table
 	$(BIN)/flayer bench $(TUNE_ARGS) --seeds 0,1,2 --tuned docs/results/tune-fmnist/tuned.json \
 	    --out docs/results/tuned-fmnist
