@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,21 +70,19 @@ def test_sync_refuses_updates_after_the_round_closed(fleet) -> None:  # type: ig
     assert res.profiles["fast"]["accepted_share"] == 1.0
 
 
-def test_the_command_writes_its_summary(tmp_path: Path) -> None:
+def test_the_command_writes_its_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main
+
     cfg = tmp_path / "fleet.toml"
     cfg.write_text("[run]\nstrategy = \"fedavg\"\nrounds = 3\nseed = 0\n[data]\ndataset = \"digits\"\n"
                    "partition = \"iid\"\nclients = 5\n[train]\nlr = 0.05\n[federation]\nquorum = 2\n"
                    "min_devices = 2\n[emulator]\nmix = \"jetson-orin=0.6,flaky-field=0.4\"\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "emulate", "--config", str(cfg), "--virtual",
-                           "--mode", "async", "--buffer", "2", "--sample-cost", "0.001", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert main(["emulate", "--config", str(cfg), "--virtual", "--mode", "async", "--buffer", "2",
+                 "--sample-cost", "0.001", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mode"] == "async" and summary["versions"] == 3
     assert set(summary["profiles"]) == {"jetson-orin", "flaky-field"}
-    assert "accepted share" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "cli.main", "emulate", "--config", str(cfg), "--virtual",
-                          "--budget", "-5", "--out", str(out)], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[2])
-    assert bad.returncode == 2 and "--budget must be a positive number" in bad.stderr
+    assert "accepted share" in capsys.readouterr().out
+    assert main(["emulate", "--config", str(cfg), "--virtual", "--budget", "-5", "--out", str(out)]) == 2
+    assert "--budget must be a positive number" in capsys.readouterr().err
