@@ -207,7 +207,7 @@ class Inbox:
             return None
         assert rnd is not None
         rnd.stats.received += 1
-        verdict = validate(client, blob, rnd.ctx, rnd.number - env.round)
+        verdict = validate(client, blob, rnd.ctx, env.round)
         if not verdict.accepted:
             self._refuse(client, env.round, env.digest, verdict)
             return None

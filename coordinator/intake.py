@@ -92,16 +92,19 @@ def screen(client: str, round_: int, open_round: int | None, done_round: int, se
     return screen_base(client, round_, open_round, done_round, offered, folded)
 
 
-def validate(client: str, blob: bytes, ctx: IntakeContext, staleness: int = 0) -> Verdict:
-    """Decode ``blob`` and check it against the open round (see module docstring)."""
+def validate(client: str, blob: bytes, ctx: IntakeContext, round_: int | None = None) -> Verdict:
+    """Decode ``blob`` and check it against the open round (see module docstring). ``round_``: the round
+    the update's topic named (default: the open round); the header must name the same one, a version
+    ``ctx.bases`` holds, and its staleness is counted from it."""
+    expected = ctx.round if round_ is None else round_
     try:
         head = read_update_head(blob, ctx.limits)
     except WireError as exc:
         return refuse("rejected", "malformed", exc.reason)
     h = head.header
-    if h.federation != ctx.federation or h.round not in ctx.bases:
+    if h.federation != ctx.federation or h.round != expected or h.round not in ctx.bases:
         return refuse("rejected", "malformed", f"update header names federation {h.federation!r} round {h.round}, "
-                                               f"expected {ctx.federation!r} round {ctx.round}")
+                                               f"expected {ctx.federation!r} round {expected}")
     if h.sender != client:
         return refuse("rejected", "wrong_sender", f"update header names sender {h.sender!r}, sent by {client!r}")
     if h.base_digest != ctx.bases[h.round]:
@@ -117,4 +120,4 @@ def validate(client: str, blob: bytes, ctx: IntakeContext, staleness: int = 0) -
     except WireError as exc:
         return refuse("rejected", "malformed", exc.reason)
     assert dec.norm is not None
-    return admit(dec.update, dec.norm, ctx.bounds, staleness)
+    return admit(dec.update, dec.norm, ctx.bounds, ctx.round - h.round)

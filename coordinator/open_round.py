@@ -3,8 +3,8 @@
 :class:`OpenRound` holds the selection, the engine's open aggregate (:class:`flayer.engine.OpenAggregate`),
 the intake context, the per-round statistics, the timer and the round's journal. In asynchronous
 rounds it is the buffer of one model version: updates trained from older versions are journaled
-under the round they were trained from and folded with their staleness weight. :meth:`OpenRound.accept` is the one path
-an update takes into the aggregate -- journal (fsync) first, then fold -- and :meth:`OpenRound.replay`
+under the round they were trained from and folded with their staleness weight.
+:meth:`OpenRound.accept` is the one path an update takes into the aggregate -- journal (fsync) first, then fold -- and :meth:`OpenRound.replay`
 re-folds a journal after a restart through the same validation (quarantined records skipped).
 :meth:`OpenRound.close` checks that the next global model is finite; when it is not, the round's
 journal is folded again one update at a time and the updates that make it non-finite are quarantined
@@ -99,7 +99,7 @@ class OpenRound:
         for rec in records:
             if rec.round not in self.ctx.bases or (rec.round, rec.client, rec.digest) in quarantine:
                 continue
-            verdict = validate(rec.client, rec.data, self.ctx, self.number - rec.round)
+            verdict = validate(rec.client, rec.data, self.ctx, rec.round)
             if not verdict.accepted or verdict.update is None:
                 log.error("journal of round %d: the update of %s no longer validates (%s)", self.number,
                           rec.client, verdict.reason)

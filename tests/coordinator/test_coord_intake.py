@@ -107,15 +107,18 @@ def test_async_screen_takes_older_versions_within_max_staleness() -> None:
 
 
 def test_async_validate_checks_the_base_of_the_round_it_names_and_weights_staleness() -> None:
-    ctx = _ctx(round=4, bases={2: BASE, 3: "cd" * 32, 4: "ef" * 32}, bounds=Bounds(max_staleness=2))
-    fresh = validate("dev-1", _blob(round_=4, base="ef" * 32), ctx, 0)
+    ctx = _ctx(round=4, bases={1: "ab" * 32, 2: BASE, 3: "cd" * 32, 4: "ef" * 32}, bounds=Bounds(max_staleness=2))
+    fresh = validate("dev-1", _blob(round_=4, base="ef" * 32), ctx, 4)
     stale = validate("dev-1", _blob(round_=2), ctx, 2)
-    assert fresh.accepted and stale.accepted and stale.staleness == 2
+    assert fresh.accepted and stale.accepted and stale.staleness == 2 and fresh.staleness == 0
     assert stale.update is not None and fresh.update is not None
     np.testing.assert_allclose(stale.update.deltas["w"].values, fresh.update.deltas["w"].values / np.sqrt(3),
                                rtol=1e-6)
-    assert validate("dev-1", _blob(round_=3), ctx, 1).counter == "wrong_model"
-    assert validate("dev-1", _blob(round_=4, base="ef" * 32), ctx, 3).counter == "stale"
+    assert validate("dev-1", _blob(round_=3), ctx, 3).counter == "wrong_model"
+    assert validate("dev-1", _blob(round_=1, base="ab" * 32), ctx, 1).counter == "stale"
+    # the staleness is the header's: an old update under a newer round's topic is malformed, not fresh
+    v = validate("dev-1", _blob(round_=2), ctx, 4)
+    assert v.counter == "malformed" and "expected 'fed' round 4" in v.reason
 
 
 def test_close_by_follows_the_recent_rounds() -> None:
