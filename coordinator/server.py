@@ -320,8 +320,7 @@ class Coordinator(Phases):
         now = self.clock()
         rnd = self.open
         if rnd is None:
-            revoked = self.revoked.refresh()
-            online = [c for c in self.registry.online(now) if c not in revoked]
+            online = self._online(now)
             if self.calibration is not None:
                 if self.calibration.complete(now):
                     self._resolve_calibration()
@@ -356,11 +355,15 @@ class Coordinator(Phases):
         elif decision.action == "close":
             self._close_round(decision.reason)
 
+    def _online(self, now: float) -> list[str]:
+        """The devices online now, revoked ones left out."""
+        revoked = self.revoked.refresh()
+        return [c for c in self.registry.online(now) if c not in revoked]
+
     def _tick_async(self, rnd: OpenRound, now: float) -> None:
         """The buffer of version ``rnd.number``: keep the slots filled, publish at ``buffer`` updates."""
         assert self.window is not None and rnd.timer is not None and rnd.journal is not None
-        revoked = self.revoked.refresh()
-        online = [c for c in self.registry.online(now) if c not in revoked]
+        online = self._online(now)
         freed = self.slots.expire(now) + self.slots.drop_offline(online)
         new = self.slots.fill(online, self.window.folded.get(rnd.number, set()), rnd.number, now)
         if new or freed:
