@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -108,9 +109,8 @@ def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path, name: str = "ben
             old = json.loads(sfile.read_text())
         except ValueError:
             raise CliError(f"{sfile} is not valid JSON; remove it or use another --out") from None
-        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k)
-                      and not (k in growable and isinstance(old.get(k), list) and isinstance(settings.get(k), list)
-                               and set(old[k]) <= set(settings[k])))
+        diff = sorted(k for k in set(old) | set(settings)
+                      if old.get(k) != settings.get(k) and not (k in growable and _grows(old.get(k), settings.get(k))))
         if diff:
             raise CliError(f"{out} holds a bench with other settings ({', '.join(diff)} differ); "
                            f"use another --out or the same flags")
@@ -120,6 +120,15 @@ def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path, name: str = "ben
         save_partition(prepared.partition, part_file)
     write_json(sfile, settings)
     return part_file
+
+
+def _grows(old: Any, new: Any) -> bool:
+    """True when ``new`` only adds to ``old``: a list gains values, a dict gains keys (the old ones equal)."""
+    if isinstance(old, list) and isinstance(new, list):
+        return set(old) <= set(new)
+    if isinstance(old, dict) and isinstance(new, dict):
+        return all(k in new and new[k] == v for k, v in old.items())
+    return False
 
 
 def _run_command(args: argparse.Namespace, cfg: Any, method: str, seed: int, part_file: Path,
@@ -192,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(cfg.out) if cfg.out else Path("runs") / f"bench-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     part_file = _prepare_out(args, cfg, out, extra={"tuned": {m: c.as_dict() for m, c in tuned.items()}}
-                             if tuned else None)
+                             if tuned else None, growable=("tuned",))
 
     def run_dir(m: str, s: int) -> Path:
         return out / "runs" / m / f"seed{s}"
@@ -202,6 +211,11 @@ def run(args: argparse.Namespace) -> int:
         return _run_command(args, cfg, m, s, part_file, run_dir(m, s), lr=choice.lr if choice else None,
                             sets=choice.sets if choice else ())
 
+    if tuned:
+        reused = reuse_tuning_runs(Path(args.tuned), out, tuned, seeds, cfg.rounds, run_dir)
+        if reused:
+            print(f"flayer bench: {len(reused)} run(s) taken from the tuning, which ran the same command "
+                  f"({', '.join(reused)})", file=sys.stderr)
     todo = [(m, s) for s in seeds for m in methods
             if rep.load_run(run_dir(m, s) / "summary.json", m, s, cfg.rounds) is None]
     done_before = len(methods) * len(seeds) - len(todo)
@@ -229,3 +243,50 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         raise CliError(f"{len(failed)} run(s) failed: {'; '.join(failed)}")
     return 0
+
+
+def reuse_tuning_runs(tuned_file: Path, out: Path, tuned: dict[str, Any], seeds: list[int], rounds: int,
+                      run_dir: Any) -> list[str]:
+    """Copy the tuning's run of each method at its chosen point into ``out`` as the run of the tuning's
+    training seed, when that run is the one this bench would start: same settings (``tune.json`` against
+    ``bench.json``, the tuning's own keys aside) and a byte-identical partition. Returns the runs copied."""
+    import shutil
+
+    from cli import bench_report as rep
+    from cli.tune import Point
+
+    tune_dir = tuned_file.parent
+    try:
+        tset = json.loads((tune_dir / "tune.json").read_text())
+        bset = json.loads((out / "bench.json").read_text())
+        same_part = _same_arrays(tune_dir / "partition.npz", out / "partition.npz")
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # no readable tuning beside tuned.json
+        return []
+    own = {"lrs", "grid", "train_seed", "blowup", "tuned"}
+    if not same_part or not isinstance(tset, dict) or any(tset.get(k) != bset.get(k) for k in set(bset) - own):
+        return []
+    seed = tset.get("train_seed")
+    if seed not in seeds:
+        return []
+    copied = []
+    for m, c in tuned.items():
+        dst = run_dir(m, seed)
+        src = tune_dir / "runs" / m / Point(m, c.lr, c.sets).label
+        if rep.load_run(dst / "summary.json", m, seed, rounds) is not None:
+            continue
+        s = rep.finished_summary(src / "summary.json", m, rounds)
+        if s is None or s.get("diverged") or rep.load_run(src / "summary.json", m, seed, rounds) is None:
+            continue
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(src, dst)
+        copied.append(f"{m} seed{seed}")
+    return copied
+
+
+def _same_arrays(a: Path, b: Path) -> bool:
+    """True when the two ``.npz`` files hold the same named arrays."""
+    import numpy as np
+
+    with np.load(a, allow_pickle=False) as za, np.load(b, allow_pickle=False) as zb:
+        return set(za.files) == set(zb.files) and all(np.array_equal(za[k], zb[k]) for k in za.files)

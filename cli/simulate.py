@@ -182,7 +182,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "cpu_seconds": time.process_time() - c0,
         "acc": [r.acc for r in result.rounds], "final_client_acc": result.final_client_acc,
         "val_acc": [r.val_acc for r in result.rounds],
-        "best_val_acc": max((r.val_acc for r in result.rounds if r.val_acc is not None), default=None),
+        "final_personal_val_acc": result.final_val_acc, "best_val_acc": result.best_val_acc,
         "diverged": result.diverged,
         "calibration": result.calibration,
         "uploads": sum(len(r.selected) for r in result.rounds),

@@ -2,9 +2,11 @@
 
 Every (method, learning rate, knob values) of the grid runs as one ``flayer simulate`` process on one
 saved partition and one training seed, in parallel jobs, resumable like ``flayer bench``. The choice
-for a method is the grid point with the highest *validation* accuracy: the best round's
-sample-weighted accuracy of the received models on the clients' validation hold-outs (10% of each
-training share). The test split is recorded beside it but never steers the choice. A run whose loss
+for a method is the grid point with the highest *validation* accuracy: the best sample-weighted
+accuracy on the clients' validation hold-outs (10% of each training share) over every round's
+received models and the personal models at the end, the same models the best test figure is taken
+over (FedBABU is judged by its fine-tuned personal models, so it is tuned by them too). The test
+split is recorded beside it but never steers the choice. A run whose loss
 is not finite or blows up (over ``--blowup`` x ln(classes)) stops early and is recorded as diverged;
 the tuning goes on.
 
@@ -37,7 +39,8 @@ from cli.common import CliError, add_common_flags, run_config, write_json
 
 FORMAT = "flayer-tune/1"
 DEFAULT_LRS = "0.005,0.01,0.02,0.05,0.1"
-CRITERION = "best round's sample-weighted accuracy on the clients' validation hold-outs"
+CRITERION = ("best sample-weighted accuracy on the clients' validation hold-outs, over every round's received "
+             "models and the personal models at the end (the models the best test figure is taken over)")
 
 
 @dataclass(frozen=True)
@@ -125,16 +128,29 @@ def grid_points(methods: Sequence[str], lrs: Sequence[float], grid: dict[str, li
     return points
 
 
+def deploys_received(method: str) -> bool:
+    """True when ``method``'s personal model at the end is the model it receives each round (every
+    method but FedBABU, which fine-tunes its head first)."""
+    from flayer.strategies import STRATEGIES, Strategy
+
+    return STRATEGIES[method].personal_model is Strategy.personal_model
+
+
 def read_run(summary_path: Path, point: Point, rounds: int) -> dict[str, Any] | None:
-    """A finished run's row, or None when it has not finished (or ran other settings)."""
+    """A finished run's row, or None when it has not finished (or ran other settings).
+
+    A summary written before the personal models were validated at the end (no
+    ``final_personal_val_acc``) still counts for a method that deploys its received model: its
+    rounds validated that kind of model. For FedBABU it does not: the run must be redone."""
     from cli.bench_report import finished_summary
 
     s = finished_summary(summary_path, point.method, rounds)
-    if s is None:
+    if s is None or ("final_personal_val_acc" not in s and not deploys_received(point.method)):
         return None
     try:
         return {"method": point.method, "lr": point.lr, "set": list(point.sets), "label": point.label,
                 "best_val_acc": s.get("best_val_acc"), "best_test_acc": float(s["best_acc"]),
+                "final_personal_val_acc": s.get("final_personal_val_acc"),
                 "final_personal_acc": float(s["final_personal_acc"]), "rounds_run": len(s["acc"]),
                 "diverged": s.get("diverged"), "wall_seconds": float(s["wall_seconds"]),
                 "cpu_seconds": float(s.get("cpu_seconds", math.nan))}

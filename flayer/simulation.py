@@ -53,10 +53,20 @@ class SimulationResult:
     states: list[ClientState] = field(default_factory=list)
     calibration: dict[str, Any] = field(default_factory=dict)  # options resolved in round 0 (if any)
     diverged: str | None = None  # why the run stopped early (non-finite or blown-up loss), None if it did not
+    final_val_acc: float | None = None  # the personal models after the last round, on the validation hold-outs
 
     @property
     def best_acc(self) -> float:
+        """The best test figure: any round's received models, or the personal models at the end."""
         return max([r.acc for r in self.rounds] + [self.final_acc])
+
+    @property
+    def best_val_acc(self) -> float | None:
+        """The same maximum on the validation hold-outs (None without ``val``): it scores the models the
+        best test figure is taken over, FedBABU's fine-tuned personal models included."""
+        vals = [r.val_acc for r in self.rounds if r.val_acc is not None]
+        vals += [self.final_val_acc] if self.final_val_acc is not None else []
+        return max(vals) if vals else None
 
 
 def weighted(evals: Sequence[ClientEval]) -> tuple[float, float]:
@@ -77,7 +87,8 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
 
     ``on_round(record)`` after each round, ``on_client(round, done)`` after each client (progress);
     ``sizer(update)`` returns an update's size on the wire; ``val`` also evaluates every received
-    model on the validation hold-outs (``RoundRecord.val_acc``). The run stops early, with
+    model, and the personal models at the end, on the validation hold-outs (``RoundRecord.val_acc``,
+    ``SimulationResult.final_val_acc``). The run stops early, with
     ``SimulationResult.diverged`` saying why, when the global model or the clients' mean training
     loss is not finite, or (``blowup``) when that loss exceeds ``blowup`` times the cross-entropy of a
     uniform guess, ln(classes). ``links`` (:class:`flayer.links.LinkHooks`): fold the updates as
@@ -134,13 +145,16 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         if diverged is not None:
             log.warning("round %d: %s; the run stops here", r, diverged)
             break
-    finals = []
+    finals, final_vals = [], []
     for i, data in enumerate(clients):
         ctx = RoundContext(round=rounds + 1, client=i, seed=seed, device=device)
         model = strategy.personal_model(g, states[i], data, ctx)
         finals.append(ClientEval(*evaluate(model, data.test, device)))
+        if val and len(data.val):
+            final_vals.append(ClientEval(*evaluate(model, data.val, device)))
     final_acc, _ = weighted(finals)
-    return SimulationResult(records, final_acc, [e.acc for e in finals], g, states, resolved, diverged)
+    return SimulationResult(records, final_acc, [e.acc for e in finals], g, states, resolved, diverged,
+                            weighted(final_vals)[0] if final_vals else None)
 
 
 def divergence(records: Sequence[RoundRecord], global_state: Mapping[str, torch.Tensor],

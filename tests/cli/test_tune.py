@@ -121,8 +121,12 @@ def test_tune_then_bench_tuned_end_to_end(tmp_path: Path, capsys: Any) -> None:
     assert main(["tune", *common, "--lrs", "0.05", "--out", str(out)]) == 2  # dropping a point: another grid
     assert "lrs differ" in capsys.readouterr().err
     bench = tmp_path / "bench"
-    assert main(["bench", *common, "--seeds", "0", "--tuned", str(out / "tuned.json"), "--out", str(bench)]) == 0
-    assert "--lr 0.05" in (bench / "runs/fedavg/seed0/log.txt").read_text().splitlines()[0]
+    assert main(["bench", *common, "--seeds", "0,1", "--tuned", str(out / "tuned.json"), "--out", str(bench)]) == 0
+    err = capsys.readouterr().err
+    assert "1 run(s) taken from the tuning" in err and "1 to run" in err  # seed 0 is the tuning's run
+    lr = json.loads((out / "tuned.json").read_text())["choice"]["fedavg"]["lr"]
+    assert (bench / "runs/fedavg/seed0/summary.json").read_text() == (out / f"runs/fedavg/lr{lr:g}/summary.json").read_text()
+    assert f"--lr {lr:g}" in (bench / "runs/fedavg/seed1/log.txt").read_text().splitlines()[0]
 
 
 def test_a_choice_at_the_grids_edge_is_flagged() -> None:
@@ -132,3 +136,42 @@ def test_a_choice_at_the_grids_edge_is_flagged() -> None:
             _row("local", 0.05, 0.9, 0.9), _row("local", 0.1, 0.8, 0.8)]
     text = markdown(rows, choose(rows))
     assert text.count("at the grid's edge") == 1 and "**chosen**" in text.split("local")[2]
+
+
+def test_fedbabu_is_validated_on_the_personal_models_it_is_judged_by(digits: Any) -> None:
+    part = make_partition(digits.y, digits.num_classes, 2, "iid", seed=0, samples=300)
+    clients = [client_data(digits, c) for c in part.clients]
+    res = simulate(make_strategy("fedbabu", digits.model_spec(), TrainConfig(lr=0.05, batch_size=10), {}),
+                   clients, 2, 0, val=True)
+    rounds = [r.val_acc for r in res.rounds]
+    assert res.final_val_acc is not None and all(v is not None for v in rounds)
+    assert res.best_val_acc == max([*rounds, res.final_val_acc])  # the same maximum as best_acc, on validation
+    assert res.best_acc == max([r.acc for r in res.rounds] + [res.final_acc])
+    plain = simulate(make_strategy("fedavg", digits.model_spec(), TrainConfig(lr=0.05, batch_size=10), {}),
+                     clients, 1, 0)
+    assert plain.final_val_acc is None and plain.best_val_acc is None  # no validation asked for
+
+
+def test_a_summary_without_the_final_validation_is_redone_only_for_fedbabu(tmp_path: Path) -> None:
+    from cli.tune import deploys_received, read_run
+
+    assert not deploys_received("fedbabu") and deploys_received("fedavg") and deploys_received("flayer")
+    base = {"acc": [0.5, 0.6], "best_acc": 0.9, "final_personal_acc": 0.9, "best_val_acc": 0.6,
+            "wall_seconds": 1.0, "diverged": None}
+    for method, counts in (("fedavg", True), ("fedbabu", False)):
+        f = tmp_path / method / "summary.json"
+        f.parent.mkdir()
+        f.write_text(json.dumps({**base, "strategy": method}))
+        assert (read_run(f, Point(method, 0.1), 2) is not None) is counts
+        f.write_text(json.dumps({**base, "strategy": method, "final_personal_val_acc": 0.88, "best_val_acc": 0.88}))
+        row = read_run(f, Point(method, 0.1), 2)
+        assert row is not None and row["best_val_acc"] == 0.88 and row["final_personal_val_acc"] == 0.88
+
+
+def test_a_bench_resumed_with_more_tuned_methods_keeps_its_runs() -> None:
+    from cli.bench import _grows
+
+    old = {"fedavg": {"lr": 0.1, "set": []}}
+    assert _grows(old, {**old, "fedbabu": {"lr": 0.05, "set": []}})
+    assert not _grows(old, {"fedavg": {"lr": 0.2, "set": []}})  # a changed choice is another bench
+    assert not _grows(old, {}) and _grows([0.1], [0.1, 0.2]) and not _grows([0.1, 0.2], [0.2])
