@@ -1,20 +1,27 @@
 """``flayer ablate``: FLAYER with each mechanism switched off in turn, the literal server rule, and the
-released code's preset, on one partition and seed; a table and an accuracy-vs-round plot.
+released code's preset with and without its learning-rate factor, on one partition over one or more
+training seeds; a table (mean ± std over seeds) and an accuracy-vs-round plot. Resumable: a variant's
+seed whose run finished in ``--out`` is not run again.
 
 The ``zero`` row measures the published review's objection (Algorithm 1 read literally zeroes
-every coordinate no client uploads) instead of arguing about it.
+every coordinate no client uploads) instead of arguing about it. With ``--tuned FILE`` (from
+``flayer tune``) each variant runs at its method's chosen learning rate, so the rows compare
+mechanisms, not learning rates.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
+import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
+from statistics import mean, stdev
 from typing import Any
 
 from cli.common import CliError, add_common_flags, load_data, run_config, set_threads, write_json
@@ -32,22 +39,28 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
     "no-masks": ("flayer", {"masks": False}, "every layer uploads everything"),
     "zero": ("flayer", {"server_rule": "zero"}, "Algorithm 1 literally: unsent = 0"),
     "flayer-ref": ("flayer-ref", {}, "the released code's rules"),
+    "flayer-ref-x1": ("flayer-ref", {"lr_scale": 1.0}, "flayer-ref without its x20 LR factor"),
     "fedavg": ("fedavg", {}, "baseline (not in the default set)"),
 }
-DEFAULT_VARIANTS = ("flayer", "no-pla", "no-head-epoch", "no-lr-rule", "no-masks", "zero", "flayer-ref")
+DEFAULT_VARIANTS = ("flayer", "no-pla", "no-head-epoch", "no-lr-rule", "no-masks", "zero", "flayer-ref",
+                    "flayer-ref-x1")
 # the budget used when no --config is given: minutes on 2 CPU cores
 DEFAULT_BUDGET = {"samples": 12000, "rounds": 25, "threads": 1}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ablate", help="FLAYER without each mechanism, rule zero and flayer-ref, "
-                                      "on one partition and seed")
+                                      "on one partition, over one or more training seeds")
     add_common_flags(p)
     add_log_file_flag(p)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="A,B,...",
                    help=f"comma-separated, from: {', '.join(VARIANTS)} (default: all but fedavg)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="variants run in N processes at once (each with one torch thread unless --threads)")
+                   help="runs in N processes at once (each with one torch thread unless --threads)")
+    p.add_argument("--seeds", metavar="S1,S2,...",
+                   help="training seeds (default: --seed alone); the partition follows --seed whatever the seeds")
+    p.add_argument("--tuned", metavar="FILE", help="tuned.json from 'flayer tune': each variant runs at its "
+                                                   "method's chosen learning rate (and options)")
     p.set_defaults(func=run)
 
 
@@ -60,23 +73,25 @@ def parse_variants(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def variant_config(cfg: Any, name: str) -> Any:
-    """The run config of one variant: its strategy, with its switches over the file's option table."""
+def variant_config(cfg: Any, name: str, lr: float | None = None, sets: dict[str, Any] | None = None) -> Any:
+    """The run config of one variant: its strategy, with its switches over the file's option table
+    (and over ``sets``, a tuned choice's options), at ``lr`` when given."""
     strategy, overrides, _ = VARIANTS[name]
-    options = {**cfg.options(strategy), **overrides}
-    return dataclasses.replace(cfg, strategy=strategy,
+    options = {**cfg.options(strategy), **(sets or {}), **overrides}
+    train = cfg.train if lr is None else dataclasses.replace(cfg.train, lr=lr)
+    return dataclasses.replace(cfg, strategy=strategy, train=train,
                                strategy_options={**cfg.strategy_options, strategy: options})
 
 
 def _run_variant(cfg: Any, name: str, folder: str, quiet: bool) -> dict[str, Any]:
-    """One variant, in this process or a worker (which loads the data itself)."""
+    """One variant and seed, in this process or a worker (which loads the data itself)."""
     from cli.simulate import run_simulation
 
     set_threads(cfg)
-    path = Path(folder) / name
+    path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
     write_json(path / "config.json", dataclasses.asdict(cfg))
-    return run_simulation(cfg, load_data(cfg), path, label=name, quiet=quiet)
+    return run_simulation(cfg, load_data(cfg), path, label=f"{name} seed{cfg.seed}", quiet=quiet)
 
 
 def _with_budget(args: argparse.Namespace) -> argparse.Namespace:
@@ -87,6 +102,60 @@ def _with_budget(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def _seeds(text: str | None, default: int) -> list[int]:
+    if text is None:
+        return [default]
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise CliError(f"--seeds {text!r}: expected distinct integers, e.g. 0,1,2")
+    return seeds
+
+
+def _tuned_points(args: argparse.Namespace, cfg: Any, names: list[str]) -> dict[str, tuple[float, dict[str, Any]]]:
+    """Each variant's strategy -> (chosen learning rate, chosen options) from ``--tuned``."""
+    from cli.common import parse_set
+    from cli.tune import load_tuned
+
+    if not args.tuned:
+        return {}
+    if args.lr is not None:
+        raise CliError("--tuned sets each variant's learning rate: drop --lr")
+    strategies = list(dict.fromkeys(VARIANTS[n][0] for n in names))
+    choice = load_tuned(Path(args.tuned), strategies, cfg)
+    return {m: (c.lr, parse_set(list(c.sets)).get(m, {})) for m, c in choice.items()}
+
+
+def _finished(path: Path, strategy: str, seed: int, rounds: int) -> dict[str, Any] | None:
+    from cli.bench_report import finished_summary
+
+    s = finished_summary(path / "summary.json", strategy, rounds)
+    return s if s is not None and s.get("seed") == seed else None
+
+
+def _settings_check(out: Path, settings: dict[str, Any]) -> None:
+    """Write ``ablate.json``, or refuse an ``--out`` that holds an ablation with other settings."""
+    f = out / "ablate.json"
+    if f.is_file():
+        try:
+            old = json.loads(f.read_text())
+        except ValueError:
+            raise CliError(f"{f} is not valid JSON; remove it or use another --out") from None
+        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        if diff:
+            raise CliError(f"{out} holds an ablation with other settings ({', '.join(diff)} differ); "
+                           f"use another --out or the same flags")
+    write_json(f, settings)
+
+
+def _ms(xs: list[float], pct: bool = True) -> str:
+    k = 100 if pct else 1
+    m = f"{k * mean(xs):.2f}" if pct else f"{mean(xs):.4f}"
+    return m + (f" ± {k * stdev(xs):.2f}" if pct and len(xs) > 1 else "")
+
+
 def run(args: argparse.Namespace) -> int:
     from cli.plots import line_plot
 
@@ -94,55 +163,80 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise CliError(f"--jobs must be >= 1, got {args.jobs}")
     cfg = run_config(_with_budget(args))
-    configs = {n: variant_config(cfg, n) for n in names}
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(cfg.out) if cfg.out else Path("runs") / f"ablate-{cfg.data.dataset}-{stamp}"
+    seeds = _seeds(args.seeds, cfg.seed)
+    tuned = _tuned_points(args, cfg, names)
+    # the partition stays the one --seed draws; the seeds vary the training
+    base = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, partition_seed=cfg.partition_seed))
+    configs = {}
+    for n in names:
+        lr, sets = tuned.get(VARIANTS[n][0], (None, None))
+        for s in seeds:
+            configs[n, s] = dataclasses.replace(variant_config(base, n, lr, sets), seed=s)
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"ablate-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("seed", "out", "strategy",
+                                                                                "strategy_options")}
+    settings["tuned"] = {m: [lr, sets] for m, (lr, sets) in tuned.items()}
+    _settings_check(out, settings)
     write_json(out / "config.json", dataclasses.asdict(cfg))
     samples = load_data(cfg).partition.summary.get("samples")  # fails fast on bad data, before any worker
     t0 = time.perf_counter()
-    summaries: dict[str, dict[str, Any]] = {}
-    jobs = min(args.jobs, len(names))
+    folder = {(n, s): out / n / f"seed{s}" for n in names for s in seeds}
+    summaries: dict[tuple[str, int], dict[str, Any]] = {}
+    for key, c in configs.items():
+        if (done := _finished(folder[key], c.strategy, key[1], cfg.rounds)) is not None:
+            summaries[key] = done
+    todo = [k for k in configs if k not in summaries]
+    print(f"flayer ablate: {len(names)} variants x {len(seeds)} seeds = {len(configs)} runs; "
+          f"{len(summaries)} already done in {out}, {len(todo)} to run", file=sys.stderr)
+    jobs = min(args.jobs, max(1, len(todo)))
     if jobs == 1:
-        for n in names:
-            summaries[n] = _run_variant(configs[n], n, str(out), quiet=False)
+        for k in todo:
+            summaries[k] = _run_variant(configs[k], k[0], str(folder[k]), quiet=False)
     else:
         if cfg.train.threads == 0:
-            configs = {n: dataclasses.replace(c, train=dataclasses.replace(c.train, threads=1))
-                       for n, c in configs.items()}
+            configs = {k: dataclasses.replace(c, train=dataclasses.replace(c.train, threads=1))
+                       for k, c in configs.items()}
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_run_variant, configs[n], n, str(out), True): n for n in names}
-            print(f"running {len(names)} variants in {jobs} processes...", file=sys.stderr)
-            for fut in as_completed(futures):
-                n = futures[fut]
-                summaries[n] = fut.result()
-                print(f"  {n}: best acc {summaries[n]['best_acc']:.4f} ({summaries[n]['wall_seconds']:.0f}s)",
-                      file=sys.stderr)
-    summaries = {n: summaries[n] for n in names}  # the order asked for, not the order of completion
-    headers = ["variant", "changes", "final-round acc", "best acc", "personal acc", "upload fraction",
-               "unsent", "seconds"]
-    rows = [(n, VARIANTS[n][2], s["final_round_acc"], s["best_acc"], s["final_personal_acc"],
-             s["mean_upload_fraction"], s["mean_unsent_fraction"], round(s["wall_seconds"]))
-            for n, s in summaries.items()]
-    s0 = summaries[names[0]]
+            futures = {pool.submit(_run_variant, configs[k], k[0], str(folder[k]), True): k for k in todo}
+            print(f"running {len(todo)} runs in {jobs} processes...", file=sys.stderr)
+            for i, fut in enumerate(as_completed(futures), 1):
+                k = futures[fut]
+                summaries[k] = fut.result()
+                print(f"  [{i}/{len(todo)}] {k[0]} seed{k[1]}: best acc {summaries[k]['best_acc']:.4f} "
+                      f"({summaries[k]['wall_seconds']:.0f}s)", file=sys.stderr)
+    per = {n: [summaries[n, s] for s in seeds] for n in names}
+    headers = ["variant", "changes", "lr", "final-round acc %", "best acc %", "personal acc %",
+               "upload fraction", "unsent", "CPU s"]
+    rows = [(n, VARIANTS[n][2], f"{configs[n, seeds[0]].train.lr:g}",
+             _ms([x["final_round_acc"] for x in v]), _ms([x["best_acc"] for x in v]),
+             _ms([x["final_personal_acc"] for x in v]), _ms([x["mean_upload_fraction"] for x in v], False),
+             _ms([x["mean_unsent_fraction"] for x in v], False),
+             round(sum(x.get("cpu_seconds", math.nan) for x in v))) for n, v in per.items()]
+    s0 = per[names[0]][0]
     title = (f"{cfg.data.dataset} {s0['partition']}, {s0['clients']} clients, {cfg.rounds} rounds, "
-             f"seed {cfg.seed}"
-             + (f", {samples} samples" if samples else ""))
+             f"partition seed {cfg.seed}, training seeds {','.join(map(str, seeds))}"
+             + (f", {samples} samples" if samples else "") + (", tuned learning rates" if tuned else ""))
     argv = sys.argv[1:]
     command = "flayer " + " ".join(argv) if argv and argv[0] == "ablate" else "flayer ablate"
     md = (f"# FLAYER ablation: {title}\n\n`{command}`\n\n" + table(headers, rows, markdown=True) + "\n\n"
-          "final-round acc: mean test accuracy (sample-weighted over all clients) after the download and "
-          "PLA, before local training, in the last round; best acc: the best such round or the final "
-          "personal models; personal acc: every client's personal model after the last round; upload "
-          "fraction: coordinates sent / coordinates of the uploaded tensors, mean over rounds; unsent: "
-          "share of the global model's coordinates that no client sent in a round (rule zero sets them "
-          "to 0, rule carry keeps them), mean over rounds.\n")
+          "Accuracies in %, mean ± std over the training seeds. final-round acc: mean test accuracy "
+          "(sample-weighted over all clients) after the download and PLA, before local training, in the last "
+          "round; best acc: the best such round or the final personal models; personal acc: every client's "
+          "personal model after the last round; upload fraction: coordinates sent / coordinates of the "
+          "uploaded tensors, mean over rounds; unsent: share of the global model's coordinates that no client "
+          "sent in a round (rule zero sets them to 0, rule carry keeps them), mean over rounds; CPU s: the "
+          "runs' CPU time, summed over seeds.\n")
     (out / "ablation.md").write_text(md)
-    write_json(out / "summary.json", {"title": title, "command": command, "variants": summaries})
-    line_plot(out / "accuracy.png", {n: summaries[n]["acc"] for n in names}, "round", "test accuracy",
-              f"FLAYER ablation: {title}")
+    write_json(out / "summary.json", {"title": title, "command": command, "seeds": seeds,
+                                      "variants": {n: {f"seed{s}": summaries[n, s] for s in seeds} for n in names}})
+    curves = {}
+    for n, v in per.items():
+        length = min(len(x["acc"]) for x in v)
+        curves[n] = [mean(x["acc"][i] for x in v) for i in range(length)]
+    line_plot(out / "accuracy.png", curves, "round", "test accuracy (mean over seeds)", f"FLAYER ablation: {title}")
     print(table(headers, rows))
     print(f"\n{title}; {time.perf_counter() - t0:.0f}s in all")
-    print(f"outputs in {out}/ (ablation.md, accuracy.png, summary.json, <variant>/metrics.jsonl)",
+    print(f"outputs in {out}/ (ablation.md, accuracy.png, summary.json, <variant>/seed<S>/metrics.jsonl)",
           file=sys.stderr)
     return 0

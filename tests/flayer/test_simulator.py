@@ -63,9 +63,36 @@ def test_simulate_and_ablate_commands(tmp_path, capsys):
     summary = json.loads((tmp_path / "abl" / "summary.json").read_text())
     assert set(summary["variants"]) == {"flayer", "zero"}
     assert (tmp_path / "abl" / "ablation.md").read_text().count("\n|") == 4
-    assert (tmp_path / "abl" / "zero" / "metrics.jsonl").is_file()
-    cfg = json.loads((tmp_path / "abl" / "zero" / "config.json").read_text())
+    assert (tmp_path / "abl" / "zero" / "seed1" / "metrics.jsonl").is_file()
+    cfg = json.loads((tmp_path / "abl" / "zero" / "seed1" / "config.json").read_text())
     assert cfg["strategy_options"]["flayer"]["server_rule"] == "zero"
+
+
+def test_ablate_over_seeds_at_tuned_rates_resumes(tmp_path, capsys):
+    common = ["--dataset", "digits", "--clients", "2", "--rounds", "2", "--seed", "0", "--threads", "1",
+              "--samples", "200", "--partition", "iid", "--variants", "flayer,flayer-ref-x1",
+              "--out", str(tmp_path / "abl")]
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"format": "flayer-tune/1", "settings": {"dataset": "digits", "partition": "iid"},
+                                 "choice": {"flayer": {"lr": 0.07, "set": [], "best_val_acc": 0.9,
+                                                       "best_test_acc": 0.9},
+                                            "flayer-ref": {"lr": 0.03, "set": [], "best_val_acc": 0.9,
+                                                           "best_test_acc": 0.9}}}))
+    assert main(["ablate", *common, "--seeds", "0,1", "--tuned", str(tuned)]) == 0
+    assert "4 to run" in capsys.readouterr().err
+    abl = tmp_path / "abl"
+    for variant, lr in (("flayer", 0.07), ("flayer-ref-x1", 0.03)):
+        for seed in (0, 1):
+            cfg = json.loads((abl / variant / f"seed{seed}" / "config.json").read_text())
+            assert cfg["train"]["lr"] == lr and cfg["seed"] == seed and cfg["data"]["partition_seed"] == 0
+    assert json.loads((abl / "flayer-ref-x1/seed1/config.json").read_text())[
+        "strategy_options"]["flayer-ref"]["lr_scale"] == 1.0
+    md = (abl / "ablation.md").read_text()
+    assert "±" in md and "| 0.07 |" in md.replace("  ", " ")
+    assert main(["ablate", *common, "--seeds", "0,1", "--tuned", str(tuned)]) == 0  # resumed: nothing re-run
+    assert "4 already done" in capsys.readouterr().err
+    assert main(["ablate", *common, "--seeds", "0,1"]) == 2  # other settings (no tuned rates): refused
+    assert "tuned differ" in capsys.readouterr().err
 
 
 def test_ablate_rejects_unknown_variant(capsys):
