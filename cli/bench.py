@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("bench")
     add_job_flags(g)
     g.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
+    g.add_argument("--target", type=float, metavar="ACC",
+                   help="an accuracy (fraction, e.g. 0.94): the table adds each method's rounds to reach it "
+                        "and the CPU seconds of those rounds")
     g.add_argument("--tuned", metavar="FILE", help="tuned.json from 'flayer tune': each method runs at the learning "
                                                    "rate (and options) chosen there on validation accuracy")
     p.set_defaults(func=run)
@@ -192,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
     from cli.tune import load_tuned
 
     check_jobs(args)
+    if args.target is not None and not (math.isfinite(args.target) and 0 < args.target <= 1):
+        raise CliError(f"--target {args.target}: expected an accuracy in (0, 1], e.g. 0.94")
     methods = _methods(args.methods)
     seeds = _int_list(args.seeds, "seeds")
     if args.tuned and (args.lr is not None or args.set):
@@ -228,11 +234,11 @@ def run(args: argparse.Namespace) -> int:
             if (r := rep.load_run(run_dir(m, s) / "summary.json", m, s, cfg.rounds)) is not None]
     if not runs:
         raise CliError(f"no run finished; see the log.txt files under {out / 'runs'}")
-    rows, per_run = rep.aggregate(runs, methods)
+    rows, per_run = rep.aggregate(runs, methods, args.target)
     rep.write_csv(out / "results.csv", runs, per_run, rows)
     title = (f"{cfg.data.dataset} {cfg.data.partition}, {cfg.data.clients} clients, "
              f"{cfg.data.samples or 'all'} samples, {cfg.rounds} rounds, seeds {','.join(map(str, seeds))}")
-    table = rep.markdown_table(rows)
+    table = rep.markdown_table(rows, args.target)
     (out / "results.md").write_text(f"{title}\n\n{table}\n")
     rep.plot_accuracy(out / "accuracy_vs_round.png", runs, methods, title)
     rep.plot_client_spread(out / "client_spread.png", runs, methods, title)

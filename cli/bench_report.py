@@ -133,23 +133,32 @@ class MethodRow:
     wall: tuple[float, float]
     cpu: tuple[float, float]
     calibration: tuple[str, ...]
+    to_target: float | None = None  # rounds to --target accuracy, mean over the seeds that reached it
+    target_reached: int = 0
+    cpu_to_target: float | None = None  # the CPU seconds of those rounds, mean over the same seeds
 
 
-def aggregate(runs: Sequence[RunResult], methods: Sequence[str]) -> tuple[list[MethodRow], dict[tuple[str, int], dict]]:
-    """Per-method rows (in ``methods`` order) and per-run derived measures keyed by (method, seed)."""
+def aggregate(runs: Sequence[RunResult], methods: Sequence[str],
+              target: float | None = None) -> tuple[list[MethodRow], dict[tuple[str, int], dict]]:
+    """Per-method rows (in ``methods`` order) and per-run derived measures keyed by (method, seed).
+    ``target``: an accuracy (fraction) whose first round, and the CPU time to it, each run reports."""
     fedavg_best = {r.seed: max(r.acc) for r in runs if r.method == "fedavg"}
     per_run: dict[tuple[str, int], dict] = {}
     for r in runs:
-        target = fedavg_best.get(r.seed)
+        fb = fedavg_best.get(r.seed)
+        hit = rounds_to_reach(r.acc, target) if target is not None else None
         per_run[(r.method, r.seed)] = {
-            "to_fedavg_best": rounds_to_reach(r.acc, target) if target is not None else None,
+            "to_fedavg_best": rounds_to_reach(r.acc, fb) if fb is not None else None,
             "convergence": convergence_round(r.acc),
+            # rounds cost about the same each: the run's CPU time prorated to the round that hit the target
+            "to_target": hit, "cpu_to_target": r.cpu_seconds * hit / len(r.acc) if hit is not None else None,
         }
     rows = []
     for m in methods:
         mine = [r for r in runs if r.method == m]
         if not mine:
             continue
+        hits = [per_run[(r.method, r.seed)] for r in mine if per_run[(r.method, r.seed)]["to_target"] is not None]
         reached = [per_run[(r.method, r.seed)]["to_fedavg_best"] for r in mine]
         reached = [x for x in reached if x is not None]
         conv = [per_run[(r.method, r.seed)]["convergence"] for r in mine]
@@ -160,7 +169,9 @@ def aggregate(runs: Sequence[RunResult], methods: Sequence[str]) -> tuple[list[M
             _ms(conv_ok), sum(1 for r, c in zip(mine, conv) if c is not None and c >= len(r.acc)),
             mean(r.upload_bytes_per_round for r in mine),
             _ms([r.wall_seconds for r in mine]), _ms([r.cpu_seconds for r in mine]),
-            tuple(sorted({json.dumps(dict(r.calibration), sort_keys=True) for r in mine if r.calibration}))))
+            tuple(sorted({json.dumps(dict(r.calibration), sort_keys=True) for r in mine if r.calibration})),
+            mean(h["to_target"] for h in hits) if hits else None, len(hits),
+            mean(h["cpu_to_target"] for h in hits) if hits else None))
     return rows, per_run
 
 
@@ -169,7 +180,8 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
     """One CSV: a ``run`` row per (method, seed) and a ``method`` row per method (means and stds)."""
     cols = ["row", "method", "seed", "seeds", "final_acc", "final_acc_std", "best_acc", "best_acc_std",
             "final_round_acc", "final_round_acc_std", "rounds_to_fedavg_best", "seeds_reaching_fedavg_best",
-            "convergence_round", "convergence_round_std", "upload_bytes_per_client_round",
+            "convergence_round", "convergence_round_std", "rounds_to_target", "seeds_reaching_target",
+            "cpu_seconds_to_target", "upload_bytes_per_client_round",
             "wall_seconds", "wall_seconds_std", "cpu_seconds", "cpu_seconds_std", "calibration"]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
@@ -181,6 +193,9 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
                         "rounds_to_fedavg_best": d["to_fedavg_best"] if d["to_fedavg_best"] is not None else "",
                         "seeds_reaching_fedavg_best": int(d["to_fedavg_best"] is not None),
                         "convergence_round": d["convergence"] if d["convergence"] is not None else "",
+                        "rounds_to_target": "" if d["to_target"] is None else d["to_target"],
+                        "seeds_reaching_target": int(d["to_target"] is not None),
+                        "cpu_seconds_to_target": "" if d["cpu_to_target"] is None else round(d["cpu_to_target"], 1),
                         "upload_bytes_per_client_round": round(r.upload_bytes_per_round, 1),
                         "wall_seconds": round(r.wall_seconds, 1), "cpu_seconds": round(r.cpu_seconds, 1),
                         "calibration": json.dumps(dict(r.calibration))})
@@ -192,6 +207,9 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
                         "rounds_to_fedavg_best": "" if m.to_fedavg_best is None else m.to_fedavg_best,
                         "seeds_reaching_fedavg_best": m.reached, "convergence_round": m.convergence[0],
                         "convergence_round_std": m.convergence[1],
+                        "rounds_to_target": "" if m.to_target is None else m.to_target,
+                        "seeds_reaching_target": m.target_reached,
+                        "cpu_seconds_to_target": "" if m.cpu_to_target is None else round(m.cpu_to_target, 1),
                         "upload_bytes_per_client_round": round(m.upload_bytes, 1),
                         "wall_seconds": round(m.wall[0], 1), "wall_seconds_std": round(m.wall[1], 1),
                         "cpu_seconds": round(m.cpu[0], 1), "cpu_seconds_std": round(m.cpu[1], 1),
@@ -203,25 +221,34 @@ def _pct(ms: tuple[float, float], n: int) -> str:
     return f"{100 * ms[0]:.2f}" + (f" ± {100 * ms[1]:.2f}" if n > 1 else "")
 
 
-def markdown_table(rows: Sequence[MethodRow]) -> str:
-    """The results table (accuracies in %, mean ± std over seeds; the std only with several seeds)."""
+def _reach(mean_rounds: float | None, reached: int, seeds: int) -> str:
+    if mean_rounds is None:
+        return "-"
+    return f"{mean_rounds:.1f}" + ("" if reached == seeds else f" ({reached}/{seeds})")
+
+
+def markdown_table(rows: Sequence[MethodRow], target: float | None = None) -> str:
+    """The results table (accuracies in %, mean ± std over seeds; the std only with several seeds).
+    With ``target``, two more columns: the rounds to reach it and the CPU seconds of those rounds."""
     up = "upload KB/client/round"
-    header = ("| method | seeds | final acc (%) | best acc (%) | rounds to FedAvg best | convergence round | "
-              f"{up} | wall s/run | CPU s/run |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
+    tcols = (f" rounds to {100 * target:g}% | CPU s to {100 * target:g}% |" if target is not None else "")
+    header = ("| method | seeds | final acc (%) | best acc (%) | rounds to FedAvg best | convergence round |"
+              f"{tcols} {up} | wall s/run | CPU s/run |")
+    lines = [header, "|---" * (9 + (2 if target is not None else 0)) + "|"]
     for m in rows:
-        if m.to_fedavg_best is None:
-            reach = "-"
-        else:
-            reach = f"{m.to_fedavg_best:.1f}" + ("" if m.reached == m.seeds else f" ({m.reached}/{m.seeds})")
+        reach = _reach(m.to_fedavg_best, m.reached, m.seeds)
         conv = "-" if math.isnan(m.convergence[0]) else (
             f"{m.convergence[0]:.1f}" + (f" ± {m.convergence[1]:.1f}" if m.seeds > 1 else ""))
         if m.still_rising:
             conv += "*"
+        tvals = ""
+        if target is not None:
+            tvals = (f" {_reach(m.to_target, m.target_reached, m.seeds)} | "
+                     f"{'-' if m.cpu_to_target is None else f'{m.cpu_to_target:.0f}'} |")
         name = m.method + (f" ({', '.join(m.calibration)})" if m.calibration else "")
         wall = f"{m.wall[0]:.0f}" + (f" ± {m.wall[1]:.0f}" if m.seeds > 1 else "")
-        lines.append(f"| {name} | {m.seeds} | {_pct(m.final, m.seeds)} | {_pct(m.best, m.seeds)} | {reach} | {conv} | "
-                     f"{m.upload_bytes / 1000:.1f} | {wall} | {m.cpu[0]:.0f} |")
+        lines.append(f"| {name} | {m.seeds} | {_pct(m.final, m.seeds)} | {_pct(m.best, m.seeds)} | {reach} | {conv} |"
+                     f"{tvals} {m.upload_bytes / 1000:.1f} | {wall} | {m.cpu[0]:.0f} |")
     return "\n".join(lines)
 
 
