@@ -115,12 +115,17 @@ def _seeds(text: str | None, default: int) -> list[int]:
 
 
 def _tuned_points(args: argparse.Namespace, cfg: Any, names: list[str]) -> dict[str, tuple[float, dict[str, Any]]]:
-    """Each variant's strategy -> (chosen learning rate, chosen options) from ``--tuned``."""
+    """Each variant's strategy -> (chosen learning rate, chosen options) from ``--tuned``; without it and
+    without a learning rate in the flags or the config file, each method's default."""
     from cli.common import parse_set
     from cli.tune import load_tuned
 
     if not args.tuned:
-        return {}
+        from flayer.config import DEFAULT_LRS, read_toml
+
+        explicit = args.lr is not None or (args.config and "lr" in read_toml(args.config).get("train", {}))
+        # no learning rate given: each variant's method at its own default, not the first method's
+        return {} if explicit else {VARIANTS[n][0]: (DEFAULT_LRS[VARIANTS[n][0]], {}) for n in names}
     if args.lr is not None:
         raise CliError("--tuned sets each variant's learning rate: drop --lr")
     strategies = list(dict.fromkeys(VARIANTS[n][0] for n in names))
@@ -216,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     s0 = per[names[0]][0]
     title = (f"{cfg.data.dataset} {s0['partition']}, {s0['clients']} clients, {cfg.rounds} rounds, "
              f"partition seed {cfg.seed}, training seeds {','.join(map(str, seeds))}"
-             + (f", {samples} samples" if samples else "") + (", tuned learning rates" if tuned else ""))
+             + (f", {samples} samples" if samples else "") + (", tuned learning rates" if args.tuned else ""))
     argv = sys.argv[1:]
     command = "flayer " + " ".join(argv) if argv and argv[0] == "ablate" else "flayer ablate"
     md = (f"# FLAYER ablation: {title}\n\n`{command}`\n\n" + table(headers, rows, markdown=True) + "\n\n"

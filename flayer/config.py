@@ -24,6 +24,7 @@ except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as 
     import tomli as tomllib
 
 __all__ = [
+    "DEFAULT_LRS",
     "STRATEGY_NAMES",
     "ConfigError",
     "DataConfig",
@@ -38,6 +39,13 @@ __all__ = [
 STRATEGY_NAMES = ("local", "fedavg", "fedper", "fedrep", "lgfedavg", "ditto", "fedala", "fedbabu",
                   "playerfl", "flayer", "flayer-ref")
 DATASET_NAMES = DATASETS  # the one list, beside the loaders in flayer.data
+# Each method's base learning rate when neither a config file nor --lr gives one: its choice by
+# validation accuracy in `make tune-table` (Fashion-MNIST Dir(0.1), 20 clients, batch 10, one local
+# epoch; docs/results/bench-fmnist.md, "Learning rates chosen by the tuning"). Another data set or
+# model may want others: `flayer tune` chooses them the same way.
+DEFAULT_LRS: dict[str, float] = {"flayer": 0.1, "flayer-ref": 0.01, "local": 0.1, "lgfedavg": 0.1, "fedala": 0.1,
+                                 "fedper": 0.1, "ditto": 0.05, "fedrep": 0.1, "fedbabu": 0.1, "playerfl": 0.1,
+                                 "fedavg": 0.2}
 
 
 class ConfigError(ValueError):
@@ -144,7 +152,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    lr: float = 0.005  # base learning rate (SGD without momentum)
+    lr: float = 0.005  # base learning rate (SGD without momentum); a run config takes DEFAULT_LRS[strategy]
     batch_size: int = 10
     local_epochs: int = 1  # local epochs per round
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
@@ -243,6 +251,8 @@ def load_run_config(path: str | Path | None = None,
     if nested:
         raise ConfigError(f"{src} [run]: {', '.join(sorted(nested))} belong in their own table, not in [run]")
     data = from_mapping(DataConfig, merged["data"], f"{src} [data]")
+    if "lr" not in merged["train"]:  # the method's tuned default (DEFAULT_LRS)
+        merged["train"]["lr"] = DEFAULT_LRS.get(str(merged["run"].get("strategy", RunConfig.strategy)), TrainConfig.lr)
     train = from_mapping(TrainConfig, merged["train"], f"{src} [train]")
     run = {**merged["run"], "data": data, "train": train, "strategy_options": strategy_tables}
     return from_mapping(RunConfig, run, f"{src} [run]")

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,20 @@ def test_config_file_and_flag_override(tmp_path):
                         '[train]\nlr = 0.1\n[strategy.fedavg]\n')
     cfg = load_run_config(cfg_file, {"run": {"rounds": 2}, "train": {"lr": None}})
     assert cfg.rounds == 2 and cfg.train.lr == 0.1 and cfg.data.clients == 4 and cfg.strategy == "fedavg"
+
+
+def test_without_a_learning_rate_each_method_gets_its_tuned_default(tmp_path):
+    from flayer.config import DEFAULT_LRS, STRATEGY_NAMES
+
+    assert set(DEFAULT_LRS) == set(STRATEGY_NAMES)
+    tuned = json.loads((Path(__file__).parents[2] / "docs/results/tune-fmnist/tuned.json").read_text())
+    assert {m: c["lr"] for m, c in tuned["choice"].items()} == DEFAULT_LRS  # the defaults are the tuning's choices
+    assert load_run_config(None, {"run": {"strategy": "flayer-ref"}}).train.lr == DEFAULT_LRS["flayer-ref"]
+    assert load_run_config(None).train.lr == DEFAULT_LRS["flayer"]
+    f = tmp_path / "run.toml"
+    f.write_text('[run]\nstrategy = "fedavg"\n[train]\nlr = 0.03\n')
+    assert load_run_config(f).train.lr == 0.03  # a rate in the file wins
+    assert load_run_config(f, {"train": {"lr": 0.07}}).train.lr == 0.07  # and the flag over it
 
 
 @pytest.mark.parametrize("text,match", [
