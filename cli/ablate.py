@@ -173,9 +173,9 @@ def run(args: argparse.Namespace) -> int:
     # the partition stays the one --seed draws; the seeds vary the training
     base = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, partition_seed=cfg.partition_seed))
     configs = {}
-    for n in names:
-        lr, sets = tuned.get(VARIANTS[n][0], (None, None))
-        for s in seeds:
+    for s in seeds:  # seed by seed: an ablation stopped early has whole seeds, every variant in each
+        for n in names:
+            lr, sets = tuned.get(VARIANTS[n][0], (None, None))
             configs[n, s] = dataclasses.replace(variant_config(base, n, lr, sets), seed=s)
     out = Path(cfg.out) if cfg.out else Path("runs") / f"ablate-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)

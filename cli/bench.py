@@ -49,6 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "and the CPU seconds of those rounds")
     g.add_argument("--tuned", metavar="FILE", help="tuned.json from 'flayer tune': each method runs at the learning "
                                                    "rate (and options) chosen there on validation accuracy")
+    g.add_argument("--tuned-pick", choices=("best", "stable"), default="best",
+                   help="with --tuned: the best validation point (default), or the best one whose next-higher "
+                        "rate did not diverge either (a margin, for data with more steps per round)")
     p.set_defaults(func=run)
 
 
@@ -203,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tuned and (args.lr is not None or args.set):
         raise CliError("--tuned sets each method's learning rate and options: drop --lr and --set")
     cfg = run_config(argparse.Namespace(**{**vars(args), "strategy": None}))
-    tuned = load_tuned(Path(args.tuned), methods, cfg) if args.tuned else {}
+    tuned = load_tuned(Path(args.tuned), methods, cfg, args.tuned_pick) if args.tuned else {}
     out = Path(cfg.out) if cfg.out else Path("runs") / f"bench-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     part_file = _prepare_out(args, cfg, out, extra={"tuned": {m: c.as_dict() for m, c in tuned.items()}}

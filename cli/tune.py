@@ -173,27 +173,52 @@ def choose(rows: Sequence[dict[str, Any]]) -> dict[str, Choice]:
             for m, r in best.items()}
 
 
-def load_tuned(path: Path, methods: Sequence[str], cfg: Any) -> dict[str, Choice]:
-    """The choices of a ``tuned.json`` for ``methods``; CliError naming what is wrong."""
+STABLE = ("the best validation accuracy among the grid points whose next-higher learning rate (same knobs) "
+          "also ran to the end without diverging: a factor-2 margin from divergence")
+
+
+def choose_stable(rows: Sequence[dict[str, Any]]) -> dict[str, Choice]:
+    """Per method, :func:`choose` over the points whose next-higher learning rate in the grid (with
+    the same knobs) finished without diverging; the grid's top rate is never such a point. A rate at
+    the edge of divergence on one data set can diverge on a larger one (more steps per round): this
+    choice keeps a margin, and gives the defaults."""
+    lines: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+    for row in rows:
+        lines.setdefault((row["method"], tuple(row["set"])), []).append(row)
+    eligible = []
+    for line in lines.values():
+        line = sorted(line, key=lambda r: r["lr"])
+        eligible += [lo for lo, hi in zip(line, line[1:]) if not hi.get("diverged")]
+    order = {id(r): i for i, r in enumerate(rows)}  # ties still go to the earlier grid point
+    return choose(sorted(eligible, key=lambda r: order[id(r)]))
+
+
+def load_tuned(path: Path, methods: Sequence[str], cfg: Any, pick: str = "best") -> dict[str, Choice]:
+    """The choices of a ``tuned.json`` for ``methods`` (``pick``: "best", the best validation accuracy,
+    or "stable", :func:`choose_stable`); CliError naming what is wrong."""
     try:
         doc = json.loads(path.read_text())
     except OSError as exc:
         raise CliError(f"--tuned {path}: cannot read it ({exc.strerror})") from None
     except ValueError as exc:
         raise CliError(f"--tuned {path}: not valid JSON ({exc})") from None
+    which = "choice" if pick == "best" else "stable_choice"
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("choice"), dict):
         raise CliError(f"--tuned {path}: not a tuned.json written by 'flayer tune' (format {FORMAT})")
+    if not isinstance(doc.get(which), dict):
+        raise CliError(f"--tuned {path}: no {which} (written by an older 'flayer tune': run it again to re-tabulate)")
     settings = doc.get("settings") or {}
     for key, value in (("dataset", cfg.data.dataset), ("partition", cfg.data.partition)):
         if settings.get(key) != value:
             raise CliError(f"--tuned {path}: tuned on {key} {settings.get(key)!r}, this bench runs {value!r}")
-    missing = [m for m in methods if m not in doc["choice"]]
+    missing = [m for m in methods if m not in doc[which]]
     if missing:
-        raise CliError(f"--tuned {path}: no choice for {', '.join(missing)} (every grid point diverged, or the "
+        raise CliError(f"--tuned {path}: no {'stable ' if pick == 'stable' else ''}choice for {', '.join(missing)} "
+                       f"(every grid point diverged{', or its next rate did' if pick == 'stable' else ''}, or the "
                        f"method was not tuned)")
     out = {}
     for m in methods:
-        c = doc["choice"][m]
+        c = doc[which][m]
         try:
             lr, sets = float(c["lr"]), tuple(str(x) for x in c.get("set", []))
             val, test = float(c["best_val_acc"]), float(c["best_test_acc"])
@@ -207,7 +232,8 @@ def load_tuned(path: Path, methods: Sequence[str], cfg: Any) -> dict[str, Choice
     return out
 
 
-def markdown(rows: Sequence[dict[str, Any]], choice: dict[str, Choice]) -> str:
+def markdown(rows: Sequence[dict[str, Any]], choice: dict[str, Choice],
+             stable: dict[str, Choice] | None = None) -> str:
     from cli.report import table
 
     def pct(x: Any) -> str:
@@ -219,9 +245,11 @@ def markdown(rows: Sequence[dict[str, Any]], choice: dict[str, Choice]) -> str:
         chosen = c is not None and c.lr == r["lr"] and list(c.sets) == r["set"]
         lrs = [x["lr"] for x in rows if x["method"] == r["method"]]
         edge = chosen and len(set(lrs)) > 1 and r["lr"] in (min(lrs), max(lrs))
+        st = (stable or {}).get(r["method"])
+        marks = [("**chosen**, at the grid's edge" if edge else "**chosen**") if chosen else "",
+                 "stable" if st is not None and st.lr == r["lr"] and list(st.sets) == r["set"] else ""]
         body.append((r["method"], r["label"], pct(r["best_val_acc"]), pct(r["best_test_acc"]),
-                     r["diverged"] or "", ("**chosen**, at the grid's edge" if edge else "**chosen**") if chosen
-                     else ""))
+                     r["diverged"] or "", ", ".join(m for m in marks if m)))
     return table(["method", "point", "best val acc %", "best test acc %", "diverged", ""], body, markdown=True)
 
 
@@ -257,14 +285,16 @@ def run(args: argparse.Namespace) -> int:
     rows = [r for pt in points if (r := read_run(run_dir(pt) / "summary.json", pt, cfg.rounds)) is not None]
     if not rows:
         raise CliError(f"no run finished; see the log.txt files under {out / 'runs'}")
-    choice = choose(rows)
+    choice, stable = choose(rows), choose_stable(rows)
     settings = json.loads((out / "tune.json").read_text())
-    write_json(out / "tuned.json", {"format": FORMAT, "criterion": CRITERION, "settings": settings,
-                                    "grid": {"lrs": lrs, "knobs": args.grid}, "runs": rows,
-                                    "choice": {m: c.as_dict() for m, c in choice.items()}})
+    write_json(out / "tuned.json", {"format": FORMAT, "criterion": CRITERION, "stable_criterion": STABLE,
+                                    "settings": settings, "grid": {"lrs": lrs, "knobs": args.grid}, "runs": rows,
+                                    "choice": {m: c.as_dict() for m, c in choice.items()},
+                                    "stable_choice": {m: c.as_dict() for m, c in stable.items()}})
     title = (f"{cfg.data.dataset} {cfg.data.partition}, {cfg.data.clients} clients, {cfg.data.samples or 'all'} "
-             f"samples, {cfg.rounds} rounds, training seed {args.train_seed}; chosen on: {CRITERION}")
-    text = markdown(rows, choice)
+             f"samples, {cfg.rounds} rounds, training seed {args.train_seed}; chosen on: {CRITERION}; stable: "
+             f"{STABLE}")
+    text = markdown(rows, choice, stable)
     (out / "tuned.md").write_text(f"{title}\n\n{text}\n")
     print(title + "\n")
     print(text)

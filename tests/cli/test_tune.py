@@ -175,3 +175,37 @@ def test_a_bench_resumed_with_more_tuned_methods_keeps_its_runs() -> None:
     assert _grows(old, {**old, "fedbabu": {"lr": 0.05, "set": []}})
     assert not _grows(old, {"fedavg": {"lr": 0.2, "set": []}})  # a changed choice is another bench
     assert not _grows(old, {}) and _grows([0.1], [0.1, 0.2]) and not _grows([0.1, 0.2], [0.2])
+
+
+def test_the_stable_choice_keeps_a_factor_2_margin_from_divergence() -> None:
+    from cli.tune import choose_stable
+
+    nan = "diverged: training loss nan in round 2"
+    rows = [_row("flayer", 0.05, 0.96, 0.95), _row("flayer", 0.1, 0.97, 0.95), _row("flayer", 0.2, 0.5, 0.5, nan),
+            _row("fedala", 0.05, 0.95, 0.9), _row("fedala", 0.1, 0.96, 0.9), _row("fedala", 0.2, 0.955, 0.9),
+            _row("fedavg", 0.1, 0.80, 0.8), _row("fedavg", 0.2, 0.84, 0.8),  # the best is the grid's top
+            _row("local", 0.1, 0.9, 0.9, nan), _row("local", 0.2, 0.9, 0.9, nan)]
+    best, stable = choose(rows), choose_stable(rows)
+    assert best["flayer"].lr == 0.1 and stable["flayer"].lr == 0.05  # 0.2 diverged: 0.1 has no margin
+    assert best["fedala"].lr == stable["fedala"].lr == 0.1  # 0.2 ran to the end
+    assert best["fedavg"].lr == 0.2 and stable["fedavg"].lr == 0.1  # nothing above 0.2 was tried
+    assert "local" not in best and "local" not in stable
+
+
+def test_bench_reads_the_stable_pick_and_refuses_a_file_without_one(tmp_path: Path) -> None:
+    class Cfg:
+        class data:
+            dataset, partition = "digits", "iid"
+
+    doc = json.loads((Path(__file__).parent / "_tuned_example.json").read_text())
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    with pytest.raises(CliError, match="no stable_choice"):
+        load_tuned(old, ["fedavg"], Cfg, "stable")
+    doc["stable_choice"] = {"fedavg": {**doc["choice"]["fedavg"], "lr": 0.02}}
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(doc))
+    assert load_tuned(new, ["fedavg"], Cfg, "stable")["fedavg"].lr == 0.02
+    assert load_tuned(new, ["fedavg"], Cfg)["fedavg"].lr == 0.05
+    with pytest.raises(CliError, match="no stable choice for ditto"):
+        load_tuned(new, ["fedavg", "ditto"], Cfg, "stable")
