@@ -106,7 +106,9 @@ def _settings(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
 def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path, name: str = "bench.json",
                  extra: dict[str, Any] | None = None, growable: tuple[str, ...] = ()) -> Path:
     """Write or check the settings file ``name``; make or reuse the saved partition. Returns the
-    partition file. A ``growable`` setting (a list) may gain values: the finished runs stay valid."""
+    partition file. A ``growable`` setting may gain values (a list) or entries (a dict: the tuned choice
+    of each method, whose shared entries must agree): the finished runs stay valid, and the file keeps
+    the union."""
     from flayer.partition import save_partition
 
     settings = {**_settings(args, cfg), **(extra or {})}
@@ -121,6 +123,9 @@ def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path, name: str = "ben
         if diff:
             raise CliError(f"{out} holds a bench with other settings ({', '.join(diff)} differ); "
                            f"use another --out or the same flags")
+        for k in growable:
+            if isinstance(old.get(k), dict) and isinstance(settings.get(k), dict):
+                settings[k] = {**old[k], **settings[k]}
     part_file = out / "partition.npz"
     if not part_file.is_file():
         prepared = load_data(cfg)
@@ -130,11 +135,12 @@ def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path, name: str = "ben
 
 
 def _grows(old: Any, new: Any) -> bool:
-    """True when ``new`` only adds to ``old``: a list gains values, a dict gains keys (the old ones equal)."""
+    """True when ``new`` is compatible with ``old``: a list only gains values; two dicts agree on the
+    keys they share (a bench with more, or other, tuned methods)."""
     if isinstance(old, list) and isinstance(new, list):
         return set(old) <= set(new)
     if isinstance(old, dict) and isinstance(new, dict):
-        return all(k in new and new[k] == v for k, v in old.items())
+        return all(new[k] == v for k, v in old.items() if k in new)
     return False
 
 

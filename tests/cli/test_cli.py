@@ -25,7 +25,7 @@ def test_without_a_learning_rate_each_method_gets_its_tuned_default(tmp_path):
 
     assert set(DEFAULT_LRS) == set(STRATEGY_NAMES)
     tuned = json.loads((Path(__file__).parents[2] / "docs/results/tune-fmnist/tuned.json").read_text())
-    assert {m: c["lr"] for m, c in tuned["choice"].items()} == DEFAULT_LRS  # the defaults are the tuning's choices
+    assert {m: c["lr"] for m, c in tuned["stable_choice"].items()} == DEFAULT_LRS  # the tuning's stable choices
     assert load_run_config(None, {"run": {"strategy": "flayer-ref"}}).train.lr == DEFAULT_LRS["flayer-ref"]
     assert load_run_config(None).train.lr == DEFAULT_LRS["flayer"]
     f = tmp_path / "run.toml"

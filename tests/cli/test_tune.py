@@ -174,7 +174,8 @@ def test_a_bench_resumed_with_more_tuned_methods_keeps_its_runs() -> None:
     old = {"fedavg": {"lr": 0.1, "set": []}}
     assert _grows(old, {**old, "fedbabu": {"lr": 0.05, "set": []}})
     assert not _grows(old, {"fedavg": {"lr": 0.2, "set": []}})  # a changed choice is another bench
-    assert not _grows(old, {}) and _grows([0.1], [0.1, 0.2]) and not _grows([0.1, 0.2], [0.2])
+    assert _grows({**old, "local": {"lr": 0.1, "set": []}}, {"fedbabu": {"lr": 0.05, "set": []}})  # other methods
+    assert _grows([0.1], [0.1, 0.2]) and not _grows([0.1, 0.2], [0.2])
 
 
 def test_the_stable_choice_keeps_a_factor_2_margin_from_divergence() -> None:
