@@ -59,6 +59,7 @@ class RunResult:
     upload_bytes_per_round: float  # per client per round
     calibration: Mapping[str, Any] = field(default_factory=dict)
     cpu_seconds: float = math.nan  # process CPU time of the simulation (one thread: ~ wall time on a free core)
+    diverged: bool = False  # the run stopped early (non-finite or blown-up loss); its figures are up to then
 
 
 def finished_summary(summary_path: Path, method: str, rounds: int) -> dict[str, Any] | None:
@@ -85,7 +86,7 @@ def load_run(summary_path: Path, method: str, seed: int, rounds: int) -> RunResu
                          float(s["final_round_acc"]), float(s["best_acc"]),
                          tuple(float(a) for a in s["final_client_acc"]), float(s["wall_seconds"]),
                          total / uploads if uploads else 0.0, dict(s.get("calibration") or {}),
-                         float(s.get("cpu_seconds", math.nan)))
+                         float(s.get("cpu_seconds", math.nan)), bool(s.get("diverged")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -136,6 +137,7 @@ class MethodRow:
     to_target: float | None = None  # rounds to --target accuracy, mean over the seeds that reached it
     target_reached: int = 0
     cpu_to_target: float | None = None  # the CPU seconds of those rounds, mean over the same seeds
+    diverged: int = 0  # seeds whose run diverged (stopped early)
 
 
 def aggregate(runs: Sequence[RunResult], methods: Sequence[str],
@@ -171,7 +173,7 @@ def aggregate(runs: Sequence[RunResult], methods: Sequence[str],
             _ms([r.wall_seconds for r in mine]), _ms([r.cpu_seconds for r in mine]),
             tuple(sorted({json.dumps(dict(r.calibration), sort_keys=True) for r in mine if r.calibration})),
             mean(h["to_target"] for h in hits) if hits else None, len(hits),
-            mean(h["cpu_to_target"] for h in hits) if hits else None))
+            mean(h["cpu_to_target"] for h in hits) if hits else None, sum(r.diverged for r in mine)))
     return rows, per_run
 
 
@@ -181,7 +183,7 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
     cols = ["row", "method", "seed", "seeds", "final_acc", "final_acc_std", "best_acc", "best_acc_std",
             "final_round_acc", "final_round_acc_std", "rounds_to_fedavg_best", "seeds_reaching_fedavg_best",
             "convergence_round", "convergence_round_std", "rounds_to_target", "seeds_reaching_target",
-            "cpu_seconds_to_target", "upload_bytes_per_client_round",
+            "cpu_seconds_to_target", "diverged", "upload_bytes_per_client_round",
             "wall_seconds", "wall_seconds_std", "cpu_seconds", "cpu_seconds_std", "calibration"]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
@@ -196,6 +198,7 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
                         "rounds_to_target": "" if d["to_target"] is None else d["to_target"],
                         "seeds_reaching_target": int(d["to_target"] is not None),
                         "cpu_seconds_to_target": "" if d["cpu_to_target"] is None else round(d["cpu_to_target"], 1),
+                        "diverged": int(r.diverged),
                         "upload_bytes_per_client_round": round(r.upload_bytes_per_round, 1),
                         "wall_seconds": round(r.wall_seconds, 1), "cpu_seconds": round(r.cpu_seconds, 1),
                         "calibration": json.dumps(dict(r.calibration))})
@@ -210,7 +213,7 @@ def write_csv(path: Path, runs: Sequence[RunResult], per_run: Mapping[tuple[str,
                         "rounds_to_target": "" if m.to_target is None else m.to_target,
                         "seeds_reaching_target": m.target_reached,
                         "cpu_seconds_to_target": "" if m.cpu_to_target is None else round(m.cpu_to_target, 1),
-                        "upload_bytes_per_client_round": round(m.upload_bytes, 1),
+                        "diverged": m.diverged, "upload_bytes_per_client_round": round(m.upload_bytes, 1),
                         "wall_seconds": round(m.wall[0], 1), "wall_seconds_std": round(m.wall[1], 1),
                         "cpu_seconds": round(m.cpu[0], 1), "cpu_seconds_std": round(m.cpu[1], 1),
                         "calibration": " ".join(m.calibration)})
@@ -228,7 +231,8 @@ def _reach(mean_rounds: float | None, reached: int, seeds: int) -> str:
 
 
 def markdown_table(rows: Sequence[MethodRow], target: float | None = None) -> str:
-    """The results table (accuracies in %, mean ± std over seeds; the std only with several seeds).
+    """The results table (accuracies in %, mean ± std over seeds; the std only with several seeds; a
+    method whose runs diverged says how many, their figures being those up to the divergence).
     With ``target``, two more columns: the rounds to reach it and the CPU seconds of those rounds."""
     up = "upload KB/client/round"
     tcols = (f" rounds to {100 * target:g}% | CPU s to {100 * target:g}% |" if target is not None else "")
@@ -246,6 +250,8 @@ def markdown_table(rows: Sequence[MethodRow], target: float | None = None) -> st
             tvals = (f" {_reach(m.to_target, m.target_reached, m.seeds)} | "
                      f"{'-' if m.cpu_to_target is None else f'{m.cpu_to_target:.0f}'} |")
         name = m.method + (f" ({', '.join(m.calibration)})" if m.calibration else "")
+        if m.diverged:
+            name += f" **{m.diverged}/{m.seeds} diverged**"
         wall = f"{m.wall[0]:.0f}" + (f" ± {m.wall[1]:.0f}" if m.seeds > 1 else "")
         lines.append(f"| {name} | {m.seeds} | {_pct(m.final, m.seeds)} | {_pct(m.best, m.seeds)} | {reach} | {conv} |"
                      f"{tvals} {m.upload_bytes / 1000:.1f} | {wall} | {m.cpu[0]:.0f} |")

@@ -70,11 +70,12 @@ def test_convergence_round(acc, expected):
 def test_time_to_a_target_accuracy_counts_rounds_and_their_cpu_time():
     from cli.bench_report import RunResult, aggregate, markdown_table
 
-    def run(method, seed, acc, cpu):
-        return RunResult(method, seed, tuple(acc), acc[-1], acc[-1], max(acc), (acc[-1],), cpu, 100.0, {}, cpu)
+    def run(method, seed, acc, cpu, diverged=False):
+        return RunResult(method, seed, tuple(acc), acc[-1], acc[-1], max(acc), (acc[-1],), cpu, 100.0, {}, cpu,
+                         diverged)
 
     runs = [run("flayer", 0, [0.5, 0.92, 0.95, 0.96], 40.0), run("flayer", 1, [0.5, 0.8, 0.94, 0.95], 80.0),
-            run("local", 0, [0.6, 0.7, 0.8, 0.93], 20.0), run("local", 1, [0.6, 0.7, 0.8, 0.9], 20.0)]
+            run("local", 0, [0.6, 0.7, 0.8, 0.93], 20.0), run("local", 1, [0.6, 0.7], 20.0, diverged=True)]
     rows, per_run = aggregate(runs, ["flayer", "local"], target=0.94)
     assert per_run[("flayer", 0)]["to_target"] == 3 and per_run[("flayer", 0)]["cpu_to_target"] == 30.0
     assert per_run[("flayer", 1)]["cpu_to_target"] == 60.0 and per_run[("local", 0)]["to_target"] is None
@@ -84,6 +85,7 @@ def test_time_to_a_target_accuracy_counts_rounds_and_their_cpu_time():
     table = markdown_table(rows, 0.94)
     assert "rounds to 94% | CPU s to 94% |" in table
     assert "| 3.0 | 45 |" in table and "| - | - |" in table
+    assert "| local **1/2 diverged** |" in table and "| flayer |" in table  # a diverged run is named
     assert "rounds to" not in markdown_table(rows).split("FedAvg best")[1]  # no target: no such columns
 
 
