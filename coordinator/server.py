@@ -266,8 +266,10 @@ class Coordinator(Phases):
                 self._republish()
             elif self.open is None and 0 < self.done_round < self.cfg.run.rounds:
                 # resumed or extended (more rounds than were run): the plan retained from before may be the old
-                # run's final plan, which a finished device would take as the end; empty it until round n+1 opens
-                self.link.publish(self.topics.round(), b"", retain=True)
+                # run's final plan, which a finished device would take as the end; empty it until round n+1 opens,
+                # and only then count as connected: a device started once we are sees the empty plan, not the old
+                if not self.link.wait_published([self.link.publish(self.topics.round(), b"", retain=True)], 10.0):
+                    log.warning("the broker did not acknowledge clearing the previous final plan within 10 s")
             self._connected_once = True
         elif isinstance(ev, Disconnected):
             log.warning("disconnected from the broker (%s); paho reconnects", ev.reason)
