@@ -182,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     settings = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("seed", "out", "strategy",
                                                                                 "strategy_options")}
     settings["tuned"] = {m: [lr, sets] for m, (lr, sets) in tuned.items()}
+    if tuned:  # every variant's rate is its method's, recorded under "tuned": the base rate plays no part
+        settings["train"] = {**settings["train"], "lr": None}
     _settings_check(out, settings)
     write_json(out / "config.json", dataclasses.asdict(cfg))
     samples = load_data(cfg).partition.summary.get("samples")  # fails fast on bad data, before any worker
