@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import math
 import sys
@@ -102,18 +101,6 @@ def _with_budget(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def _seeds(text: str | None, default: int) -> list[int]:
-    if text is None:
-        return [default]
-    try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CliError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise CliError(f"--seeds {text!r}: expected distinct integers, e.g. 0,1,2")
-    return seeds
-
-
 def _tuned_points(args: argparse.Namespace, cfg: Any, names: list[str]) -> dict[str, tuple[float, dict[str, Any]]]:
     """Each variant's strategy -> (chosen learning rate, chosen options) from ``--tuned``; without it and
     without a learning rate in the flags or the config file, each method's default."""
@@ -140,21 +127,6 @@ def _finished(path: Path, strategy: str, seed: int, rounds: int) -> dict[str, An
     return s if s is not None and s.get("seed") == seed else None
 
 
-def _settings_check(out: Path, settings: dict[str, Any]) -> None:
-    """Write ``ablate.json``, or refuse an ``--out`` that holds an ablation with other settings."""
-    f = out / "ablate.json"
-    if f.is_file():
-        try:
-            old = json.loads(f.read_text())
-        except ValueError:
-            raise CliError(f"{f} is not valid JSON; remove it or use another --out") from None
-        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-        if diff:
-            raise CliError(f"{out} holds an ablation with other settings ({', '.join(diff)} differ); "
-                           f"use another --out or the same flags")
-    write_json(f, settings)
-
-
 def _ms(xs: list[float], pct: bool = True) -> str:
     k = 100 if pct else 1
     m = f"{k * mean(xs):.2f}" if pct else f"{mean(xs):.4f}"
@@ -162,13 +134,14 @@ def _ms(xs: list[float], pct: bool = True) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cli.bench import _int_list, check_settings
     from cli.plots import line_plot
 
     names = parse_variants(args.variants)
     if args.jobs < 1:
         raise CliError(f"--jobs must be >= 1, got {args.jobs}")
     cfg = run_config(_with_budget(args))
-    seeds = _seeds(args.seeds, cfg.seed)
+    seeds = [cfg.seed] if args.seeds is None else _int_list(args.seeds, "seeds")
     tuned = _tuned_points(args, cfg, names)
     # the partition stays the one --seed draws; the seeds vary the training
     base = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, partition_seed=cfg.partition_seed))
@@ -184,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     settings["tuned"] = {m: [lr, sets] for m, (lr, sets) in tuned.items()}
     if tuned:  # every variant's rate is its method's, recorded under "tuned": the base rate plays no part
         settings["train"] = {**settings["train"], "lr": None}
-    _settings_check(out, settings)
+    write_json(out / "ablate.json", check_settings(out / "ablate.json", settings, "an ablation"))
     write_json(out / "config.json", dataclasses.asdict(cfg))
     samples = load_data(cfg).partition.summary.get("samples")  # fails fast on bad data, before any worker
     t0 = time.perf_counter()

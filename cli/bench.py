@@ -111,27 +111,35 @@ def _prepare_out(args: argparse.Namespace, cfg: Any, out: Path, name: str = "ben
     the union."""
     from flayer.partition import save_partition
 
-    settings = {**_settings(args, cfg), **(extra or {})}
-    sfile = out / name
-    if sfile.is_file():
-        try:
-            old = json.loads(sfile.read_text())
-        except ValueError:
-            raise CliError(f"{sfile} is not valid JSON; remove it or use another --out") from None
-        diff = sorted(k for k in set(old) | set(settings)
-                      if old.get(k) != settings.get(k) and not (k in growable and _grows(old.get(k), settings.get(k))))
-        if diff:
-            raise CliError(f"{out} holds a bench with other settings ({', '.join(diff)} differ); "
-                           f"use another --out or the same flags")
-        for k in growable:
-            if isinstance(old.get(k), dict) and isinstance(settings.get(k), dict):
-                settings[k] = {**old[k], **settings[k]}
+    settings = check_settings(out / name, {**_settings(args, cfg), **(extra or {})}, "a bench", growable)
     part_file = out / "partition.npz"
     if not part_file.is_file():
         prepared = load_data(cfg)
         save_partition(prepared.partition, part_file)
-    write_json(sfile, settings)
+    write_json(out / name, settings)
     return part_file
+
+
+def check_settings(sfile: Path, settings: dict[str, Any], what: str,
+                   growable: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The settings to write to ``sfile``: ``settings``, after refusing (CliError) a folder whose
+    ``sfile`` holds ``what`` with other settings; a ``growable`` dict keeps the union of both."""
+    if not sfile.is_file():
+        return settings
+    try:
+        old = json.loads(sfile.read_text())
+    except ValueError:
+        raise CliError(f"{sfile} is not valid JSON; remove it or use another --out") from None
+    diff = sorted(k for k in set(old) | set(settings)
+                  if old.get(k) != settings.get(k) and not (k in growable and _grows(old.get(k), settings.get(k))))
+    if diff:
+        raise CliError(f"{sfile.parent} holds {what} with other settings ({', '.join(diff)} differ); "
+                       f"use another --out or the same flags")
+    merged = dict(settings)
+    for k in growable:
+        if isinstance(old.get(k), dict) and isinstance(settings.get(k), dict):
+            merged[k] = {**old[k], **settings[k]}
+    return merged
 
 
 def _grows(old: Any, new: Any) -> bool:
@@ -264,7 +272,7 @@ def reuse_tuning_runs(tuned_file: Path, out: Path, tuned: dict[str, Any], seeds:
                       run_dir: Any) -> list[str]:
     """Copy the tuning's run of each method at its chosen point into ``out`` as the run of the tuning's
     training seed, when that run is the one this bench would start: same settings (``tune.json`` against
-    ``bench.json``, the tuning's own keys aside) and a byte-identical partition. Returns the runs copied."""
+    ``bench.json``, the tuning's own keys aside) and the same partition arrays. Returns the runs copied."""
     import shutil
 
     from cli import bench_report as rep
@@ -289,8 +297,8 @@ def reuse_tuning_runs(tuned_file: Path, out: Path, tuned: dict[str, Any], seeds:
         src = tune_dir / "runs" / m / Point(m, c.lr, c.sets).label
         if rep.load_run(dst / "summary.json", m, seed, rounds) is not None:
             continue
-        s = rep.finished_summary(src / "summary.json", m, rounds)
-        if s is None or s.get("diverged") or rep.load_run(src / "summary.json", m, seed, rounds) is None:
+        run = rep.load_run(src / "summary.json", m, seed, rounds)
+        if run is None or run.diverged:
             continue
         if dst.exists():
             shutil.rmtree(dst)
