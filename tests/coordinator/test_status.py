@@ -80,11 +80,17 @@ def test_status_on_a_running_then_stopped_fleet(tmp_path: Path, capsys: pytest.C
     assert "no broker answers" in err and "the fleet is stopped" in err
 
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C as a terminal delivers it. A suite started in the background (``make test &``)
+    ignores SIGINT, the child would inherit that, and Python installs no KeyboardInterrupt handler then."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _watch_redraws(state: Path) -> None:
     """--watch redraws in place (clear screen, home) until Ctrl-C, which ends it with status 0."""
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "status", "--broker-state", str(state), "--watch",
                              "--interval", "0.2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     assert proc.stdout is not None
     out = b""
     try:
