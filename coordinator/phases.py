@@ -1,6 +1,7 @@
-"""The coordinator's publishing side and its phases outside a training round: the round plan, the
-model and plan publications (and their re-publication after a reconnect), round 0 (calibration) and
-the end of the federation. A mixin of :class:`coordinator.server.Coordinator`, which holds the state."""
+"""The coordinator's publishing side and its phases outside a training round: the start (the
+checkpoint and the journal of an interrupted round), the round plan, the model and plan publications
+(and their re-publication after a reconnect), round 0 (calibration) and the end of the federation.
+A mixin of :class:`coordinator.server.Coordinator`, which holds the state."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import logging
 import statistics
 from typing import Any
 
-from flayer.state import save_model
+from flayer.engine import VersionWindow, initial_global_state
+from flayer.state import load_initial_model, save_model
+from flayer.strategies import make_strategy
 from protocol import Plan
 
 from .calibration import Calibration, CalibrationError
-from .checkpoint import Checkpoint, save_checkpoint
-from .publish import make_plan
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from .open_round import folded_in, journaled_round, journaled_selection
+from .publish import make_plan, model_blob
 from .result import CoordinatorError
 
 __all__ = ["Phases"]
@@ -23,7 +27,7 @@ log = logging.getLogger("coordinator.server")
 
 
 class Phases:
-    """Publishing, calibration and the finish (see module docstring)."""
+    """The start, publishing, calibration and the finish (see module docstring)."""
 
     cfg: Any
     fs: Any
@@ -37,6 +41,72 @@ class Phases:
     _chunks: int
     deltas: Any
     durations: list[float]  # of the recent rounds (coordinator.server)
+    creds: Any
+    limits: Any
+    counters: Any
+    norms: Any
+    quarantine: Any
+    window: Any  # VersionWindow | None (asynchronous rounds)
+    asynchronous: bool
+    journal_dir: Any
+    done_round: int
+    global_state: dict[str, Any]
+    accepted_before: dict[int, set[str]]
+    _resumed: bool
+    _calibrated: bool
+
+    def _begin(self, number: int, selected: Any) -> Any: ...  # coordinator.server
+
+    # ---- start-up: checkpoint and journal -------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        ident = {"federation": self.creds.federation, "strategy": self.cfg.run.strategy, "seed": self.cfg.run.seed,
+                 "options": dict(self.cfg.options), "train": self.cfg.train_plan,
+                 "model": dataclasses.asdict(self.cfg.spec)}
+        return {**ident, "mode": "async"} if self.asynchronous else ident
+
+    def _restore(self) -> None:
+        ckpt = load_checkpoint(self.cfg.state_dir, self.identity())
+        if ckpt is None and self.cfg.initial_model is not None:
+            self.global_state = load_initial_model(self.cfg.initial_model, self.strategy.new_model())
+            log.info("first global model from %s", self.cfg.initial_model)
+        elif ckpt is None:
+            self.global_state = initial_global_state(self.strategy, self.cfg.run.seed)
+        else:
+            self.done_round, self.global_state = ckpt.round, ckpt.global_state
+            self.counters.update(ckpt.counters)
+            self.norms.add(ckpt.norms)
+            if self.window is not None and ckpt.window:
+                try:
+                    self.window = VersionWindow.from_dict(self.fs.max_staleness, ckpt.window)
+                except (TypeError, ValueError, AttributeError) as exc:
+                    raise CheckpointError(f"checkpoint in {self.cfg.state_dir}: unreadable version window ({exc})") \
+                        from None
+            self._calibrated = True  # a checkpoint exists only after a calibration (if any)
+            if ckpt.options != self.options:  # options a calibration resolved
+                self.options = ckpt.options
+                self.strategy = make_strategy(self.cfg.run.strategy, self.cfg.spec, self.cfg.run.train, ckpt.options)
+            log.info("resuming after round %d from %s", ckpt.round, self.cfg.state_dir)
+        self.model = model_blob(self.global_state)
+        if ckpt is not None and ckpt.model_digest not in ("", self.model.digest):
+            raise CoordinatorError(f"checkpoint in {self.cfg.state_dir} does not match its recorded digest")
+        self.accepted_before = folded_in(self.journal_dir, range(max(1, self.done_round - 2), self.done_round + 1))
+        if self.done_round >= self.cfg.run.rounds:
+            return
+        try:
+            found = journaled_round(self.journal_dir, self.done_round + 1, self.limits, self.model.digest)
+        except RuntimeError as exc:
+            raise CoordinatorError(str(exc)) from None
+        if found is not None:
+            plan, replay = found
+            self.open = self._begin(plan.round, plan.selected)
+            if self.window is not None:  # every device a plan of this version offered a slot
+                self.window.offer(journaled_selection(replay, self.limits))
+            self._resumed = True
+            log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay, self.quarantine),
+                     plan.round)
+            self.open.open_journal(self.journal_dir)  # cuts a torn tail; re-sent updates may arrive at once
+
+    # ---- publishing ----------------------------------------------------------------------------
 
     def _plan(self, phase: str = "train") -> Plan:
         assert self.model is not None and self._chunks > 0

@@ -23,7 +23,6 @@ the aggregate non-finite (:mod:`coordinator.guard`), retained input ignored and 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -33,8 +32,7 @@ from typing import Any
 
 import torch
 
-from flayer.engine import VersionWindow, initial_global_state
-from flayer.state import load_initial_model
+from flayer.engine import VersionWindow
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
 from protocol import Kind, Metrics, Status, Topics, WireLimits, encode_message
@@ -45,16 +43,16 @@ from transport.wirecount import WireBytes, count_wire_bytes
 
 from .async_rounds import Slots
 from .calibration import Calibration
-from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, save_checkpoint
 from .config import CoordinatorConfig
 from .deltas import DeltaChain
 from .guard import NormHistory, Quarantine
 from .inbox import CompleteUpdate, Inbox
 from .journal import prune_journals
 from .metrics import MetricsLog
-from .open_round import OpenRound, folded_in, journaled_round, journaled_selection
+from .open_round import OpenRound
 from .phases import Phases
-from .publish import ModelBlob, Publisher, StopRequested, model_blob
+from .publish import ModelBlob, Publisher, StopRequested
 from .receive import ReceiveQueue
 from .registry import DeviceRegistry
 from .result import CoordinatorError, CoordinatorResult
@@ -179,55 +177,6 @@ class Coordinator(Phases):
         assert self.model is not None
         return CoordinatorResult(self.done_round, self.global_state, self.model.digest, self.history,
                                  dict(self.counters), self._done, self._stopping and not self._done)
-
-    # ---- start-up: checkpoint and journal -------------------------------------------------------
-    def identity(self) -> dict[str, Any]:
-        ident = {"federation": self.creds.federation, "strategy": self.cfg.run.strategy, "seed": self.cfg.run.seed,
-                 "options": dict(self.cfg.options), "train": self.cfg.train_plan,
-                 "model": dataclasses.asdict(self.cfg.spec)}
-        return {**ident, "mode": "async"} if self.asynchronous else ident
-
-    def _restore(self) -> None:
-        ckpt = load_checkpoint(self.cfg.state_dir, self.identity())
-        if ckpt is None and self.cfg.initial_model is not None:
-            self.global_state = load_initial_model(self.cfg.initial_model, self.strategy.new_model())
-            log.info("first global model from %s", self.cfg.initial_model)
-        elif ckpt is None:
-            self.global_state = initial_global_state(self.strategy, self.cfg.run.seed)
-        else:
-            self.done_round, self.global_state = ckpt.round, ckpt.global_state
-            self.counters.update(ckpt.counters)
-            self.norms.add(ckpt.norms)
-            if self.window is not None and ckpt.window:
-                try:
-                    self.window = VersionWindow.from_dict(self.fs.max_staleness, ckpt.window)
-                except (TypeError, ValueError, AttributeError) as exc:
-                    raise CheckpointError(f"checkpoint in {self.cfg.state_dir}: unreadable version window ({exc})") \
-                        from None
-            self._calibrated = True  # a checkpoint exists only after a calibration (if any)
-            if ckpt.options != self.options:  # options a calibration resolved
-                self.options = ckpt.options
-                self.strategy = make_strategy(self.cfg.run.strategy, self.cfg.spec, self.cfg.run.train, ckpt.options)
-            log.info("resuming after round %d from %s", ckpt.round, self.cfg.state_dir)
-        self.model = model_blob(self.global_state)
-        if ckpt is not None and ckpt.model_digest not in ("", self.model.digest):
-            raise CoordinatorError(f"checkpoint in {self.cfg.state_dir} does not match its recorded digest")
-        self.accepted_before = folded_in(self.journal_dir, range(max(1, self.done_round - 2), self.done_round + 1))
-        if self.done_round >= self.cfg.run.rounds:
-            return
-        try:
-            found = journaled_round(self.journal_dir, self.done_round + 1, self.limits, self.model.digest)
-        except RuntimeError as exc:
-            raise CoordinatorError(str(exc)) from None
-        if found is not None:
-            plan, replay = found
-            self.open = self._begin(plan.round, plan.selected)
-            if self.window is not None:  # every device a plan of this version offered a slot
-                self.window.offer(journaled_selection(replay, self.limits))
-            self._resumed = True
-            log.info("replayed %d journaled update(s) of round %d", self.open.replay(replay, self.quarantine),
-                     plan.round)
-            self.open.open_journal(self.journal_dir)  # cuts a torn tail; re-sent updates may arrive at once
 
     def _begin(self, number: int, selected: tuple[str, ...] | list[str]) -> OpenRound:
         assert self.model is not None

@@ -12,7 +12,7 @@ anything is saved or sent: the emulator stretches a slow device's compute time t
 and :meth:`EdgeClient.crash` (a power loss: no offline status, no DISCONNECT; the broker publishes the
 last will, and the next instance over the same state folder resumes from disk).
 
-Per round, when selected: fetch the model from its retained chunks (:class:`ModelDownload`) ->
+Per round, when selected: fetch the model (:mod:`edge_client.fetch`: from its retained chunks or a delta) ->
 local round -> encode and size check -> persist state and upload -> publish the chunks (QoS 1,
 PUBACKs) -> wait for the coordinator's ack, re-sending with exponential backoff and jitter (an ack
 that overtakes the publishing job is kept for it; one that comes after the device gave up still
@@ -54,8 +54,9 @@ from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
 from .config import EdgeSettings
-from .delta_fetch import HeldModel, delta_source, rebuild
+from .delta_fetch import HeldModel
 from .download import ModelDownload, Pending
+from .fetch import ModelFetch
 from .jobs import Job, Jobs
 from .runtime import TrainingRuntime
 from .sources import DeviceSource
@@ -67,7 +68,6 @@ from .work import (
     StrategyCache,
     Upload,
     check_data_fits,
-    decode_global,
 )
 
 __all__ = ["ComputeHook", "EdgeClient", "EdgeError", "LinkShaper"]
@@ -82,7 +82,7 @@ class _Stop:
     pass
 
 
-class EdgeClient(Jobs):
+class EdgeClient(Jobs, ModelFetch):
     def __init__(self, settings: EdgeSettings, creds: Credentials, data: ClientData | DeviceSource, *,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  shaper: LinkShaper | None = None, limits: WireLimits | None = None,
@@ -276,60 +276,6 @@ class EdgeClient(Jobs):
         """True when this final plan's models are already saved. A federation extended after it finished
         (``flayer coordinator --rounds`` more) ends with a later final plan: its models are saved again."""
         return self.finished and int(self.stored.extra.get("finished_round", plan.round)) >= plan.round
-
-    def _fetch(self, plan: Plan) -> None:
-        if self._model is None and (held := self._held.load(self.limits)) is not None:  # thin links: rebooted
-            try:
-                self._model = (held[0], decode_global(held[1], self.strategies.get(plan), self.limits))
-            except EdgeError as exc:
-                log.info("%s: not using the stored model (%s)", self.id, exc)
-        delta = delta_source(plan, self._model)  # thin links: the change from the model held, if offered
-        if self._model is not None and self._model[0] == plan.model_digest:
-            self._model_ready()
-        elif self._download is None or self._download.digest not in (plan.model_digest, delta and delta.digest):
-            self._start_download(plan, delta)
-
-    def _start_download(self, plan: Plan, delta: DeltaRef | None = None) -> None:
-        if self._download is not None:
-            self._download.cancel()
-        self._delta = delta
-        self._download = ModelDownload(self.link, self.topics, delta.digest if delta else plan.model_digest,
-                                       self.limits, self.clock(), delta.chunks if delta else plan.model_chunks)
-        self._set_state("online")
-
-    def _on_model_chunk(self, digest: str, payload: bytes) -> None:
-        if self._download is None or digest != self._download.digest:
-            return
-        if self.shaper is not None:
-            self.sleep(self.shaper(len(payload), "down"))
-        blob = self._download.add(payload, self.clock())
-        if blob is None:
-            return
-        started, stats, self._download = self._download.started, self._download.stats(), None
-        self._link_kbps = round(len(blob) * 8 / 1000 / max(self.clock() - started, 1e-3), 1)
-        assert self.plan is not None
-        if self._delta is not None and digest == self._delta.digest:  # thin links: rebuild from the delta
-            assert self._model is not None  # a delta is fetched only from a model held
-            stats["delta_bytes"] = len(blob)
-            try:
-                blob, digest = rebuild(blob, self._delta, self.plan, self._model[1], self.limits)
-            except WireError as exc:
-                log.warning("%s: refusing the model delta (%s); downloading the full model", self.id, exc)
-                self._progress("delta_refused", reason=str(exc))
-                self._start_download(self.plan)
-                return
-            self._delta = None
-            if digest != self.plan.model_digest:  # a link of the chain: hold that version, take the next step
-                self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))
-                self._held.save(blob)
-                self._progress("delta_step", digest=digest, **stats)
-                self._fetch(self.plan)
-                return
-        log.info("%s: model %s downloaded (%s)", self.id, digest[:12], stats)
-        self._progress("downloaded", digest=digest, **stats)
-        self._model = (digest, decode_global(blob, self.strategies.get(self.plan), self.limits))
-        self._held.save(blob)  # thin links: kept for a delta after a reboot
-        self._model_ready()
 
     def _model_ready(self) -> None:
         plan = self.plan
