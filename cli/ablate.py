@@ -60,6 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="training seeds (default: --seed alone); the partition follows --seed whatever the seeds")
     p.add_argument("--tuned", metavar="FILE", help="tuned.json from 'flayer tune': each variant runs at its "
                                                    "method's chosen learning rate (and options)")
+    p.add_argument("--reuse", metavar="BENCH_DIR", help="a 'flayer bench' folder: a variant's run that is the one "
+                                                        "the bench ran (same config and partition; flayer and "
+                                                        "flayer-ref at the same rates) is copied, not run again")
     p.set_defaults(func=run)
 
 
@@ -166,6 +169,12 @@ def run(args: argparse.Namespace) -> int:
     for key, c in configs.items():
         if (done := _finished(folder[key], c.strategy, key[1], cfg.rounds)) is not None:
             summaries[key] = done
+    if args.reuse:
+        reused = reuse_bench_runs(Path(args.reuse), configs, folder, load_data(cfg).partition, cfg.rounds)
+        for key in reused:
+            summaries[key] = _finished(folder[key], configs[key].strategy, key[1], cfg.rounds) or {}
+        print(f"flayer ablate: {len(reused)} run(s) taken from {args.reuse} "
+              f"({', '.join(f'{n} seed{s}' for n, s in reused) or 'none matched'})", file=sys.stderr)
     todo = [k for k in configs if k not in summaries]
     print(f"flayer ablate: {len(names)} variants x {len(seeds)} seeds = {len(configs)} runs; "
           f"{len(summaries)} already done in {out}, {len(todo)} to run", file=sys.stderr)
@@ -220,3 +229,70 @@ def run(args: argparse.Namespace) -> int:
     print(f"outputs in {out}/ (ablation.md, accuracy.png, summary.json, <variant>/seed<S>/metrics.jsonl)",
           file=sys.stderr)
     return 0
+
+
+# what differs between a bench's run of a config and the same run here: where it is written, how the
+# partition reaches it (a saved file there, drawn here: the arrays are compared instead), how many threads
+_NOT_COMPARED = {("out",), ("data", "partition_file"), ("data", "partition"), ("data", "samples"),
+                 ("data", "partition_seed"), ("train", "device"), ("train", "threads")}
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    from flayer.train import pick_device
+
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in config.items()}
+    for path in _NOT_COMPARED:
+        holder = out
+        for key in path[:-1]:
+            holder = holder.get(key, {}) if isinstance(holder, dict) else {}
+        if isinstance(holder, dict):
+            holder.pop(path[-1], None)
+    out["strategy_options"] = (config.get("strategy_options") or {}).get(config.get("strategy")) or {}  # its own
+    device = (config.get("train") or {}).get("device", "auto")
+    try:
+        out["device"] = str(pick_device(device))  # auto and cpu are one device on a machine without a GPU
+    except (RuntimeError, ValueError):
+        out["device"] = device
+    return out
+
+
+def reuse_bench_runs(bench: Path, configs: dict[tuple[str, int], Any], folder: dict[tuple[str, int], Path],
+                     partition: Any, rounds: int) -> list[tuple[str, int]]:
+    """Copy ``bench/runs/<strategy>/seed<s>`` into ``folder[(variant, s)]`` for each variant and seed not
+    finished here whose run there is finished, did not diverge, ran this very config (:func:`_comparable`)
+    and read the same partition arrays. Returns the (variant, seed) pairs copied."""
+    import json
+    import shutil
+    import tempfile
+    import zipfile
+
+    from cli.bench import _same_arrays
+    from cli.bench_report import load_run
+    from flayer.partition import save_partition
+
+    if not (bench / "bench.json").is_file():
+        raise CliError(f"--reuse {bench}: no bench.json there; give a 'flayer bench --out' folder")
+    with tempfile.TemporaryDirectory() as tmp:
+        mine = save_partition(partition, Path(tmp) / "partition.npz")
+        try:
+            if not _same_arrays(bench / "partition.npz", mine):
+                return []
+        except (OSError, ValueError, zipfile.BadZipFile):
+            return []
+    copied = []
+    for key, c in configs.items():
+        src, dst = bench / "runs" / c.strategy / f"seed{key[1]}", folder[key]
+        if _finished(dst, c.strategy, key[1], rounds) is not None:
+            continue
+        run = load_run(src / "summary.json", c.strategy, key[1], rounds)
+        try:
+            theirs = json.loads((src / "config.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if run is None or run.diverged or _comparable(theirs) != _comparable(dataclasses.asdict(c)):
+            continue
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(src, dst)
+        copied.append(key)
+    return copied

@@ -104,3 +104,34 @@ def test_bad_strategy_option_is_a_one_line_error(tmp_path, capsys):
     rc = main(["simulate", "--dataset", "digits", "--clients", "3", "--rounds", "1", "--strategy", "flayer",
                "--set", "flayer.mask_floor=2.0", "--out", str(tmp_path)])
     assert rc == 2 and "mask_floor" in capsys.readouterr().err
+
+
+def test_ablate_takes_the_runs_a_bench_already_ran(tmp_path, capsys):
+    data = ["--dataset", "digits", "--clients", "3", "--rounds", "2", "--seed", "0", "--samples", "300",
+            "--partition", "iid", "--lr", "0.05"]
+    bench = tmp_path / "bench"
+    assert main(["bench", *data, "--seeds", "0,1", "--methods", "flayer", "--jobs", "2", "--out", str(bench)]) == 0
+    ablate = ["ablate", *data, "--threads", "1", "--seeds", "0,1", "--variants", "flayer,no-masks"]
+    capsys.readouterr()
+    assert main([*ablate, "--reuse", str(bench), "--out", str(tmp_path / "abl")]) == 0
+    err = capsys.readouterr().err
+    assert "2 run(s) taken" in err and "(flayer seed0, flayer seed1)" in err and "2 to run" in err
+    for seed in (0, 1):  # the bench's run, copied whole
+        assert (tmp_path / "abl" / "flayer" / f"seed{seed}" / "summary.json").read_bytes() == \
+            (bench / "runs" / "flayer" / f"seed{seed}" / "summary.json").read_bytes()
+    # and it is the run the ablation would have made itself
+    assert main(["ablate", *data, "--threads", "1", "--variants", "flayer", "--out", str(tmp_path / "own")]) == 0
+    own = json.loads((tmp_path / "own" / "flayer" / "seed0" / "summary.json").read_text())
+    took = json.loads((bench / "runs" / "flayer" / "seed0" / "summary.json").read_text())
+    assert own["acc"] == took["acc"] and own["final_personal_acc"] == took["final_personal_acc"]
+    # another learning rate, or another partition (its seed): nothing is taken
+    one = ["--threads", "1", "--variants", "flayer", "--reuse", str(bench)]
+    capsys.readouterr()
+    other_lr = [x if x != "0.05" else "0.02" for x in data]
+    assert main(["ablate", *other_lr, *one, "--out", str(tmp_path / "abl-lr")]) == 0
+    assert "0 run(s) taken" in capsys.readouterr().err
+    other_part = [x if x != "0" else "1" for x in data]
+    assert main(["ablate", *other_part, *one, "--out", str(tmp_path / "abl-part")]) == 0
+    assert "0 run(s) taken" in capsys.readouterr().err
+    assert main(["ablate", "--dataset", "digits", "--reuse", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "no bench.json there" in capsys.readouterr().err
