@@ -97,9 +97,9 @@ full-table: tune-table
 	    --methods flayer,flayer-ref,fedala,fedper,local --seeds 0,1,2 --target 0.95 --tuned $(TUNED) \
 	    --tuned-pick stable \
 	    --out docs/results/full-fmnist
-ablation-table: tune-table
+ablation-table: tuned-table
 	$(BIN)/flayer ablate --dataset fmnist --partition dir0.1 --clients 20 --samples 12000 --rounds 30 --seed 0 \
-	    --seeds 0,1,2 --tuned $(TUNED) --jobs 2 --out docs/results/ablation-fmnist
+	    --seeds 0,1,2 --tuned $(TUNED) --jobs 2 --reuse docs/results/tuned-fmnist --out docs/results/ablation-fmnist
 
 # docs/explanation/async-rounds.md: the demo fleet, synchronous vs asynchronous rounds on a simulated clock
 async-table: apt-data apt-broker $(VENV)/.stamp-main
