@@ -52,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--tuned-pick", choices=("best", "stable"), default="best",
                    help="with --tuned: the best validation point (default), or the best one whose next-higher "
                         "rate did not diverge either (a margin, for data with more steps per round)")
+    g.add_argument("--report-only", action="store_true",
+                   help="start no run: tabulate the runs already finished in --out (e.g. while the bench "
+                        "still runs elsewhere), and name the ones missing")
     p.set_defaults(func=run)
 
 
@@ -222,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = run_config(argparse.Namespace(**{**vars(args), "strategy": None}))
     tuned = load_tuned(Path(args.tuned), methods, cfg, args.tuned_pick) if args.tuned else {}
     out = Path(cfg.out) if cfg.out else Path("runs") / f"bench-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.report_only and not (out / "bench.json").is_file():
+        raise CliError(f"--report-only: {out} holds no bench (no bench.json); give the --out of a bench")
     out.mkdir(parents=True, exist_ok=True)
     part_file = _prepare_out(args, cfg, out, extra={"tuned": {m: c.as_dict() for m, c in tuned.items()}}
                              if tuned else None, growable=("tuned",))
@@ -245,8 +250,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"flayer bench: {len(methods)} methods x {len(seeds)} seeds = {len(methods) * len(seeds)} runs; "
           f"{done_before} already done in {out}, {len(todo)} to run, {min(args.jobs, max(1, len(todo)))} at a time",
           file=sys.stderr)
-    failed = run_all([(f"{m} seed{s}", command(m, s), run_dir(m, s)) for m, s in todo], args.jobs,
-                     args.threads_per_job, "bench")
+    if args.report_only:
+        if not done_before:
+            raise CliError(f"--report-only: no finished run in {out}")
+        if todo:
+            print(f"flayer bench: --report-only: {len(todo)} run(s) not finished, left out of the table: "
+                  f"{', '.join(f'{m} seed{s}' for m, s in todo)}", file=sys.stderr)
+        failed: list[str] = []
+    else:
+        failed = run_all([(f"{m} seed{s}", command(m, s), run_dir(m, s)) for m, s in todo], args.jobs,
+                         args.threads_per_job, "bench")
     runs = [r for s in seeds for m in methods
             if (r := rep.load_run(run_dir(m, s) / "summary.json", m, s, cfg.rounds)) is not None]
     if not runs:

@@ -51,6 +51,16 @@ def test_bench_runs_then_resumes_without_rerunning(tmp_path, capsys):
     assert main(other + ["--out", str(out)]) == 2
     assert "other settings (rounds differ)" in capsys.readouterr().err
 
+    # --report-only: a table of what finished, nothing started, the missing runs named
+    more = [x if x != "0" else "0,1" for x in ARGS]  # --seeds 0,1: seed 1 never ran
+    assert main(more + ["--out", str(out), "--report-only"]) == 0
+    captured = capsys.readouterr()
+    assert "3 run(s) not finished" in captured.err and "fedavg seed1" in captured.err
+    assert not (out / "runs" / "fedavg" / "seed1").exists()
+    assert "| fedavg | 1 |" in (out / "results.md").read_text() and "seeds 0,1" in captured.out
+    assert main(more + ["--out", str(tmp_path / "none"), "--report-only"]) == 2
+    assert "holds no bench" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
 
 def test_rounds_to_reach():
     assert rounds_to_reach([0.1, 0.5, 0.7, 0.9], 0.7) == 3
