@@ -233,14 +233,16 @@ def _reach(mean_rounds: float | None, reached: int, seeds: int) -> str:
 def markdown_table(rows: Sequence[MethodRow], target: float | None = None) -> str:
     """The results table (accuracies in %, mean ± std over seeds; the std only with several seeds; a
     method whose runs diverged says how many, their figures being those up to the divergence).
-    With ``target``, two more columns: the rounds to reach it and the CPU seconds of those rounds."""
+    With ``target``, two more columns: the rounds to reach it and the CPU seconds of those rounds. The
+    rounds to FedAvg's best are a column only where FedAvg is one of the rows."""
     up = "upload KB/client/round"
+    fedavg = any(m.method == "fedavg" for m in rows)
     tcols = (f" rounds to {100 * target:g}% | CPU s to {100 * target:g}% |" if target is not None else "")
-    header = ("| method | seeds | final acc (%) | best acc (%) | rounds to FedAvg best | convergence round |"
-              f"{tcols} {up} | wall s/run | CPU s/run |")
-    lines = [header, "|---" * (9 + (2 if target is not None else 0)) + "|"]
+    header = ("| method | seeds | final acc (%) | best acc (%) |" + (" rounds to FedAvg best |" if fedavg else "")
+              + f" convergence round |{tcols} {up} | wall s/run | CPU s/run |")
+    lines = [header, "|---" * (8 + fedavg + (2 if target is not None else 0)) + "|"]
     for m in rows:
-        reach = _reach(m.to_fedavg_best, m.reached, m.seeds)
+        reach = f" {_reach(m.to_fedavg_best, m.reached, m.seeds)} |" if fedavg else ""
         conv = "-" if math.isnan(m.convergence[0]) else (
             f"{m.convergence[0]:.1f}" + (f" ± {m.convergence[1]:.1f}" if m.seeds > 1 else ""))
         if m.still_rising:
@@ -253,7 +255,7 @@ def markdown_table(rows: Sequence[MethodRow], target: float | None = None) -> st
         if m.diverged:
             name += f" **{m.diverged}/{m.seeds} diverged**"
         wall = f"{m.wall[0]:.0f}" + (f" ± {m.wall[1]:.0f}" if m.seeds > 1 else "")
-        lines.append(f"| {name} | {m.seeds} | {_pct(m.final, m.seeds)} | {_pct(m.best, m.seeds)} | {reach} | {conv} |"
+        lines.append(f"| {name} | {m.seeds} | {_pct(m.final, m.seeds)} | {_pct(m.best, m.seeds)} |{reach} {conv} |"
                      f"{tvals} {m.upload_bytes / 1000:.1f} | {wall} | {m.cpu[0]:.0f} |")
     return "\n".join(lines)
 

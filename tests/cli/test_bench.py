@@ -96,7 +96,14 @@ def test_time_to_a_target_accuracy_counts_rounds_and_their_cpu_time():
     assert "rounds to 94% | CPU s to 94% |" in table
     assert "| 3.0 | 45 |" in table and "| - | - |" in table
     assert "| local **1/2 diverged** |" in table and "| flayer |" in table  # a diverged run is named
-    assert "rounds to" not in markdown_table(rows).split("FedAvg best")[1]  # no target: no such columns
+    assert "rounds to" not in markdown_table(rows)  # no target, no FedAvg row: no such columns
+    # FedAvg's best is a column only where FedAvg ran; every line has as many cells as the header
+    assert "FedAvg best" not in table
+    with_fedavg, _ = aggregate(runs + [run("fedavg", 0, [0.3, 0.5, 0.6, 0.7], 10.0)], ["flayer", "fedavg"])
+    for t, cells in ((table, 10), (markdown_table(with_fedavg), 9)):
+        assert {line.count("|") for line in t.splitlines()} == {cells + 1}
+    assert "| rounds to FedAvg best |" in markdown_table(with_fedavg)
+    assert "| flayer | 2 | 95.50 ± 0.71 | 95.50 ± 0.71 | 2.0 (1/2) |" in markdown_table(with_fedavg)  # seed 0 only
 
 
 def test_a_target_outside_0_1_is_refused(capsys):
