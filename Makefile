@@ -94,7 +94,7 @@ tuned-table: tune-table
 	    --out docs/results/tuned-fmnist
 full-table: tune-table
 	$(BIN)/flayer bench --dataset fmnist --partition dir0.1 --clients 20 --rounds 30 --seed 0 --jobs 2 \
-	    --methods flayer,flayer-ref,fedala,fedper,local --seeds 0,1,2 --target 0.95 --tuned $(TUNED) \
+	    --methods flayer,flayer-ref,fedala,fedper,fedrep,local --seeds 0,1,2 --target 0.95 --tuned $(TUNED) \
 	    --tuned-pick stable \
 	    --out docs/results/full-fmnist
 ablation-table: tuned-table
