@@ -240,7 +240,7 @@ def markdown_table(rows: Sequence[MethodRow], target: float | None = None) -> st
     tcols = (f" rounds to {100 * target:g}% | CPU s to {100 * target:g}% |" if target is not None else "")
     header = ("| method | seeds | final acc (%) | best acc (%) |" + (" rounds to FedAvg best |" if fedavg else "")
               + f" convergence round |{tcols} {up} | wall s/run | CPU s/run |")
-    lines = [header, "|---" * (8 + fedavg + (2 if target is not None else 0)) + "|"]
+    lines = [header, "|---" * (header.count("|") - 1) + "|"]
     for m in rows:
         reach = f" {_reach(m.to_fedavg_best, m.reached, m.seeds)} |" if fedavg else ""
         conv = "-" if math.isnan(m.convergence[0]) else (
