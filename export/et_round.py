@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -21,10 +23,12 @@ from torch import nn
 from flayer.models import ModelSpec
 
 from .deps import require_executorch
-from .et_training import DEFAULT_TRAIN_MAX_BATCH, PARAM_PREFIX, export_training_program, training_model
+from .et_training import (DEFAULT_TRAIN_MAX_BATCH, PARAM_PREFIX, check_training_support, export_training_program,
+                          training_model)
 from .inputs import sample_input, sample_labels
 
-__all__ = ["BeforeStep", "Group", "RoundResult", "TrainingProgram", "torch_round", "validate_groups"]
+__all__ = ["BeforeStep", "Group", "RoundResult", "TrainingProgram", "export_isolated", "torch_round",
+           "validate_groups"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,24 @@ class RoundResult:
     steps: int
     samples: int
     losses: tuple[float, ...] = ()  # per step
+
+
+def _export(spec: ModelSpec, max_batch: int) -> bytes:
+    return export_training_program(training_model(spec), spec, max_batch)
+
+
+def export_isolated(spec: ModelSpec, max_batch: int = DEFAULT_TRAIN_MAX_BATCH) -> bytes:
+    """The training program of ``spec``'s model, exported in a spawned child process.
+
+    While ``torch.export`` traces, it patches process-wide state -- ``torch.nn.Module.__call__`` and
+    FX's node-meta preservation -- so any other thread of the process that trains or evaluates a model
+    meanwhile (another device of the emulator, or of a test's federation) runs through the tracer and
+    fails at random. A child process has none of the parent's threads; the program comes back as bytes.
+    Raises UnsupportedModel (checked here first, then by the child's export).
+    """
+    check_training_support(spec)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_export, spec, max_batch).result()
 
 
 def validate_groups(groups: Sequence[Group], names: Iterable[str]) -> list[tuple[list[str], float]]:
@@ -96,8 +118,9 @@ class TrainingProgram:
 
     @classmethod
     def for_spec(cls, spec: ModelSpec, max_batch: int = DEFAULT_TRAIN_MAX_BATCH) -> TrainingProgram:
-        """Export the training program of ``spec``'s model and load it (raises UnsupportedModel)."""
-        return cls(export_training_program(training_model(spec), spec, max_batch), spec, max_batch)
+        """Export the training program of ``spec``'s model (in a child process: :func:`export_isolated`)
+        and load it (raises UnsupportedModel)."""
+        return cls(export_isolated(spec, max_batch), spec, max_batch)
 
     @property
     def program_bytes(self) -> bytes:

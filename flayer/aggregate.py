@@ -22,6 +22,16 @@ previous global value where nobody did:
   of the ``c`` deltas sent for that coordinate (``trim`` in [0, 0.5)).
 
 They keep every update until the round closes: memory O(model x updates) (:class:`RobustAggregator`).
+
+Private rounds (docs/explanation/privacy.md) use neither: ``carry``'s per-coordinate mean breaks
+differential privacy. Its denominator is the weight of those who sent a coordinate, so where one device
+alone sent it, that device's value is divided by its own weight and lands in the model whole -- no
+amount of noise on the *sum* covers a release whose scale depends on who took part, and the count of
+senders per coordinate is itself data-dependent under top-k masks. :class:`DPSumAggregator` divides the
+unweighted sum of the clipped uploads, plus the Gaussian noise, by a denominator fixed before the round
+(``m``, the expected number of contributions: DP-FedAvg's fixed-denominator estimator, McMahan et al.
+2018): ``prev + (sum_k Delta_k + N(0, sigma^2)) / m`` at the coordinates the uploads carry, the previous
+value elsewhere. One device changes that sum by at most its clip bound C, whoever else took part.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import torch
 
 from .update import TensorDelta, Update
 
-__all__ = ["ROBUST_RULES", "SERVER_RULES", "Aggregator", "RobustAggregator", "UpdateError", "check_update",
+__all__ = ["ROBUST_RULES", "SERVER_RULES", "Aggregator", "DPSumAggregator", "RobustAggregator", "UpdateError", "check_update",
            "is_finite_state", "make_aggregator"]
 
 ROBUST_RULES = ("median", "trimmed")
@@ -252,6 +262,91 @@ class RobustAggregator:
             with np.errstate(over="ignore"):  # an overflow to Inf is the caller's to detect (is_finite_state)
                 out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
         return out
+
+
+class DPSumAggregator:
+    """The fixed-denominator noised sum of private rounds (module docstring). ``noise_std``: std of the
+    noise on each summed coordinate (0 in local mode: the devices added it); ``seed``: the generator's
+    seed (the run seed and the round: the coordinator's seeded generator); ``bit_std`` > 0: adaptive
+    clipping, the clip bits the updates report (``info[bit_key]``, read as 0 or 1) are summed and noised
+    too (:meth:`noised_bits`). The noise is drawn in one fixed order -- the bit count first, then each
+    tensor in the global model's order, at the sorted positions the uploads carried -- so two drivers
+    folding the same uploads publish the same model."""
+
+    def __init__(self, global_state: Mapping[str, torch.Tensor], contributions: int, noise_std: float,
+                 seed: int, bit_std: float = 0.0, bit_key: str = "dp_unclipped") -> None:
+        if contributions < 1 or not (noise_std >= 0 and math.isfinite(noise_std)):
+            raise ValueError(f"need contributions >= 1 and a finite noise std >= 0, got {contributions}, {noise_std}")
+        self._prev = {k: v.detach().cpu() for k, v in global_state.items()}
+        self.shapes = {k: tuple(v.shape) for k, v in self._prev.items()}
+        self.m, self.noise_std, self.seed, self.bit_std, self.bit_key = contributions, noise_std, seed, bit_std, bit_key
+        self._sum: dict[str, np.ndarray] = {}
+        self._sent: dict[str, np.ndarray] = {}  # bool per coordinate: some upload carried it
+        self.bits = 0
+        self.total_weight = 0.0
+        self.contributors = 0
+        self._out: tuple[dict[str, torch.Tensor], float] | None = None
+
+    def fold(self, update: Update, weight: float | None = None) -> None:
+        """Add a clipped upload, unweighted (``weight`` is checked, not used: DP bounds each device's
+        share by C, not by its sample count)."""
+        self.total_weight += _weight(update, weight)
+        for name, d in update.deltas.items():
+            acc = self._sum.get(name)
+            if acc is None:
+                acc = self._sum[name] = np.zeros(d.numel, dtype=np.float64)
+                self._sent[name] = np.zeros(d.numel, dtype=bool)
+            if d.indices is None:
+                acc += d.values.astype(np.float64)
+                self._sent[name][:] = True
+            else:
+                acc[d.indices] += d.values.astype(np.float64)
+                self._sent[name][d.indices] = True
+        self.bits += int(float(update.info.get(self.bit_key, 0.0)) >= 0.5)
+        self.contributors += 1
+        self._out = None
+
+    def fold_sum(self, total: Update, count: int, bits: float = 0.0) -> None:
+        """Add the unmasked sum of ``count`` clipped uploads at once (a secure round: the coordinator never
+        sees one of them); ``bits``: the sum of their clip bits (adaptive clipping)."""
+        if count < 1:
+            raise ValueError(f"a secure sum folds >= 1 uploads, got {count}")
+        self.fold(Update(total.deltas, max(1, total.num_samples), {}))
+        self.contributors += count - 1
+        self.bits += int(round(bits))
+
+    def unsent(self) -> int:
+        return sum(int(np.prod(s, dtype=np.int64)) if n not in self._sent else int(np.count_nonzero(~self._sent[n]))
+                   for n, s in self.shapes.items())
+
+    def _draw(self) -> tuple[dict[str, torch.Tensor], float]:
+        rng = np.random.default_rng(self.seed)
+        noised_bits = self.bits + (float(rng.normal(0.0, self.bit_std)) if self.bit_std > 0 else 0.0)
+        out: dict[str, torch.Tensor] = {}
+        for name, prev in self._prev.items():
+            acc = self._sum.get(name)
+            if acc is None:
+                out[name] = prev.clone()
+                continue
+            pos = np.flatnonzero(self._sent[name])
+            total = acc[pos] + (rng.normal(0.0, self.noise_std, pos.size) if self.noise_std > 0 else 0.0)
+            new = prev.numpy().reshape(-1).astype(np.float64)
+            new[pos] += total / self.m
+            with np.errstate(over="ignore"):
+                out[name] = torch.from_numpy(new.astype(np.float32).reshape(self.shapes[name]))
+        return out, noised_bits
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The next global state: ``prev + (sum + noise) / m`` where uploads carried a coordinate."""
+        if self._out is None:
+            self._out = self._draw()
+        return {k: v.clone() for k, v in self._out[0].items()}
+
+    def noised_bits(self) -> float:
+        """Adaptive clipping: the count of unclipped uploads plus ``N(0, bit_std^2)``."""
+        if self._out is None:
+            self._out = self._draw()
+        return self._out[1]
 
 
 def make_aggregator(global_state: Mapping[str, torch.Tensor], rule: str = "carry",

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .data import DATASETS
+from .privacy_config import PrivacySettings
 
 try:
     import tomllib
@@ -182,6 +183,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     # per-strategy option tables, validated by the strategy that reads them
     strategy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)  # [privacy]: client-level DP (off)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGY_NAMES:
@@ -233,10 +235,10 @@ def load_run_config(path: str | Path | None = None,
     "strategy": {name: {...}}}), validating everything. Flags win over the file."""
     raw: dict[str, Any] = read_toml(path) if path is not None else {}
     src = str(path) if path is not None else "flags"
-    unknown = sorted(set(raw) - {"run", "data", "train", "strategy"})
+    unknown = sorted(set(raw) - {"run", "data", "train", "strategy", "privacy"})
     if unknown:
-        raise ConfigError(f"{src}: unknown table(s) {', '.join(unknown)}; known: run, data, train, strategy")
-    merged: dict[str, dict[str, Any]] = {k: dict(raw.get(k, {})) for k in ("run", "data", "train")}
+        raise ConfigError(f"{src}: unknown table(s) {', '.join(unknown)}; known: run, data, train, strategy, privacy")
+    merged: dict[str, dict[str, Any]] = {k: dict(raw.get(k, {})) for k in ("run", "data", "train", "privacy")}
     strategy_tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in raw.get("strategy", {}).items()}
     for table, values in (overrides or {}).items():
         if table == "strategy":
@@ -249,12 +251,13 @@ def load_run_config(path: str | Path | None = None,
             raise ConfigError(f"{src}: [strategy.{name}] names no strategy; known: {', '.join(STRATEGY_NAMES)}")
         if not isinstance(opts, Mapping):
             raise ConfigError(f"{src}: [strategy.{name}] must be a table")
-    nested = {"data", "train", "strategy_options"} & set(merged["run"])
+    nested = {"data", "train", "strategy_options", "privacy"} & set(merged["run"])
     if nested:
         raise ConfigError(f"{src} [run]: {', '.join(sorted(nested))} belong in their own table, not in [run]")
     data = from_mapping(DataConfig, merged["data"], f"{src} [data]")
     if "lr" not in merged["train"]:  # the method's tuned default (DEFAULT_LRS)
         merged["train"]["lr"] = DEFAULT_LRS.get(str(merged["run"].get("strategy", RunConfig.strategy)), TrainConfig.lr)
     train = from_mapping(TrainConfig, merged["train"], f"{src} [train]")
-    run = {**merged["run"], "data": data, "train": train, "strategy_options": strategy_tables}
+    privacy = from_mapping(PrivacySettings, merged["privacy"], f"{src} [privacy]")
+    run = {**merged["run"], "data": data, "train": train, "strategy_options": strategy_tables, "privacy": privacy}
     return from_mapping(RunConfig, run, f"{src} [run]")

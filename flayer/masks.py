@@ -11,6 +11,12 @@ in total and they are the k largest |change| of the layer. Ties at the threshold
 position. Floating-point buffers (BatchNorm statistics) are not masked; they travel whole.
 
 :func:`ref_masks` is the released code's rule (``flayer-ref``): per parameter tensor, not per layer.
+
+Public positions (private rounds, docs/explanation/privacy.md): top-k over |change| is itself a release of
+the device's data (which weights its data moved most). :func:`public_scores` replaces the scores by
+uniform draws from a generator seeded by the round's public seed (run seed and round alone): the mask rules above then keep the
+same per-layer counts (FLAYER's UP_i) at positions every device of the round shares and nobody's data
+chose.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ __all__ = [
     "keep_count",
     "layer_masks",
     "mask_count",
+    "public_scores",
     "ref_keep_fraction",
     "ref_masks",
     "ref_prune_count",
@@ -36,6 +43,13 @@ __all__ = [
 ]
 
 Mask = torch.Tensor | None
+
+
+def public_scores(change: Mapping[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """Scores of the shapes of ``change`` drawn from ``seed`` -- the round's public seed, derived from the
+    run seed and the round, never the client -- so the masks built from them depend on no device's data."""
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.rand(tuple(t.shape), generator=gen) for n, t in sorted(change.items())}
 
 
 def upload_fraction(i: int, num_layers: int, floor: float = 0.1, cap: float = 1.0) -> float:

@@ -6,6 +6,11 @@ The built-ins are entry points too (:data:`BUILTIN_MODELS`); their arguments com
 fingerprint (sha256 of the ordered tensor names, shapes and dtypes of the state dict) lets a device
 check that its build is the federation's; :func:`architecture_diff` names the first tensor that
 differs.
+
+Which entry points a *device* runs is the device's decision, not the round plan's: the plan names a
+model and its arguments, and :func:`entry_point_allowed` says whether the device agreed to that code
+(the built-ins always; any other only when listed in the device's own configuration). The device asks
+before importing anything (docs/explanation/security.md).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +34,9 @@ __all__ = [
     "architecture_diff",
     "build_model",
     "builder_kwargs",
+    "entry_point_allowed",
     "fingerprint",
+    "model_entry_point",
     "resolve_entry_point",
     "with_fingerprint",
 ]
@@ -47,6 +54,18 @@ Tensors = tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype) i
 class ModelError(ValueError):
     """A model cannot be built (unknown entry point, a builder that fails or returns no module) or
     does not match the federation's architecture."""
+
+
+def model_entry_point(name: str) -> str:
+    """The entry point a model name stands for: a built-in's registered one, else the name itself."""
+    return BUILTIN_MODELS.get(name, name)
+
+
+def entry_point_allowed(name: str, allowed: Collection[str]) -> bool:
+    """True when model ``name`` is a built-in (by name or by its entry point) or ``allowed`` lists it (by
+    name or entry point). Imports nothing."""
+    entry = model_entry_point(name)
+    return entry in BUILTIN_MODELS.values() or name in allowed or entry in allowed
 
 
 def resolve_entry_point(entry: str) -> Callable[..., Any]:

@@ -26,6 +26,12 @@ the common initialisation (Dir(0.1), two initialisation seeds), the aggregated a
 1.00-1.01 / 1.00 / 1.15-1.18 on Fashion-MNIST (10,000 samples, 20 clients) and 1.01 / 1.02-1.03 /
 1.31-1.34 on digits (5 clients). 1.1 sits between the flat part and the jump with margin on both sides; a larger
 t (e.g. 2) never fires there and falls back to the largest ratio, which here is the same layer.
+
+A report comes from a device, so the server checks it (:func:`report_curve`): exactly
+``layer.1..layer.L``, each value finite, in ``[0, MAX_SENSITIVITY]``, the curve non-decreasing and not all
+zero. When no report is usable the server falls back to :func:`fallback_report`: the curve whose only
+jump is at the last layer, i.e. a one-layer head -- the split this rule chose on every model measured
+above, and FLAYER's provisional head under ``head = auto``.
 """
 
 from __future__ import annotations
@@ -42,18 +48,25 @@ from .train import Split, sgd_epochs
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "MAX_SENSITIVITY",
     "aggregate_curves",
     "auto_head_layers",
     "calibration_report",
+    "fallback_report",
     "federation_sensitivity",
     "layer_importance",
     "normalise_curve",
     "report_curve",
+    "report_keys",
     "split_layer",
     "weight_tensors",
 ]
 
 DEFAULT_THRESHOLD = 1.1
+# F_l is a mean of (theta * dL/dtheta)^2 summed over layers: 1e20 means |theta * grad| ~ 1e10 per weight on
+# average, a diverged model rather than a measurement (honest values after one epoch are ~1e-6..1e2), and a
+# value far above it (up to fp32's 3.4e38) can only be a device's fabrication.
+MAX_SENSITIVITY = 1e20
 _KEY = "layer.{}"
 
 
@@ -143,10 +156,21 @@ def calibration_report(model: nn.Module, plan: LayerPlan, train: Split, lr: floa
     return {_KEY.format(i + 1): v for i, v in enumerate(curve)}
 
 
+def report_keys(num_layers: int) -> frozenset[str]:
+    """The keys of a calibration report over ``num_layers`` layers: ``layer.1..layer.L``."""
+    return frozenset(_KEY.format(i + 1) for i in range(num_layers))
+
+
+def fallback_report(num_layers: int) -> dict[str, float]:
+    """The report the server resolves when no device's report is usable: F = (1, ..., 1, 2), one jump (ratio 2)
+    at the last layer, so :func:`split_layer` gives L - 1 for every threshold (a one-layer head)."""
+    return {_KEY.format(i + 1): (2.0 if i == num_layers - 1 and num_layers > 1 else 1.0) for i in range(num_layers)}
+
+
 def report_curve(report: Mapping[str, float], num_layers: int) -> list[float]:
-    """Validate one client's report (exactly ``layer.1..layer.L``, finite, non-negative, non-decreasing)
-    and return its curve. Raises ValueError naming what is wrong."""
-    expected = {_KEY.format(i + 1) for i in range(num_layers)}
+    """Validate one client's report (exactly ``layer.1..layer.L``, finite, in ``[0, MAX_SENSITIVITY]``,
+    non-decreasing, not all zero) and return its curve. Raises ValueError naming what is wrong."""
+    expected = report_keys(num_layers)
     if set(report) != expected:
         missing, extra = sorted(expected - set(report)), sorted(set(report) - expected)
         raise ValueError(f"calibration report must hold layer.1..layer.{num_layers}; missing {missing}, "
@@ -156,6 +180,9 @@ def report_curve(report: Mapping[str, float], num_layers: int) -> list[float]:
         v = report[_KEY.format(i + 1)]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"calibration report: layer.{i + 1} must be a finite non-negative number, got {v!r}")
+        if v > MAX_SENSITIVITY:
+            raise ValueError(f"calibration report: layer.{i + 1} = {v:.3g} exceeds {MAX_SENSITIVITY:.0e}, the bound "
+                             f"on a federation sensitivity (a diverged or fabricated measurement)")
         curve.append(float(v))
     normalise_curve(curve)  # checks monotone and non-zero
     return curve

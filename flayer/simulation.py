@@ -12,6 +12,7 @@ drives the same engine from network events; ``emulator.virtual`` drives it on a 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,8 +35,11 @@ from .engine import (
     initial_global_state,
     select_clients,
 )
+from .engine.privacy import PrivacySettings, RoundPrivacy, next_clip, private_strategy, server_bound
+from .engine.round import noise_seed
+from .engine.secure import drops_for, secure_sum
 from .links import LinkHooks
-from .strategies.base import ClientState, RoundContext, Strategy
+from .strategies.base import ClientState, RoundContext, Strategy, derive_seed
 from .train import ClientData, evaluate
 from .update import Update
 
@@ -54,6 +58,9 @@ class SimulationResult:
     calibration: dict[str, Any] = field(default_factory=dict)  # options resolved in round 0 (if any)
     diverged: str | None = None  # why the run stopped early (non-finite or blown-up loss), None if it did not
     final_val_acc: float | None = None  # the personal models after the last round, on the validation hold-outs
+    epsilon: float | None = None  # private runs: epsilon spent, at ``delta``
+    delta: float | None = None
+    budget_stop: str | None = None  # private runs: why the run stopped before its last round (target_epsilon)
 
     @property
     def best_acc(self) -> float:
@@ -82,7 +89,8 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
              on_round: Callable[[RoundRecord], None] | None = None,
              on_client: Callable[[int, int], None] | None = None,
              sizer: Callable[[Update], int] | None = None, val: bool = False,
-             blowup: float | None = None, links: LinkHooks | None = None) -> SimulationResult:
+             blowup: float | None = None, links: LinkHooks | None = None,
+             privacy: PrivacySettings | None = None, secure_drop: float = 0.0) -> SimulationResult:
     """Run ``rounds`` federated rounds of ``strategy`` over ``clients``.
 
     ``on_round(record)`` after each round, ``on_client(round, done)`` after each client (progress);
@@ -93,49 +101,92 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     loss is not finite, or (``blowup``) when that loss exceeds ``blowup`` times the cross-entropy of a
     uniform guess, ln(classes). ``links`` (:class:`flayer.links.LinkHooks`): fold the updates as
     decoded, publish the model as rebuilt, count the bytes both ways (instead of ``sizer``).
+    ``privacy`` (enabled): private rounds (:mod:`flayer.engine.privacy`): uploads clipped on the device,
+    re-clipped before folding, a noised fixed-denominator sum, epsilon composed per round
+    (:mod:`flayer.engine.accountant`); with ``target_epsilon`` the run stops before a round would exceed it
+    (``SimulationResult.budget_stop``). ``privacy.secure_aggregation``: secure rounds
+    (:mod:`flayer.engine.secure`): the uploads are masked and only their sum is unmasked and folded, by the
+    same protocol code the coordinator runs; ``secure_drop``: each selected device drops out at a random
+    protocol step with this probability (planning a fleet's dropouts).
     """
     g = dict(global_state) if global_state is not None else initial_global_state(strategy, seed)
     resolved: dict[str, Any] = {}
     if strategy.needs_calibration():
         strategy, resolved = calibrate(strategy, clients, g, seed, device)
+    dp = privacy if privacy is not None and privacy.enabled else None
+    secure = privacy if privacy is not None and privacy.secure_aggregation else None
+    if dp is not None or secure is not None:
+        strategy = private_strategy(strategy)
+    if dp is not None:
+        dp = dp.resolve(len(clients), len(select_clients(len(clients), join_ratio, seed, 1)))
+    private = _Private(dp) if dp is not None else None
     states = [strategy.initial_state() for _ in clients]
     records: list[RoundRecord] = []
     diverged: str | None = None
+    budget_stop: str | None = None
     for r in range(1, rounds + 1):
         t0 = time.perf_counter()
         selected = set(select_clients(len(clients), join_ratio, seed, r))
-        agg = OpenAggregate(strategy, g)
+        rp = private.round(len(selected)) if private is not None else None
+        if rp is not None and secure is not None and rp.mode == "local":  # distributed DP: shares in the ring
+            rp = dataclasses.replace(rp, ring=True)
+        if private is not None and (budget_stop := private.over_budget(r)) is not None:
+            log.warning("%s", budget_stop)
+            break
+        agg = OpenAggregate(strategy, g, rp, noise_seed(seed, r))
+        bounds = Bounds(server_bound(rp, agg.coordinates), "clip") if rp is not None else Bounds()
         evals: list[ClientEval] = []
         losses: list[float] = []
         nbytes = 0
+        uploads: dict[str, Update] = {}  # secure rounds: what the devices mask
         down = sum(links.download(r, i) for i in sorted(selected)) if links is not None else 0  # thin links
         for i, data in enumerate(clients):
             ctx = RoundContext(round=r, client=i, seed=seed, device=device)
-            ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected, val=val)
+            ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected, val=val, privacy=rp,
+                                      noise_rng=np.random.default_rng(derive_seed(seed, r, i, "dp-local"))
+                                      if rp is not None and i in selected else None)
             evals.append(ev)
             if result is not None and diverged is None:
                 states[i] = result.state
                 losses.append(result.metrics.get("train_loss", float("nan")))
                 update, wire = result.update, 0
                 try:
-                    if links is not None:  # thin links: the update as the server decodes it
+                    if links is not None and secure is None:  # thin links: the update as the server decodes it
+                        # (a secure round's masked input is exact in the ring: no codec; its bytes are the protocol's)
                         update, wire = links.upload(r, i, update)
                     norm = check(update, agg.shapes)
                 except UpdateError as exc:  # e.g. non-finite values: the learning rate made training diverge
                     diverged = f"diverged: client {i}'s update in round {r} was refused ({exc})"
                 else:
-                    agg.fold(admit(update, norm, Bounds()))
+                    if secure is not None:
+                        uploads[f"client-{i}"] = update
+                    else:
+                        agg.fold(admit(update, norm, bounds))
                     nbytes += wire if links is not None else sizer(update) if sizer is not None else 0
             if on_client is not None:
                 on_client(r, i + 1)
+        dropped, abandoned = 0, None
+        if secure is not None and uploads and diverged is None:
+            out = secure_sum(secure, "simulate", r, seed, uploads, bounds.norm_bound,
+                             drops_for(tuple(uploads), secure_drop, seed, r), rp)
+            dropped, abandoned = len(out.dropped), out.reason
+            if out.update is None:
+                log.warning("round %d: secure round abandoned: %s; the model stays as it was", r, out.reason)
+            else:
+                agg.fold_sum(out.update, len(out.survivors), out.bits)
+                for dev in out.survivors:
+                    agg.tally.add_eval(uploads[dev].info, dev)
+            nbytes = sum(out.bytes_per_device.values())  # every protocol message, sent and received
         unsent, t = agg.unsent(), agg.tally
+        epsilon = private.close(agg) if private is not None and rp is not None else None
         if diverged is None:  # a refused update leaves the global model as it was
             g = agg.result() if links is None else links.publish(r, g, agg.result())
         acc, loss = weighted(evals)
         vals = [e.val for e in evals if e.val is not None]
         rec = RoundRecord(r, acc, loss, float(np.mean(losses)) if losses else float("nan"), tuple(sorted(selected)),
                           t.sent, t.numel, nbytes, time.perf_counter() - t0, tuple(e.acc for e in evals),
-                          unsent, agg.coordinates, t.indexed, weighted(vals)[0] if vals else None, down)
+                          unsent, agg.coordinates, t.indexed, weighted(vals)[0] if vals else None, down,
+                          epsilon, rp.clip if rp is not None else None, dropped, abandoned)
         records.append(rec)
         log.info("round %d: acc %.4f loss %.4f train_loss %.4f upload %.3f", r, acc, loss, rec.train_loss,
                  rec.upload_fraction)
@@ -154,7 +205,45 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
             final_vals.append(ClientEval(*evaluate(model, data.val, device)))
     final_acc, _ = weighted(finals)
     return SimulationResult(records, final_acc, [e.acc for e in finals], g, states, resolved, diverged,
-                            weighted(final_vals)[0] if final_vals else None)
+                            weighted(final_vals)[0] if final_vals else None,
+                            private.ledger.epsilon(private.delta) if private is not None else None,
+                            private.delta if private is not None else None, budget_stop)
+
+
+class _Private:
+    """A private run's state between rounds: the clip bound (adaptive clipping moves it) and the ledger."""
+
+    def __init__(self, settings: PrivacySettings) -> None:
+        from .engine.accountant import Ledger
+
+        assert settings.delta is not None and settings.expected_contributions is not None
+        self.s, self.delta, self.clip, self.ledger = settings, settings.delta, settings.clip, Ledger()
+        self.q = 1.0
+
+    def round(self, asked: int) -> RoundPrivacy:
+        self.q = self.s.sample_rate(asked)
+        return RoundPrivacy.of(self.s, self.clip)
+
+    def over_budget(self, r: int) -> str | None:
+        """Why round ``r`` must not run (its epsilon would exceed target_epsilon), or None."""
+        target = self.s.target_epsilon
+        if target is None:
+            return None
+        eps = self.ledger.epsilon_after(self.s.noise_multiplier, self.q, self.delta)
+        if eps <= target:
+            return None
+        return (f"privacy budget: round {r} would bring epsilon to {eps:.3f} > target_epsilon {target:g} at delta "
+                f"{self.delta:.3g}; the run stops after round {r - 1} with epsilon "
+                f"{self.ledger.epsilon(self.delta):.3f}")
+
+    def close(self, agg: OpenAggregate) -> float:
+        """Compose the round just folded; adapt C (adaptive clipping); epsilon so far."""
+        self.ledger.compose(self.s.noise_multiplier, self.q)
+        if self.s.clipping == "adaptive":
+            bits = agg.noised_bits()
+            self.clip = next_clip(self.clip, bits, self.s.expected_contributions or 1, self.s.target_quantile,
+                                  self.s.clip_lr)
+        return self.ledger.epsilon(self.delta)
 
 
 def divergence(records: Sequence[RoundRecord], global_state: Mapping[str, torch.Tensor],

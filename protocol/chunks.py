@@ -14,12 +14,14 @@ round / count / size / digest disagree with the first one rejected, never more b
 declared size (itself within the limits); :meth:`Reassembler.missing` lists what is still to come
 and :meth:`Reassembler.blob` returns the blob only once its sha256 matches the digest.
 :class:`ChunkCollector` routes chunks of many blobs (a coordinator receiving every client's upload)
-to their reassemblers under a memory budget.
+to their reassemblers under a memory budget, shared out by sender so that one sender's unfinished
+blobs cannot crowd out another's (rules in its docstring).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from .envelope import Envelope, Kind, header_size
@@ -111,6 +113,10 @@ class Reassembler:
     def complete(self) -> bool:
         return self._first is not None and len(self._parts) == self._first.count
 
+    def holds(self, index: int) -> bool:
+        """True when chunk ``index`` is already in (a re-sent copy adds no bytes)."""
+        return index in self._parts
+
     def missing(self) -> list[int]:
         """Chunk indices not yet received (empty before the first chunk: the count is unknown)."""
         if self._first is None:
@@ -167,17 +173,30 @@ class ChunkCollector:
     """Reassemblers for many blobs at once, keyed by :attr:`Envelope.blob_key`, holding at most
     ``max_pending_bytes`` of chunk bodies and ``max_pending_blobs`` unfinished blobs.
 
-    One sender cannot crowd out the others: it holds at most ``max_blobs_per_sender`` unfinished
-    blobs, and a new one evicts its oldest. A chunk that contradicts the chunks held for its blob
-    (count, size, or different bytes at an index) starts that blob over from this chunk: one side is
-    damaged and only the digest of a complete blob can tell which, so the sender's re-send always
-    gets through. Every unfinished blob dropped -- evicted, started over, or :meth:`discard` -ed --
-    is reported to ``on_drop(key, chunks held, chunk count, why)``.
+    One sender cannot crowd out the others:
+
+    1. It holds at most ``max_blobs_per_sender`` unfinished blobs; a new one evicts its oldest.
+    2. It holds at most its *share* of the byte budget: ``max(max_pending_bytes // k, min_share)``
+       while ``k`` senders (itself included) hold unfinished blobs. ``min_share`` is the largest blob
+       an honest sender sends (default ``limits.max_blob_bytes``; never above the budget), so every
+       sender can always finish one blob. A chunk that would take its sender over its share first
+       drops that sender's oldest other unfinished blobs; a chunk whose own blob does not fit the
+       share is refused (WireError).
+    3. When the budget as a whole is full (the shares can add up to more than it), the oldest
+       unfinished blob of the sender holding the most bytes is dropped, never the chunk's own blob;
+       when ``max_pending_blobs`` is reached, the oldest of the sender holding the most blobs. A
+       chunk within its sender's share is never refused because other senders filled the budget.
+
+    A chunk that contradicts the chunks held for its blob (count, size, or different bytes at an
+    index) starts that blob over from this chunk: one side is damaged and only the digest of a
+    complete blob can tell which, so the sender's re-send always gets through. Every unfinished blob
+    dropped -- evicted, over a share, started over, or :meth:`discard` -ed -- is reported to
+    ``on_drop(key, chunks held, chunk count, why)``.
     """
 
     def __init__(self, limits: WireLimits = DEFAULT_LIMITS, max_pending_bytes: int = 1 << 30,
                  max_pending_blobs: int = 4096, max_blobs_per_sender: int = 4,
-                 on_drop: OnDrop | None = None) -> None:
+                 on_drop: OnDrop | None = None, min_share: int | None = None) -> None:
         if max_blobs_per_sender < 1:
             raise ValueError(f"max_blobs_per_sender must be >= 1, got {max_blobs_per_sender}")
         self.limits = limits
@@ -185,7 +204,10 @@ class ChunkCollector:
         self.max_pending_blobs = max_pending_blobs
         self.max_blobs_per_sender = max_blobs_per_sender
         self.on_drop = on_drop
+        self.min_share = min_share  # None: limits.max_blob_bytes (rule 2)
         self._blobs: dict[BlobKey, Reassembler] = {}  # insertion order: oldest first
+        self._by_sender: dict[str, dict[BlobKey, None]] = {}  # each sender's unfinished blobs, oldest first
+        self._sender_bytes: Counter[str] = Counter()
         self._pending = 0
 
     @property
@@ -199,12 +221,38 @@ class ChunkCollector:
         r = self._blobs.get(key)
         return r.missing() if r is not None else []
 
-    def _drop(self, key: BlobKey, why: str) -> None:
+    def held_by(self, sender: str) -> int:
+        """Bytes of ``sender``'s unfinished blobs."""
+        return self._sender_bytes.get(sender, 0)
+
+    def share(self, sender: str) -> int:
+        """The bytes of unfinished blobs ``sender`` may hold now (rule 2)."""
+        active = len(self._by_sender) + (sender not in self._by_sender)
+        floor = self.limits.max_blob_bytes if self.min_share is None else self.min_share
+        return max(self.max_pending_bytes // active, min(floor, self.max_pending_bytes))
+
+    def _put(self, key: BlobKey, r: Reassembler, held: int) -> None:
+        self._blobs[key] = r
+        self._by_sender.setdefault(key[2], {})[key] = None
+        self._sender_bytes[key[2]] += held
+        self._pending += held
+
+    def _forget(self, key: BlobKey) -> Reassembler | None:
         r = self._blobs.pop(key, None)
         if r is None:
-            return
+            return None
+        sender = key[2]
+        mine = self._by_sender[sender]
+        del mine[key]
+        self._sender_bytes[sender] -= r.held_bytes
+        if not mine:
+            del self._by_sender[sender], self._sender_bytes[sender]
         self._pending -= r.held_bytes
-        if self.on_drop is not None:
+        return r
+
+    def _drop(self, key: BlobKey, why: str) -> None:
+        r = self._forget(key)
+        if r is not None and self.on_drop is not None:
             self.on_drop(key, r.held_chunks, r.count, why)
 
     def discard(self, keys: Iterable[BlobKey], why: str = "discarded") -> None:
@@ -212,10 +260,35 @@ class ChunkCollector:
             self._drop(key, why)
 
     def _make_room(self, sender: str) -> None:
-        mine = [k for k in self._blobs if k[2] == sender]
+        """Rule 1, and the count of unfinished blobs (rule 3): before a new blob of ``sender``."""
+        mine = list(self._by_sender.get(sender, ()))
         for key in mine[:max(0, len(mine) - self.max_blobs_per_sender + 1)]:
             self._drop(key, f"{sender} started more than {self.max_blobs_per_sender} unfinished blobs; the "
                             "oldest is evicted")
+        while self._blobs and len(self._blobs) >= self.max_pending_blobs:
+            most = max(self._by_sender, key=lambda s: len(self._by_sender[s]))
+            self._drop(next(iter(self._by_sender[most])), f"{self.max_pending_blobs} unfinished blobs are held "
+                                                          f"(max_pending_blobs); {most} holds the most")
+
+    def _fit(self, key: BlobKey, n: int) -> None:
+        """Room for ``n`` more bytes of blob ``key`` (rules 2 and 3), or WireError."""
+        sender = key[2]
+        share = self.share(sender)
+        for old in [k for k in self._by_sender.get(sender, ()) if k != key]:
+            if self.held_by(sender) + n <= share:
+                break
+            self._drop(old, f"{sender} went over its share of max_pending_bytes ({share} bytes); its oldest "
+                            "unfinished blob is dropped")
+        if self.held_by(sender) + n > share:
+            raise WireError(f"unfinished blobs of {sender} would hold more than {share} bytes, its share of "
+                            f"max_pending_bytes ({self.max_pending_bytes})")
+        while self._pending + n > self.max_pending_bytes:
+            victims = [k for s in sorted(self._by_sender, key=self.held_by, reverse=True)
+                       for k in self._by_sender[s] if k != key]
+            if not victims:  # cannot happen: the sender's own bytes fit its share, which fits the budget
+                raise WireError(f"unfinished blobs would hold more than {self.max_pending_bytes} bytes")
+            self._drop(victims[0], f"max_pending_bytes ({self.max_pending_bytes}) is full; {victims[0][2]} "
+                                   "holds the most, its oldest unfinished blob is dropped")
 
     def add(self, env: Envelope) -> bytes | None:
         """Add a chunk; the verified blob when it completes one (which is then forgotten), else None.
@@ -224,13 +297,10 @@ class ChunkCollector:
         r = self._blobs.get(key)
         if r is None:
             self._make_room(env.sender)
-            if len(self._blobs) >= self.max_pending_blobs:
-                raise WireError(f"too many unfinished blobs ({len(self._blobs)})")
             r = Reassembler(self.limits)
-        if self._pending + len(env.body) > self.max_pending_bytes:
-            raise WireError(f"unfinished blobs would hold more than {self.max_pending_bytes} bytes")
+        self._fit(key, 0 if r.holds(env.index) else len(env.body))
+        before = r.held_bytes
         try:
-            before = r.held_bytes
             done = r.add(env)
         except WireError as exc:
             if key not in self._blobs:
@@ -238,10 +308,12 @@ class ChunkCollector:
             self._drop(key, f"chunk {env.index} contradicts it ({exc.reason}); the blob starts over")
             r, before = Reassembler(self.limits), 0
             done = r.add(env)
-        self._blobs[key] = r
-        self._pending += r.held_bytes - before
+        if key in self._blobs:
+            self._sender_bytes[env.sender] += r.held_bytes - before
+            self._pending += r.held_bytes - before
+        else:
+            self._put(key, r, r.held_bytes)
         if not done:
             return None
-        del self._blobs[key]
-        self._pending -= r.held_bytes
+        self._forget(key)
         return r.blob()

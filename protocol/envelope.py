@@ -5,8 +5,8 @@ Layout (little-endian, 70 + F + S header bytes, then the body)::
     offset  size  field
     0       4     magic "FLEW"
     4       1     format version (1)
-    5       1     kind   (1 model_chunk, 2 update_chunk, 3 plan, 4 ack, 5 status, 6 metrics)
-    6       1     codec  (1 json, 2 safetensors, 3 sparse_update): how the whole blob is encoded
+    5       1     kind   (1 model_chunk, 2 update_chunk, 3 plan, 4 ack, 5 status, 6 metrics, 7 secagg)
+    6       1     codec  (1 json, 2 safetensors, 3 sparse_update, 4 secagg): how the whole blob is encoded
     7       1     flags  (0; reserved)
     8       4     round
     12      4     chunk index i (< n)
@@ -19,8 +19,9 @@ Layout (little-endian, 70 + F + S header bytes, then the body)::
     70      F+S   federation id, sender id (1-64 ASCII characters of [A-Za-z0-9_-] each)
 
 Nothing depends on MQTT 5 properties, so the same bytes work on MQTT 3.1.1 brokers. The kind
-fixes the codec (model_chunk: safetensors, update_chunk: sparse_update, the rest: json) and the
-JSON kinds are single-chunk. A single-chunk envelope's digest is checked on decode; multi-chunk
+fixes the codec (model_chunk: safetensors, update_chunk: sparse_update, secagg: secagg, the rest: json)
+and the JSON and secagg kinds are single-chunk. In a secure round the update blob is the device's masked
+input (``flayer.secagg.MaskedInput``), carried as update chunks (docs/explanation/secure-aggregation.md). A single-chunk envelope's digest is checked on decode; multi-chunk
 blobs are checked by :mod:`protocol.chunks` once complete.
 """
 
@@ -63,16 +64,20 @@ class Kind(IntEnum):
     ACK = 4
     STATUS = 5
     METRICS = 6
+    SECAGG = 7  # a secure round's protocol message (flayer.secagg), either way: secagg/<client>, secreq/<client>
 
 
 class Codec(IntEnum):
     JSON = 1
     SAFETENSORS = 2
     SPARSE_UPDATE = 3
+    SECAGG = 4  # flayer.secagg's own versioned binary layout, checked by flayer.secagg.decode_message
 
 
 KIND_CODEC = {Kind.MODEL_CHUNK: Codec.SAFETENSORS, Kind.UPDATE_CHUNK: Codec.SPARSE_UPDATE,
-              Kind.PLAN: Codec.JSON, Kind.ACK: Codec.JSON, Kind.STATUS: Codec.JSON, Kind.METRICS: Codec.JSON}
+              Kind.PLAN: Codec.JSON, Kind.ACK: Codec.JSON, Kind.STATUS: Codec.JSON, Kind.METRICS: Codec.JSON,
+              Kind.SECAGG: Codec.SECAGG}
+SINGLE_CHUNK = frozenset({Codec.JSON, Codec.SECAGG})  # kinds whose messages travel whole, bounded by max_json_bytes
 
 
 def header_size(federation: str, sender: str) -> int:
@@ -144,10 +149,10 @@ def decode_envelope(payload: bytes | bytearray | memoryview, limits: WireLimits 
         raise WireError(f"envelope: unknown flags {flags:#04x}")
     if not 1 <= count <= limits.max_chunks or index >= count:
         raise WireError(f"envelope: chunk {index} of {count} (limit {limits.max_chunks} chunks)")
-    max_total = limits.max_json_bytes if KIND_CODEC[kind] == Codec.JSON else limits.max_blob_bytes
+    max_total = limits.max_json_bytes if KIND_CODEC[kind] in SINGLE_CHUNK else limits.max_blob_bytes
     if total > max_total:
         raise WireError(f"envelope: blob of {total} bytes exceeds the limit {max_total}")
-    if KIND_CODEC[kind] == Codec.JSON and count != 1:
+    if KIND_CODEC[kind] in SINGLE_CHUNK and count != 1:
         raise WireError(f"envelope: {kind.name.lower()} messages are single-chunk, got {count} chunks")
     try:
         federation = validate_id(r.text(flen, "federation", ascii_only=True), "federation id")
@@ -168,7 +173,7 @@ def decode_envelope(payload: bytes | bytearray | memoryview, limits: WireLimits 
 
 
 _TOPIC_KIND = {"model": Kind.MODEL_CHUNK, "update": Kind.UPDATE_CHUNK, "round": Kind.PLAN, "ack": Kind.ACK,
-               "status": Kind.STATUS, "metrics": Kind.METRICS}
+               "status": Kind.STATUS, "metrics": Kind.METRICS, "secagg": Kind.SECAGG, "secreq": Kind.SECAGG}
 
 
 def check_topic(env: Envelope, topic: ParsedTopic) -> None:
@@ -183,5 +188,5 @@ def check_topic(env: Envelope, topic: ParsedTopic) -> None:
     if topic.kind == "update" and (topic.client != env.sender or topic.round != env.round
                                    or topic.chunk != env.index):
         raise WireError("update chunk: sender, round or index differs from its topic")
-    if topic.kind in ("status", "metrics") and topic.client != env.sender:
+    if topic.kind in ("status", "metrics", "secagg") and topic.client != env.sender:
         raise WireError(f"{topic.kind}: sender {env.sender!r} is not the topic's client {topic.client!r}")

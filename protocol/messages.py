@@ -2,7 +2,8 @@
 
 Each travels as one single-chunk envelope (kind plan / ack / status / metrics, codec json) whose
 body is a UTF-8 JSON object with exactly the fields of its dataclass (no more, no fewer), within
-``WireLimits.max_json_bytes``. Parsing is strict: no duplicate keys, no NaN/Infinity, integers are
+``WireLimits.max_json_bytes``; a field in a message's ``OPTIONAL`` set (added after the first
+release) is left out while at its default and may be absent. Parsing is strict: no duplicate keys, no NaN/Infinity, integers are
 JSON integers (not booleans or floats), ids follow :func:`protocol.topics.validate_id`, digests are
 64 lowercase hex characters, and the ``round`` field equals the envelope's round. Anything else
 raises :class:`~protocol.errors.WireError`.
@@ -19,7 +20,9 @@ Plan        ``round`` (retained)    round, selected client ids, deadline (unix s
                                     the delta from the previous model, if offered
                                     (:class:`protocol.model_delta.DeltaRef`; empty when none),
                                     what devices may choose for their uploads
-                                    (:class:`protocol.upload_cap.UploadCap`; empty: nothing)
+                                    (:class:`protocol.upload_cap.UploadCap`; empty: nothing),
+                                    optional: the ``models_url`` devices may fetch the model's
+                                    and deltas' files from (:mod:`protocol.model_url`)
 Ack         ``ack/<client>``        round, client, update digest, status, reason
 Status      ``status/<client>``     round (last seen), state, time (unix s), info (device facts)
 Metrics     ``metrics/<client>``    round, time (unix s), values (name -> finite float)
@@ -40,6 +43,7 @@ from .envelope import Codec, Envelope, Kind, decode_envelope
 from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
 from .model_delta import delta_ref
+from .model_url import models_url_problem
 from .topics import TopicError, validate_id
 from .upload_cap import upload_cap
 from .values import VALUE_CODECS
@@ -47,6 +51,7 @@ from .values import VALUE_CODECS
 __all__ = [
     "ACK_STATUSES",
     "CLIENT_STATES",
+    "DEVICE_LABEL",
     "PLAN_PHASES",
     "Ack",
     "Message",
@@ -66,6 +71,8 @@ ACK_STATUSES = ("accepted", "duplicate", "rejected", "late", "not_selected")
 PLAN_PHASES = ("train", "calibrate", "final")
 PLAN_MODES = ("sync", "async")
 CLIENT_STATES = ("online", "idle", "training", "uploading", "offline")
+# a device's kind as its Status info "label" carries it ([edge] label): the coordinator's metrics group by it
+DEVICE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,39}")
 MAX_SELECTED = 100_000
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _KEY = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
@@ -94,6 +101,13 @@ def _links(v: Any, name: str) -> tuple[str, ...]:
     if not isinstance(v, (list, tuple)) or len(v) > 8 or not all(isinstance(x, str) and _LINK.fullmatch(x) for x in v):
         raise WireError(f"{name} must be a list of at most 8 base:target:digest:chunks:size entries")
     return tuple(v)
+
+
+def _models_url(v: Any, name: str) -> str:
+    problem = models_url_problem(v)
+    if problem is not None:
+        raise WireError(f"{name} {problem}")
+    return str(v)
 
 
 def _bool(v: Any, name: str) -> bool:
@@ -198,6 +212,9 @@ class Plan:
     upload_fit: Mapping[str, Scalar] = field(default_factory=dict)
     close_by: float = 0.0  # when an update should arrive to count (expected close; 0: unknown)
     delta_chain: tuple[str, ...] = ()  # older deltas, base:target:digest:chunks:size (protocol.model_delta)
+    privacy: Mapping[str, Scalar] = field(default_factory=dict)  # a private round's C, z, m (flayer.engine.privacy)
+    secure: Mapping[str, Scalar] = field(default_factory=dict)  # a secure round's public parameters (flayer.engine.secure)
+    models_url: str = ""  # models over HTTP: <models_url>/<digest> serves each model and delta (protocol.model_url)
 
     CHECKS: ClassVar[Checks] = {
         "round": _ROUND, "selected": _ids, "deadline": _time, "strategy": _id,
@@ -207,7 +224,11 @@ class Plan:
               "seed": _int(0, 2**63), "train": _mapping(16, _scalar), "rounds": _int(0, 2**32),
               "max_update_bytes": _int(0, 2**63), "mode": _choice(PLAN_MODES), "max_staleness": _int(0, 1000),
               "delta": _mapping(8, _scalar), "upload_fit": _mapping(8, _scalar), "close_by": _time,
-              "delta_chain": _links}
+              "delta_chain": _links, "privacy": _mapping(16, _scalar), "secure": _mapping(16, _scalar),
+              "models_url": _models_url}
+    # fields added after the first release: left out of the JSON while at their default, so a plan that
+    # does not use them is byte for byte what earlier devices decode (their decoders want exactly their fields)
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"models_url"})
 
     def problems(self) -> str | None:
         """Checks across fields: round 0 is the calibration phase and only that."""
@@ -228,10 +249,11 @@ class Ack:
     update_digest: str
     status: str
     reason: str = ""
+    version: int = 0  # asynchronous rounds: the version whose buffer the accepted update went into (0: none)
 
     CHECKS: ClassVar[Checks] = {
         "round": _ROUND, "client": _id, "update_digest": _digest, "status": _choice(ACK_STATUSES),
-              "reason": _text(512)}
+        "reason": _text(512), "version": _ROUND}
 
 
 @dataclass(frozen=True)
@@ -264,11 +286,12 @@ def _from_obj(cls: type, obj: Any) -> Any:
     what = cls.__name__.lower()
     if not isinstance(obj, dict):
         raise WireError(f"{what}: body is not a JSON object")
-    if set(obj) != set(checks):
-        extra, lacking = sorted(set(obj) - set(checks)), sorted(set(checks) - set(obj))
+    optional: frozenset[str] = getattr(cls, "OPTIONAL", frozenset())
+    if set(obj) - set(checks) or set(checks) - optional - set(obj):
+        extra, lacking = sorted(set(obj) - set(checks)), sorted(set(checks) - optional - set(obj))
         raise WireError(f"{what}: unexpected fields {extra[:5]} / missing fields {lacking}")
     try:
-        msg = cls(**{name: check(obj[name], name) for name, check in checks.items()})
+        msg = cls(**{name: check(obj[name], name) for name, check in checks.items() if name in obj})
     except WireError as exc:
         raise WireError(f"{what}: {exc.reason}") from None
     problem = msg.problems() if hasattr(msg, "problems") else None
@@ -292,8 +315,11 @@ def _no_constant(name: str) -> None:
 
 def _to_obj(msg: Message) -> dict[str, Any]:
     obj: dict[str, Any] = {}
+    optional: frozenset[str] = getattr(msg, "OPTIONAL", frozenset())
     for f in fields(msg):
         v = getattr(msg, f.name)
+        if f.name in optional and v == f.default:
+            continue  # a later field at its default: the JSON earlier decoders know
         obj[f.name] = list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping) else v
     return obj
 

@@ -32,6 +32,7 @@ __all__ = [
     "MetricsFile",
     "MetricsSchemaError",
     "end_record",
+    "epsilon_value",
     "read_metrics",
     "round_record",
     "run_record",
@@ -172,7 +173,19 @@ def validate_record(rec: Any) -> dict[str, Any]:
         acc = rec["acc"]
         if acc is not None and not 0.0 <= acc <= 1.0:
             raise MetricsSchemaError(f"round record: acc {acc} is not in [0, 1]")
+    if rec["kind"] in ("round", "end") and not _epsilon(rec.get("epsilon")):  # private runs (docs/reference/metrics.md)
+        raise MetricsSchemaError(f"{rec['kind']} record: epsilon {rec.get('epsilon')!r} is neither null, a number "
+                                 f">= 0 nor \"inf\"")
     return rec
+
+
+def epsilon_value(eps: float | None) -> float | str | None:
+    """Epsilon as a record holds it: a number, ``"inf"`` (no noise: JSON has no infinity), or null (not private)."""
+    return None if eps is None else "inf" if math.isinf(eps) else float(eps)
+
+
+def _epsilon(v: Any) -> bool:
+    return v is None or v == "inf" or (_is_num(v) and v >= 0)
 
 
 # ---- reading, older files included ---------------------------------------------------------------------------

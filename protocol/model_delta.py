@@ -13,7 +13,9 @@ entry ``delta_mode`` says how its values apply:
     adds the decoded values. This is lossy, so the published model is *defined* as the
     reconstruction ``old + decoded delta`` (:func:`apply_delta` run by the coordinator on its
     own blob): the coordinator takes that model as its global model, and devices compute it with
-    the same function from the same bytes, so both agree bit for bit.
+    the same function from the same bytes, so both agree bit for bit. A change the codec cannot
+    hold (beyond fp16's range, beyond float32's, no finite int8 scale) makes :func:`make_delta`
+    raise EncodeError; the coordinator then sends that delta ``exact``.
 
 Positions travel dense when every coordinate changed, else in the smallest of the sparse
 encodings. :class:`DeltaRef` is what the round plan carries (its ``delta`` field): the base
@@ -104,11 +106,32 @@ def _check_pair(base: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray]
             raise EncodeError(f"model delta: tensor {name!r} must be float32 of one shape in both models")
 
 
+FP16_LIMIT = 65520.0  # the smallest magnitude that fp16 rounds to infinity (its largest value is 65504)
+
+
+def _check_lossy(name: str, values: np.ndarray, mode: str) -> None:
+    """EncodeError, naming the tensor, when the changes ``values`` cannot travel in ``mode``: a change
+    that overflows float32, one beyond fp16's range, or an int8 scale that is not a positive finite
+    float32 (the caller then sends the delta exact)."""
+    if not values.size:
+        return
+    if not np.isfinite(values).all():
+        raise EncodeError(f"model delta: tensor {name!r} changes by more than float32 can hold")
+    peak = float(np.max(np.abs(values)))
+    if mode == "fp16" and peak >= FP16_LIMIT:
+        raise EncodeError(f"model delta: tensor {name!r} changes by {peak:g}, beyond fp16's range (65504)")
+    if mode == "int8" and not 0.0 < float(np.float32(peak / 127.0)) * 127.0 < float(np.finfo(np.float32).max):
+        raise EncodeError(f"model delta: tensor {name!r} changes by {peak:g}: no finite int8 scale codes it")
+
+
 def make_delta(base: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray], mode: str,
                header: UpdateHeader) -> bytes:
     """The delta blob from ``base`` to ``target`` (float32 state dicts of one architecture).
 
-    ``mode``: exact | fp16 | int8 (see module docstring); ``header.base_digest`` names ``base``."""
+    ``mode``: exact | fp16 | int8 (see module docstring); ``header.base_digest`` names ``base``.
+    EncodeError when the models differ in tensors or shapes, or when a lossy mode cannot hold a change
+    (one beyond fp16's range or float32's, an int8 scale that is not finite or underflows to 0): the
+    caller then falls back to ``exact``, which codes any pair of finite models."""
     if mode not in DELTA_MODES[1:]:
         raise EncodeError(f"model delta: mode must be one of {', '.join(DELTA_MODES[1:])}, got {mode!r}")
     _check_pair(base, target)
@@ -120,9 +143,11 @@ def make_delta(base: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray],
             idx = np.flatnonzero(old_flat.view(np.uint32) != new_flat.view(np.uint32))
             values = new_flat[idx]
         else:
-            diff = (new_flat - old_flat).astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                diff = (new_flat - old_flat).astype(np.float32)
             idx = np.flatnonzero(diff)
             values = diff[idx]
+            _check_lossy(name, values, mode)
         if idx.size == 0:
             continue
         deltas[name] = TensorDelta(tuple(old.shape), np.ascontiguousarray(values, dtype=np.float32),
@@ -152,7 +177,8 @@ def apply_delta(base: Mapping[str, np.ndarray], blob: bytes | bytearray | memory
         if mode == _REPLACE:
             flat[idx] = d.values
         else:
-            flat[idx] = flat[idx] + d.values
+            with np.errstate(over="ignore"):  # a sum beyond float32 is refused just below
+                flat[idx] = flat[idx] + d.values
         if not np.isfinite(flat[idx]).all():
             raise WireError(f"model delta: tensor {name!r} is not finite once the delta is applied")
     return out

@@ -11,7 +11,13 @@ topic                                       written by                 read by
 ``ack/<client>``                            coordinator                that client
 ``status/<client>``       (retained, will)  that client                coordinator
 ``metrics/<client>``                        that client                coordinator
+``secagg/<client>``                         that client                coordinator
+``secreq/<client>``                         coordinator                that client
 ==========================================  ========================  ================================
+
+``secagg/<client>`` and ``secreq/<client>`` carry a secure round's protocol messages (keys, encrypted
+shares, unmasking: :mod:`flayer.secagg`): a device writes only its own ``secagg/`` and reads only its own
+``secreq/``, so the shares the coordinator relays reach only the device they are sealed for.
 
 ``model/<digest>/<i>`` also carries the delta to the current model when the coordinator offers one
 (:mod:`protocol.model_delta`): a blob named by its digest like a model's, under the same ACL.
@@ -57,7 +63,7 @@ def validate_id(value: str, what: str = "id") -> str:
 
 @dataclass(frozen=True)
 class ParsedTopic:
-    kind: str  # round | model | update | ack | status | metrics
+    kind: str  # round | model | update | ack | status | metrics | secagg | secreq
     client: str | None = None
     digest: str | None = None
     round: int | None = None
@@ -93,6 +99,17 @@ class Topics:
 
     def ack(self, client: str) -> str:
         return f"{self.prefix}/ack/{validate_id(client, 'client id')}"
+
+    def secreq(self, client: str) -> str:
+        """A secure round's messages to one device (its key bundle, its shares, the unmask request)."""
+        return f"{self.prefix}/secreq/{validate_id(client, 'client id')}"
+
+    def secagg(self, client: str) -> str:
+        """A device's secure-round messages to the coordinator (keys, shares, unmasking shares)."""
+        return f"{self.prefix}/secagg/{validate_id(client, 'client id')}"
+
+    def all_secagg(self) -> str:
+        return f"{self.prefix}/secagg/+"
 
     # ---- devices -> coordinator
     def update_chunk(self, client: str, round_: int, index: int) -> str:
@@ -130,7 +147,7 @@ class Topics:
             if parts[0] == "update" and len(parts) == 4:
                 return ParsedTopic("update", client=validate_id(parts[1], "client id"), round=_nonneg(parts[2]),
                                    chunk=_nonneg(parts[3]))
-            if parts[0] in ("ack", "status", "metrics") and len(parts) == 2:
+            if parts[0] in ("ack", "status", "metrics", "secagg", "secreq") and len(parts) == 2:
                 return ParsedTopic(parts[0], client=validate_id(parts[1], "client id"))
         except ValueError as exc:
             raise TopicError(f"malformed topic {topic!r}: {exc}") from exc
@@ -163,17 +180,24 @@ def acl_rules(federation: str, coordinator_user: str,
         ("coordinator", "read", f"{p}/status/#"),
         ("coordinator", "read", f"{p}/metrics/#"),
         ("coordinator", "write", f"{p}/metrics/#"),  # (same)
+        ("coordinator", "write", f"{p}/secreq/#"),
+        ("coordinator", "read", f"{p}/secagg/#"),
+        ("coordinator", "write", f"{p}/secagg/#"),  # (same as update/: only to empty a retained message)
         ("observer", "read", f"{p}/round"),
         ("observer", "read", f"{p}/status/#"),
         ("observer", "read", f"{p}/metrics/#"),
         ("observer", "deny", f"{p}/model/#"),
         ("observer", "deny", f"{p}/update/#"),
         ("observer", "deny", f"{p}/ack/#"),
+        ("observer", "deny", f"{p}/secagg/#"),
+        ("observer", "deny", f"{p}/secreq/#"),
         ("observer", "deny", f"{p}/status/{observer_user}"),
         ("observer", "deny", f"{p}/metrics/{observer_user}"),
         ("device", "read", f"{p}/round"),
         ("device", "read", f"{p}/model/#"),
         ("device", "read", f"{p}/ack/%u"),
+        ("device", "read", f"{p}/secreq/%u"),
+        ("device", "write", f"{p}/secagg/%u"),
         ("device", "write", f"{p}/update/%u/#"),
         ("device", "write", f"{p}/status/%u"),
         ("device", "write", f"{p}/metrics/%u"),

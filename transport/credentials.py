@@ -5,13 +5,16 @@ edge client or coordinator loads, and what paho needs to connect with them. The 
 File layout (``<state>/credentials/<username>.toml``)::
 
     federation = "default"
-    role = "device"                  # or "coordinator", or "observer" (read-only: status and dashboard)
+    role = "device"                  # or "coordinator", "observer" (read-only: status and dashboard), or
+                                     # "gateway" (a site broker's bridge to the central one)
     username = "dev-1"               # also the MQTT client id
     password = "..."
     host = "127.0.0.1"
     port = 1883
     max_packet_size = 1048576        # the broker's limit on a whole MQTT packet
     max_payload = 1047552            # largest payload a client may publish (packet minus headroom)
+    failover = ["127.0.0.1:1885"]    # optional: other nodes of a clustered broker, tried in turn when the
+                                     # connection to host:port is lost or refused (plain listener only)
 
     [tls]                            # present when the broker has a TLS listener
     host = "127.0.0.1"
@@ -47,10 +50,11 @@ __all__ = [
     "payload_limit",
 ]
 
-ROLES = ("device", "coordinator", "observer")
+ROLES = ("device", "coordinator", "observer", "gateway")  # gateway: a site broker's bridge (mqtt_broker.bridge)
 # Bytes of each packet reserved for MQTT framing: fixed header (<= 5), topic length + topic
 # (the longest topic of protocol.topics is ~220 bytes), packet id (2), MQTT 5 properties.
 MQTT_HEADROOM = 1024
+MAX_FAILOVER = 16  # addresses besides host:port in a credentials file
 
 
 class CredentialsError(ValueError):
@@ -83,6 +87,7 @@ class Credentials:
     port: int
     max_packet_size: int
     tls: TlsSettings | None = None
+    failover: tuple[tuple[str, int], ...] = ()  # other broker nodes (host, port), tried in turn
 
     def __post_init__(self) -> None:
         try:
@@ -99,6 +104,7 @@ class Credentials:
                 raise CredentialsError(f"{name} must be a positive integer, got {value!r}")
         if not 1 <= self.port <= 65535:
             raise CredentialsError(f"port {self.port} out of range")
+        object.__setattr__(self, "failover", check_failover(self.failover))
 
     @property
     def client_id(self) -> str:
@@ -124,6 +130,8 @@ class Credentials:
             f"max_packet_size = {self.max_packet_size}",
             f"max_payload = {self.max_payload}",
         ]
+        if self.failover:
+            lines.append(f"failover = {json.dumps([f'[{h}]:{p}' if ':' in h else f'{h}:{p}' for h, p in self.failover])}")
         if self.tls is not None:
             lines += ["", "[tls]", f"host = {q(self.tls.host)}", f"port = {self.tls.port}",
                       f"ca_file = {q(str(self.tls.ca_file))}"]
@@ -147,7 +155,8 @@ class Credentials:
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any], base: Path) -> Credentials:
-        top = {"federation", "role", "username", "password", "host", "port", "max_packet_size", "max_payload", "tls"}
+        top = {"federation", "role", "username", "password", "host", "port", "max_packet_size", "max_payload", "tls",
+               "failover"}
         unknown = sorted(set(data) - top)
         if unknown:
             raise CredentialsError(f"unknown key(s) {', '.join(unknown)}")
@@ -169,12 +178,43 @@ class Credentials:
             tls = TlsSettings(t["host"], t["port"], base / t["ca_file"],
                               base / t["cert_file"] if "cert_file" in t else None,
                               base / t["key_file"] if "key_file" in t else None)
+        failover = data.get("failover", [])
+        if not isinstance(failover, list) or not all(isinstance(a, str) for a in failover):
+            raise CredentialsError('failover must be a list of "host:port" strings')
         creds = cls(data["federation"], data["role"], data["username"], data["password"], data["host"], data["port"],
-                    data["max_packet_size"], tls)
+                    data["max_packet_size"], tls, tuple(parse_address(a) for a in failover))
         if "max_payload" in data and data["max_payload"] != creds.max_payload:
             raise CredentialsError(f"max_payload {data['max_payload']!r} does not match max_packet_size "
                                     f"{creds.max_packet_size} (expected {creds.max_payload})")
         return creds
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[::1]:1883"`` for IPv6) as (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c.isspace() for c in host):
+        raise CredentialsError(f'failover address {text!r} is not "host:port" with a port in 1-65535')
+    return host, int(port)
+
+
+def check_failover(addresses: Any) -> tuple[tuple[str, int], ...]:
+    """The failover addresses as a tuple of (host, port), each checked; at most MAX_FAILOVER."""
+    try:
+        items = tuple(addresses)
+    except TypeError:
+        raise CredentialsError(f"failover must be a sequence of (host, port), got {addresses!r}") from None
+    if len(items) > MAX_FAILOVER:
+        raise CredentialsError(f"at most {MAX_FAILOVER} failover addresses, got {len(items)}")
+    out = []
+    for item in items:
+        if (not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], str) or not item[0]
+                or any(c.isspace() for c in item[0]) or isinstance(item[1], bool) or not isinstance(item[1], int)
+                or not 1 <= item[1] <= 65535):
+            raise CredentialsError(f"failover address {item!r} is not (host, port) with a port in 1-65535")
+        out.append(item)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -188,6 +228,7 @@ class ConnectSettings:
     password: str = field(repr=False)
     ssl_context: ssl.SSLContext | None = None
     max_payload: int = 0
+    failover: tuple[tuple[str, int], ...] = ()  # other nodes to reconnect to, in turn (MqttLink)
 
 
 def tls_context(tls: TlsSettings, with_client_cert: bool = True) -> ssl.SSLContext:
@@ -209,7 +250,7 @@ def mqtt_connect_settings(creds: Credentials, use_tls: bool | None = None, clien
         return ConnectSettings(creds.tls.host, creds.tls.port, creds.client_id, creds.username, creds.password,
                                tls_context(creds.tls, client_cert), creds.max_payload)
     return ConnectSettings(creds.host, creds.port, creds.client_id, creds.username, creds.password, None,
-                           creds.max_payload)
+                           creds.max_payload, creds.failover)
 
 
 def make_client(settings: ConnectSettings, clean_session: bool = True) -> Any:

@@ -6,7 +6,9 @@ stalls keep-alives and PUBACKs. So :class:`MqttLink` turns every callback into a
 ``queue.Queue.put`` -- and the owner's own thread does the work. Publishing is QoS 1 and
 :meth:`MqttLink.wait_published` waits for the broker's PUBACKs; a message published while the
 link is down stays queued in paho and goes out after the reconnect (paho reconnects by itself,
-with ``reconnect_delay_set`` backoff).
+with ``reconnect_delay_set`` backoff). With ``ConnectSettings.failover`` (the other nodes of a clustered
+broker), each lost connection or failed connect moves the next attempt to the next address in turn, so a
+client whose node died reconnects to another one (docs/howto/clustered-broker.md).
 
 Sizes are the caller's business: check every payload against ``ConnectSettings.max_payload``
 before publishing (Mosquitto disconnects a client whose packet is too large, and paho then
@@ -94,6 +96,8 @@ class MqttLink:
         self._network = network
         self._stopped = False
         self.connected = threading.Event()
+        self.addresses = [(settings.host, settings.port), *settings.failover]
+        self._address = 0  # index into addresses of the current (or next) connection attempt
         self.client = make_client(settings, clean_session=clean_session)
         self.client.max_queued_messages_set(0)
         self.client.reconnect_delay_set(int(max(1, reconnect_delay[0])), int(max(1, reconnect_delay[1])))
@@ -102,6 +106,8 @@ class MqttLink:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
+        if len(self.addresses) > 1:
+            self.client.on_connect_fail = lambda client, userdata: self._next_address("connect failed")
 
     # ---- paho callbacks: enqueue only ---------------------------------------------------------
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
@@ -112,7 +118,19 @@ class MqttLink:
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         self.connected.clear()
+        if len(self.addresses) > 1 and not self._stopped:
+            self._next_address(f"disconnected ({reason_code})")
         self._post(Disconnected(str(reason_code)))
+
+    def _next_address(self, why: str) -> None:
+        """Point paho's next reconnect at the next address of ``addresses`` (failover)."""
+        old = self.addresses[self._address]
+        self._address = (self._address + 1) % len(self.addresses)
+        host, port = self.addresses[self._address]
+        # paho's host/port setters refuse while the state is "connection lost", which is exactly when this
+        # runs; reconnect() reads these two attributes (paho 2.x), so the next attempt goes to the new node
+        self.client._host, self.client._port = host, port
+        log.info("%s: broker %s:%d %s; next attempt on %s:%d", self.settings.client_id, *old, why, host, port)
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         self._post(Received(msg.topic, bytes(msg.payload), bool(msg.retain)))

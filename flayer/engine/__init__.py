@@ -14,7 +14,7 @@ from .client_step import ClientEval, client_round
 from .gate import STALENESS_RULES, Bounds, Verdict, admit, check, refuse, scale_update, staleness_weight
 from .round import OpenAggregate, RoundRecord, RoundTally, initial_global_state
 from .selection import assign_slots, draw, select_clients, select_devices
-from .versions import AsyncSettings, VersionWindow, screen
+from .versions import AsyncSettings, VersionWindow, expected_close, screen
 
 __all__ = [
     "STALENESS_RULES",
@@ -33,6 +33,7 @@ __all__ = [
     "check",
     "client_round",
     "draw",
+    "expected_close",
     "initial_global_state",
     "refuse",
     "resolve_calibration",

@@ -17,12 +17,20 @@ from typing import Any
 
 import torch
 
+from flayer.aggregate import DPSumAggregator
 from flayer.strategies.base import Strategy, derive_seed
-from flayer.update import float_state
+from flayer.update import Update, float_state
 
 from .gate import Verdict
+from .privacy import UNCLIPPED_KEY, RoundPrivacy
 
-__all__ = ["OpenAggregate", "RoundRecord", "RoundTally", "initial_global_state"]
+__all__ = ["OpenAggregate", "RoundRecord", "RoundTally", "initial_global_state", "noise_seed"]
+
+
+def noise_seed(seed: int, round_: int) -> int:
+    """The seed of the central noise of round (or model version) ``round_``: the coordinator's run seed and
+    the round, so ``flayer simulate`` draws the same noise as the coordinator for the same seeds."""
+    return derive_seed(seed, round_, "dp-central-noise")
 
 
 def initial_global_state(strategy: Strategy, seed: int) -> dict[str, torch.Tensor]:
@@ -72,6 +80,13 @@ class RoundTally:
         if loss is not None and math.isfinite(loss):
             self.losses.append(float(loss))
 
+    def add_sum(self, total: Update, count: int) -> None:
+        """A secure round's unmasked sum of ``count`` uploads, each at ``total``'s positions."""
+        self.accepted += count
+        self.sent += total.sent * count
+        self.numel += total.numel * count
+        self.indexed += count * sum(d.count for d in total.deltas.values() if d.indices is not None)
+
     def remove(self, n: int) -> None:
         """``n`` folded updates were taken out again (quarantined)."""
         self.accepted -= n
@@ -90,11 +105,21 @@ class RoundTally:
 
 
 class OpenAggregate:
-    """A round's (or buffer's) aggregator over ``global_state`` and its tally."""
+    """A round's (or buffer's) aggregator over ``global_state`` and its tally. ``privacy``: a private round,
+    folded by :class:`flayer.aggregate.DPSumAggregator` with its noise drawn from ``seed``
+    (:func:`noise_seed`)."""
 
-    def __init__(self, strategy: Strategy, global_state: Mapping[str, torch.Tensor]) -> None:
-        self.fresh: Callable[[], Any] = lambda: strategy.aggregator(global_state)
+    def __init__(self, strategy: Strategy, global_state: Mapping[str, torch.Tensor],
+                 privacy: RoundPrivacy | None = None, seed: int = 0) -> None:
+        self.privacy = privacy
+        if privacy is None:
+            self.fresh: Callable[[], Any] = lambda: strategy.aggregator(global_state)
+        else:
+            std = privacy.sum_std if privacy.mode == "central" else 0.0
+            self.fresh = lambda: DPSumAggregator(global_state, privacy.contributions, std, seed, privacy.bit_std,
+                                                 UNCLIPPED_KEY)
         self.aggregator = self.fresh()
+        self._global, self._seed = global_state, seed
         self.shapes: Mapping[str, tuple[int, ...]] = self.aggregator.shapes
         self.tally = RoundTally()
         self.coordinates = sum(v.numel() for v in global_state.values())
@@ -105,11 +130,25 @@ class OpenAggregate:
         self.aggregator.fold(verdict.update, weight=verdict.weight)
         self.tally.add(verdict, client)
 
+    def fold_sum(self, total: Update, count: int, bits: float = 0.0) -> None:
+        """Fold a secure round's unmasked sum of ``count`` uploads: into the private round's fixed-denominator
+        sum, or (no DP) as their unweighted mean over the ``count`` survivors."""
+        if self.privacy is None:
+            self.aggregator = DPSumAggregator(self._global, count, 0.0, self._seed)
+        assert isinstance(self.aggregator, DPSumAggregator)
+        self.aggregator.fold_sum(total, count, bits)
+        self.tally.add_sum(total, count)
+
     def unsent(self) -> int:
         return self.aggregator.unsent() if self.aggregator.contributors else 0
 
     def result(self) -> dict[str, torch.Tensor]:
         return self.aggregator.result()
+
+    def noised_bits(self) -> float:
+        """Adaptive clipping: the noised count of unclipped uploads (:class:`flayer.aggregate.DPSumAggregator`)."""
+        assert isinstance(self.aggregator, DPSumAggregator), "not a private round"
+        return self.aggregator.noised_bits()
 
 
 @dataclass(frozen=True)
@@ -129,6 +168,10 @@ class RoundRecord:
     indexed: int = 0  # explicit positions uploaded (sparse deltas), all selected clients together
     val_acc: float | None = None  # as ``acc``, on the clients' validation hold-outs (when evaluated)
     download_bytes: int = 0  # bytes the selected clients received for this round's model (LinkHooks only)
+    epsilon: float | None = None  # private rounds: epsilon spent so far, at the federation's delta
+    clip: float | None = None  # private rounds: this round's clip bound C
+    dropped: int = 0  # secure rounds: selected devices that dropped out of the protocol
+    abandoned: str | None = None  # secure rounds: why the round's sum could not be unmasked (model unchanged)
 
     @property
     def upload_fraction(self) -> float:
@@ -144,4 +187,5 @@ class RoundRecord:
                 "upload_fraction": self.upload_fraction, "upload_bytes": self.upload_bytes,
                 "seconds": self.seconds, "client_acc": list(self.client_acc), "unsent": self.unsent,
                 "unsent_fraction": self.unsent_fraction, "indexed": self.indexed, "val_acc": self.val_acc,
-                "download_bytes": self.download_bytes}
+                "download_bytes": self.download_bytes, "epsilon": None if self.epsilon is None else "inf" if math.isinf(self.epsilon) else self.epsilon,
+                "dp_clip": self.clip, "secure_dropped": self.dropped, "secure_abandoned": self.abandoned}

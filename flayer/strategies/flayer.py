@@ -34,13 +34,13 @@ from torch import nn
 from ..config import TrainConfig
 from ..layers import layer_plan
 from ..lr import LrRule, layer_optimizer, lr_hook
-from ..masks import layer_masks, ref_masks
+from ..masks import layer_masks, public_scores, ref_masks
 from ..models import ModelSpec
 from ..pla import pla_state
 from ..sensitivity import DEFAULT_THRESHOLD, aggregate_curves, auto_head_layers, calibration_report
 from ..train import ClientData, evaluate, sgd_epochs
 from ..update import delta_update, float_state
-from .base import ClientState, LocalResult, RoundContext, Strategy
+from .base import ClientState, LocalResult, RoundContext, Strategy, derive_seed
 
 __all__ = ["REF_MODEL_CONSTANTS", "Flayer", "FlayerOptions", "FlayerRef", "FlayerRefOptions"]
 
@@ -76,6 +76,10 @@ class FlayerOptions:
     lr_cap: float | None = 10.0  # cap on Eq. 4's multiplier
     lr_every: Literal["step", "epoch"] = "step"  # recompute every step, or from each epoch's first batch
     masks: bool = True  # Eq. 5-9 layer-wise upload masks (off: upload everything)
+    # which entries of each layer's UP_i share travel: "topk" (largest |change|, Eq. 5-9) or "public" (drawn
+    # from the round's public seed, the same for every device: data-independent); None: topk, or public
+    # in private rounds (flayer.engine.privacy)
+    positions: Literal["topk", "public"] | None = None
     mask_floor: float = 0.1
     mask_cap: float = 1.0
     server_rule: Literal["carry", "zero", "median", "trimmed"] = "carry"
@@ -116,6 +120,11 @@ class FlayerRefOptions(FlayerOptions):
             raise ValueError(f"lr_scale must be > 0, got {self.lr_scale}")
         if self.ref_layers is not None and self.ref_layers < 1:
             raise ValueError(f"ref_layers must be >= 1, got {self.ref_layers}")
+
+
+def public_seed(ctx: RoundContext) -> int:
+    """The round's public seed for the upload positions: (run seed, round), the same for every device."""
+    return derive_seed(ctx.seed, ctx.round, "public-positions")
 
 
 class Flayer(Strategy):
@@ -230,7 +239,8 @@ class Flayer(Strategy):
         local = float_state(model)
         masks: dict[str, torch.Tensor | None] = {n: None for n in local}
         if o.masks:
-            masks.update(self._masks({n: params[n].detach() - before[n] for n in before}))
+            change = {n: params[n].detach() - before[n] for n in before}
+            masks.update(self._masks(public_scores(change, public_seed(ctx)) if o.positions == "public" else change))
         update = delta_update(local, global_state, masks, data.num_train, {"acc_val": acc})
         participations = int(state.scalars.get("participations", 0)) + 1
         kept = ClientState({PERSONAL + n: local[n] for n in self.head},

@@ -1,0 +1,196 @@
+"""Client-level differential privacy in the round engine (docs/explanation/privacy.md).
+
+DP-FedAvg (McMahan et al., ICLR 2018; Andrew et al., NeurIPS 2021), written once for every driver:
+
+1. **Clip on the device.** The upload Delta_k (every tensor that leaves device k: its sparse or dense
+   deltas; personal layers never leave it and are outside the guarantee) is scaled to
+   ``Delta_k * min(1, C / ||Delta_k||_2)`` (:func:`clip_upload`).
+2. **Noise.** ``central``: the coordinator adds ``N(0, (z C)^2)`` to every coordinate of the round's
+   SUM (:func:`central_std`), drawn from a generator seeded by (run seed, round) -- the coordinator's
+   seeded generator, so the simulator reproduces it. ``local``: each device adds its share
+   ``N(0, (z C)^2 / m)`` to its own clipped upload (:func:`local_share_std`), with ``m`` the expected
+   number of contributions, so the sum of ``m`` shares carries variance ``(z C)^2``.
+3. **Fixed denominator.** The next model is ``prev + (sum_k clip(Delta_k) + noise) / m``, unweighted,
+   with ``m`` fixed before the round (:class:`flayer.aggregate.DPSumAggregator`): one device changes
+   the sum by at most C, so the sensitivity is C whatever the others send.
+4. **The coordinator re-clips.** Device-side clipping is not trusted: the coordinator bounds what it
+   folds at :func:`server_bound` (C in central mode; C plus a bound on the noise norm in local mode).
+5. **Adaptive clipping** (Andrew et al. 2021, the rule Flower's adaptive-clipping wrappers implement):
+   each device reports ``b_k = 1[||Delta_k|| <= C]``; the coordinator sums them, adds
+   ``N(0, sigma_b^2)`` and sets ``C <- C * exp(-eta (b_bar - gamma))`` with ``b_bar`` the noised sum
+   over ``m`` (:func:`next_clip`). The update noise then uses
+   ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` (:func:`adaptive_update_multiplier`), so the two
+   releases together cost what one Gaussian mechanism of multiplier ``z`` costs (Andrew et al. Thm 1),
+   and the accountant composes ``z``.
+
+:class:`flayer.privacy_config.PrivacySettings` is the ``[privacy]`` table; :class:`RoundPrivacy` is what one round's devices
+and coordinator need (it travels in the round plan's ``privacy`` mapping).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from flayer.privacy_config import PrivacySettings
+from flayer.strategies.base import Strategy
+from flayer.update import TensorDelta, Update
+
+__all__ = ["REPORTED", "UNCLIPPED_KEY", "PrivacySettings", "RoundPrivacy", "adaptive_update_multiplier", "central_std",
+           "clip_upload", "local_share_std", "next_clip", "private_strategy", "privatize", "server_bound",
+           "upload_norm"]
+
+UNCLIPPED_KEY = "dp_unclipped"  # the device's clip bit b_k in Update.info (adaptive clipping)
+# what a private upload still reports beside its deltas: the evaluation counts the round record shows
+# (outside the guarantee, docs/explanation/privacy.md); a strategy's own entries (FLAYER's acc_val) are dropped
+REPORTED = frozenset({"test_correct", "test_total", "train_loss"})
+
+
+def central_std(z: float, clip: float) -> float:
+    """Std of the noise the coordinator adds to each coordinate of the round's sum: ``z * C``."""
+    return z * clip
+
+
+def local_share_std(z: float, clip: float, m: int) -> float:
+    """Std of one device's share in local mode: ``z * C / sqrt(m)``, so that the sum of the ``m``
+    expected contributions carries ``N(0, (z C)^2)``: ``m * (z C / sqrt(m))^2 = (z C)^2``."""
+    return z * clip / math.sqrt(m)
+
+
+def adaptive_update_multiplier(z: float, bit_std: float) -> float:
+    """Andrew et al. 2021: the update noise multiplier ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` that,
+    together with the clip-bit count noised at ``sigma_b``, costs a Gaussian mechanism of multiplier z."""
+    if z <= 0:
+        return 0.0
+    inner = z ** -2 - (2 * bit_std) ** -2
+    if inner <= 0:
+        raise ValueError(f"noise_multiplier {z:g} must be below 2 x count_stddev = {2 * bit_std:g}")
+    return inner ** -0.5
+
+
+def next_clip(clip: float, noised_bits: float, m: int, target_quantile: float, lr: float) -> float:
+    """Andrew et al. 2021, geometric update: ``C <- C * exp(-eta (b_bar - gamma))`` with ``b_bar`` the
+    noised count of unclipped updates over m (more unclipped than gamma: C shrinks)."""
+    return clip * math.exp(-lr * (noised_bits / m - target_quantile))
+
+
+def upload_norm(update: Update) -> float:
+    """L2 norm of everything an update carries (float64 sum of squares)."""
+    return math.sqrt(sum(float(np.dot(d.values.astype(np.float64), d.values.astype(np.float64)))
+                         for d in update.deltas.values()))
+
+
+def clip_upload(update: Update, clip: float) -> tuple[Update, float]:
+    """(``update`` scaled by ``min(1, C / ||update||)``, its norm before clipping)."""
+    norm = upload_norm(update)
+    if norm <= clip:
+        return update, norm
+    f = clip / norm
+    deltas = {k: TensorDelta(d.shape, (d.values.astype(np.float64) * f).astype(np.float32), d.indices)
+              for k, d in update.deltas.items()}
+    return Update(deltas, update.num_samples, update.info), norm
+
+
+@dataclass(frozen=True)
+class RoundPrivacy:
+    """One round's DP parameters, what devices and coordinator agree on (the plan's ``privacy`` mapping)."""
+
+    mode: Literal["central", "local"]
+    clip: float  # C of this round
+    noise_multiplier: float  # z the accountant composes
+    update_multiplier: float  # z_Delta: the multiplier of the update noise (z without adaptive clipping)
+    contributions: int  # m: the fixed denominator and the local share's divisor
+    adaptive: bool = False
+    bit_std: float = 0.0  # adaptive: sigma_b, the noise on the clip-bit count
+    ring: bool = False  # local mode in a secure round: the shares are discrete Gaussian, in the ring (flayer.engine.secure)
+
+    @classmethod
+    def of(cls, s: PrivacySettings, clip: float | None = None) -> RoundPrivacy:
+        assert s.expected_contributions is not None, "resolve() the settings first"
+        adaptive = s.clipping == "adaptive"
+        zu = adaptive_update_multiplier(s.noise_multiplier, s.bit_stddev) if adaptive else s.noise_multiplier
+        return cls(s.mode, s.clip if clip is None else clip, s.noise_multiplier, zu, s.expected_contributions,
+                   adaptive, s.bit_stddev if adaptive else 0.0)
+
+    @property
+    def sum_std(self) -> float:
+        """Std of the noise on each coordinate of the round's sum: ``z_Delta * C``."""
+        return central_std(self.update_multiplier, self.clip)
+
+    @property
+    def share_std(self) -> float:
+        """Local mode: each device's share (:func:`local_share_std`); central, or shares drawn in the ring: 0."""
+        if self.mode != "local" or self.ring:
+            return 0.0
+        return local_share_std(self.update_multiplier, self.clip, self.contributions)
+
+    def as_plan(self) -> dict[str, float | int | str | bool]:
+        return {"mode": self.mode, "clip": self.clip, "noise_multiplier": self.noise_multiplier,
+                "update_multiplier": self.update_multiplier, "contributions": self.contributions,
+                "adaptive": self.adaptive, "bit_std": self.bit_std, "ring": self.ring}
+
+    @classmethod
+    def from_plan(cls, raw: Mapping[str, Any]) -> RoundPrivacy | None:
+        """The round's parameters from a plan (None: not a private round); ValueError when malformed."""
+        if not raw:
+            return None
+        try:
+            out = cls(str(raw["mode"]), float(raw["clip"]), float(raw["noise_multiplier"]),  # type: ignore[arg-type]
+                      float(raw["update_multiplier"]), int(raw["contributions"]), bool(raw.get("adaptive", False)),
+                      float(raw.get("bit_std", 0.0)), bool(raw.get("ring", False)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"plan: malformed privacy parameters ({exc})") from None
+        if out.mode not in ("central", "local") or not (out.clip > 0 and math.isfinite(out.clip)) \
+                or not out.update_multiplier >= 0 or out.contributions < 1:
+            raise ValueError(f"plan: privacy parameters out of range: {dict(raw)}")
+        return out
+
+
+def privatize(update: Update, rp: RoundPrivacy, rng: np.random.Generator) -> Update:
+    """The device side of a private round: clip to C, record the clip bit (adaptive clipping), and in
+    local mode add this device's noise share to every value it sends. ``rng``: the device's own
+    generator (a real device draws it from the operating system; the simulator seeds it)."""
+    clipped, norm = clip_upload(update, rp.clip)
+    info = {k: v for k, v in update.info.items() if k in REPORTED}
+    if rp.adaptive:
+        info[UNCLIPPED_KEY] = 1.0 if norm <= rp.clip else 0.0
+    std = rp.share_std
+    deltas = clipped.deltas
+    if std > 0:
+        deltas = {k: TensorDelta(d.shape, (d.values.astype(np.float64) + rng.normal(0.0, std, d.values.size))
+                                 .astype(np.float32), d.indices) for k, d in clipped.deltas.items()}
+    return Update(deltas, update.num_samples, info)
+
+
+def server_bound(rp: RoundPrivacy, coordinates: int) -> float:
+    """What the coordinator clips every update to (device clipping is not trusted). Central: C. Local:
+    the device's share adds a noise vector of norm about ``s sqrt(d)`` over the ``d`` coordinates it may
+    send; the bound is ``C + 2 s sqrt(d)`` (the noise norm's std is about ``s / sqrt(2)``, so an honest
+    update is never cut), which still caps what one device moves the sum by."""
+    if rp.mode == "central":
+        return rp.clip
+    return rp.clip + 2.0 * rp.share_std * math.sqrt(max(1, coordinates))
+
+
+def private_strategy(strategy: Strategy) -> Strategy:
+    """``strategy`` as a private round runs it -- sparse positions drawn from the round's public seed
+    (option ``positions = "public"``) -- or ValueError naming the option DP cannot honour."""
+    if strategy.needs_calibration():
+        raise ValueError(f"strategy {strategy.name}: a calibration round (head_layers = \"auto\", PLayer-FL's "
+                         f"split) reports each device's sensitivity curve without noise; set the split explicitly "
+                         f"for a private federation")
+    if strategy.server_rule() != "carry":
+        raise ValueError(f"strategy {strategy.name}: server_rule {strategy.server_rule()!r} cannot be used with "
+                         f"privacy: private rounds aggregate a noised sum over a fixed denominator "
+                         f"(flayer.aggregate.DPSumAggregator); leave server_rule = \"carry\"")
+    opts = strategy.options_dict()
+    if "positions" not in opts:
+        return strategy
+    if opts["positions"] == "topk" and opts.get("masks", True):
+        raise ValueError(f"strategy {strategy.name}: positions = \"topk\" chooses each device's upload positions "
+                         f"from its own data; private rounds need positions = \"public\" (or unset)")
+    return strategy.with_options({"positions": "public"})

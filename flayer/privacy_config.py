@@ -1,0 +1,120 @@
+"""``[privacy]``: the settings of client-level differential privacy, validated once (docs/reference/configuration.md).
+
+A leaf module (the run config reads it); the mechanism is :mod:`flayer.engine.privacy`, the accountant
+:mod:`flayer.engine.accountant`. ``resolve`` fills in what follows from the federation (population N,
+expected contributions m, delta = 1/N^1.1) and refuses what cannot hold (delta >= 1/N, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+__all__ = ["PrivacySettings", "default_delta"]
+
+
+def default_delta(population: int) -> float:
+    """``delta = 1 / N^1.1``: below 1/N, so a mechanism that publishes one device's data outright with
+    probability delta is ruled out (the usual requirement delta << 1/N)."""
+    return 1.0 / float(population) ** 1.1
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """``[privacy]``: client-level differential privacy (module docstring). Off unless ``enabled``."""
+
+    enabled: bool = False
+    mode: Literal["central", "local"] = "central"  # who adds the noise: the coordinator, or each device a share
+    clip: float = 1.0  # C: L2 bound on a device's upload (the initial C with adaptive clipping)
+    noise_multiplier: float = 1.0  # z: the noise std on the round's sum is z * C
+    delta: float | None = None  # the delta epsilon is reported at; default 1 / N^1.1; must be < 1/N
+    target_epsilon: float | None = None  # stop the federation before epsilon would exceed it
+    clipping: Literal["fixed", "adaptive"] = "fixed"
+    target_quantile: float = 0.5  # adaptive: gamma, the fraction of updates left unclipped
+    clip_lr: float = 0.2  # adaptive: eta of the geometric update (Andrew et al. recommend 0.2)
+    count_stddev: float | None = None  # adaptive: sigma_b on the clip-bit count; default m / 20
+    population: int | None = None  # N, the devices that could be selected (coordinator: required)
+    expected_contributions: int | None = None  # m, the fixed denominator; default: who a round asks
+    # secure aggregation (SecAgg+, docs/explanation/secure-aggregation.md): the coordinator learns only the
+    # round's sum; with or without the DP above (``enabled``)
+    secure_aggregation: bool = False
+    secure_clip_range: float | None = None  # R: each sent value is clipped to [-R, R]; default C with DP, else 8
+    secure_dropout: float = 0.1  # the dropout rate the neighbour graph and threshold t are chosen to survive
+    secure_stage_s: float = 10.0  # coordinator: how long the key, share and unmask stages each wait for devices
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"clip (C) must be a finite number > 0, got {self.clip}")
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
+            raise ValueError(f"noise_multiplier (z) must be a finite number >= 0, got {self.noise_multiplier}")
+        if self.target_epsilon is not None:
+            if not (math.isfinite(self.target_epsilon) and self.target_epsilon > 0):
+                raise ValueError(f"target_epsilon must be a finite number > 0, got {self.target_epsilon}")
+            if self.noise_multiplier <= 0:
+                raise ValueError("target_epsilon needs noise: noise_multiplier (z) must be > 0 (z = 0 spends an "
+                                 "infinite epsilon in the first round)")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        if not 0 < self.target_quantile < 1:
+            raise ValueError(f"target_quantile must be in (0, 1), got {self.target_quantile}")
+        if not (math.isfinite(self.clip_lr) and self.clip_lr > 0):
+            raise ValueError(f"clip_lr must be a finite number > 0, got {self.clip_lr}")
+        if self.count_stddev is not None and not (math.isfinite(self.count_stddev) and self.count_stddev > 0):
+            raise ValueError(f"count_stddev must be a finite number > 0, got {self.count_stddev}")
+        if self.population is not None and self.population < 2:
+            raise ValueError(f"population must be >= 2, got {self.population}")
+        if self.expected_contributions is not None and self.expected_contributions < 1:
+            raise ValueError(f"expected_contributions must be >= 1, got {self.expected_contributions}")
+        if self.secure_clip_range is not None and not (math.isfinite(self.secure_clip_range)
+                                                       and 0 < self.secure_clip_range <= 1e6):
+            raise ValueError(f"secure_clip_range must be a finite number in (0, 1e6], got {self.secure_clip_range}")
+        if not (math.isfinite(self.secure_stage_s) and 0.1 <= self.secure_stage_s <= 3600):
+            raise ValueError(f"secure_stage_s must be in [0.1, 3600] seconds, got {self.secure_stage_s}")
+        if not 0 <= self.secure_dropout < 0.5:
+            raise ValueError(f"secure_dropout must be in [0, 0.5), got {self.secure_dropout}")
+        if self.enabled and self.mode == "local" and self.clipping == "adaptive":
+            raise ValueError("clipping = \"adaptive\" needs mode = \"central\": the clip-bit count is noised by the "
+                             "coordinator")
+
+    def resolve(self, population: int, contributions: int) -> PrivacySettings:
+        """These settings for a population of ``population`` devices of which a round asks ``contributions``
+        (the defaults filled in); ValueError naming what cannot hold."""
+        n = self.population or population
+        if self.population is not None and self.population < population:
+            raise ValueError(f"population {self.population} is smaller than the {population} devices that "
+                             f"can be selected")
+        m = self.expected_contributions or contributions
+        if not 1 <= m <= n:
+            raise ValueError(f"expected_contributions must be in [1, population = {n}], got {m}")
+        delta = default_delta(n) if self.delta is None else self.delta
+        if not 0 < delta < 1.0 / n:
+            raise ValueError(f"delta must be in (0, 1/N) = (0, {1.0 / n:.3g}) for a population of N = {n}, "
+                             f"got {delta:g}")
+        out = replace(self, population=n, expected_contributions=m, delta=delta)
+        if out.clipping == "adaptive" and out.noise_multiplier > 0 and \
+                out.noise_multiplier >= 2 * out.bit_stddev:
+            raise ValueError(f"adaptive clipping: noise_multiplier {out.noise_multiplier:g} must be below "
+                             f"2 x count_stddev = {2 * out.bit_stddev:g} (Andrew et al.: "
+                             f"z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)); raise count_stddev")
+        return out
+
+    @property
+    def clip_range(self) -> float:
+        """R of the secure ring: the configured range, else C with DP (a clipped upload's coordinates lie in
+        [-C, C]), else 8 (as Flower's SecAgg+ default)."""
+        if self.secure_clip_range is not None:
+            return self.secure_clip_range
+        return self.clip if self.enabled else 8.0
+
+    @property
+    def bit_stddev(self) -> float:
+        """sigma_b: the noise on the clip-bit count (default m / 20, Andrew et al.'s recommendation)."""
+        m = self.expected_contributions or 1
+        return self.count_stddev if self.count_stddev is not None else m / 20.0
+
+    def sample_rate(self, asked: int) -> float:
+        """q for the accountant: the share of the population a round asks (module docs of
+        :mod:`flayer.engine.accountant`: why this is conservative)."""
+        assert self.population is not None
+        return min(1.0, asked / self.population)

@@ -1,0 +1,199 @@
+"""The device side of one secure-aggregation round: four stages of a pure state machine.
+
+Bonawitz et al. (CCS 2017), Fig. 4, restricted to the device's neighbours N(u) (Bell et al., CCS 2020):
+
+0. :meth:`SecAggClient.advertise`: fresh X25519 pairs (c_u for encryption, s_u for masks).
+1. :meth:`SecAggClient.share_keys`: draw the self-mask seed b_u; Shamir-split b_u and s_u^SK t-of-(k+1)
+   at x = index + 1 of each neighbour that advertised and of u itself; seal each neighbour's pair
+   of shares under c_uv; keep u's own share of b_u.
+2. :meth:`SecAggClient.masked_input`: open the shares received (their senders are the neighbours that
+   completed stage 2) and send ``y_u = x_u + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)``
+   (mod 2^32, v over those neighbours, ``>`` on the participant order).
+3. :meth:`SecAggClient.unmask`: reveal the share of b_v for each surviving v and of s_v^SK for each
+   dropped v -- never both for one v, and only once per round.
+
+Every stage checks what it can (round, addressee, sender in N(u), enough devices left: t) and
+raises :class:`~flayer.secagg.errors.SecAggError` on anything else; after a refusal the client
+answers nothing more this round. Randomness comes only from the ``entropy`` passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from . import keys, shamir
+from .errors import SecAggError
+from .messages import (
+    EncryptedShare,
+    KeyAdvert,
+    KeyBundle,
+    MaskedInput,
+    ShareBatch,
+    UnmaskRequest,
+    UnmaskShares,
+)
+from .params import SecAggParams
+from .prg import SEED_LEN, Entropy, expand, randbelow_from
+
+__all__ = ["SHARE_STAGE", "SecAggClient"]
+
+log = logging.getLogger(__name__)
+SHARE_STAGE = 2  # the stage byte bound into every sealed share's associated data
+_FAILED = -1
+
+
+class SecAggClient:
+    """One device's state for one round (``params`` shared by all, ``device`` one of its participants)."""
+
+    def __init__(self, params: SecAggParams, device: str, entropy: Entropy = os.urandom) -> None:
+        if not params.is_participant(device):
+            raise ValueError(f"device {device!r} is not a participant of round {params.round}")
+        self.params = params
+        self.device = device
+        self._entropy = entropy
+        self._stage = 0
+        self._c: keys.KeyPair | None = None
+        self._s: keys.KeyPair | None = None
+        self._b: bytes | None = None
+        self._own_b_share = b""
+        self._peers: dict[str, KeyAdvert] = {}
+        self._held: dict[str, tuple[bytes, bytes]] = {}  # neighbour -> (share of b_v, share of s_v)
+        self._partners: frozenset[str] = frozenset()
+
+    @property
+    def partners(self) -> frozenset[str]:
+        """The neighbours this device masked with (their shares reached it in stage 2)."""
+        return self._partners
+
+    def _enter(self, stage: int, what: str) -> None:
+        if self._stage != stage:
+            state = "refused an earlier message" if self._stage == _FAILED else f"is at stage {self._stage}"
+            raise SecAggError(f"{self.device}: {what} out of order (the device {state})")
+
+    def _refuse(self, reason: str) -> SecAggError:
+        self._stage = _FAILED
+        log.warning("secagg round %d, %s refuses: %s", self.params.round, self.device, reason)
+        return SecAggError(f"{self.device} refuses: {reason}")
+
+    def advertise(self) -> KeyAdvert:
+        """Stage 1: this round's two public keys."""
+        self._enter(0, "advertise")
+        self._c = keys.generate_keypair(self._entropy)
+        self._s = keys.generate_keypair(self._entropy)
+        self._stage = 1
+        return KeyAdvert(self.params.round, self.device, self._c.public, self._s.public)
+
+    def share_keys(self, bundle: KeyBundle) -> ShareBatch:
+        """Stage 2: sealed shares of b_u and s_u^SK for each neighbour in ``bundle``."""
+        self._enter(1, "share_keys")
+        p, me = self.params, self.device
+        assert self._c is not None and self._s is not None
+        if bundle.round != p.round or bundle.device != me:
+            raise self._refuse(f"key bundle is for {bundle.device} in round {bundle.round}")
+        neighbours = p.neighbours(me)
+        seen = {self._c.public, self._s.public}
+        for advert in bundle.adverts:
+            if advert.device not in neighbours:
+                raise self._refuse(f"key bundle holds {advert.device}, not a neighbour")
+            if advert.c_pk in seen or advert.s_pk in seen or advert.c_pk == advert.s_pk:
+                raise self._refuse(f"key bundle repeats a public key ({advert.device})")
+            seen |= {advert.c_pk, advert.s_pk}
+        if len(bundle.adverts) + 1 < p.threshold:
+            raise self._refuse(f"{len(bundle.adverts)} neighbours advertised; t={p.threshold} needs "
+                               f"{p.threshold - 1}")
+        self._peers = {a.device: a for a in bundle.adverts}
+        self._b = bytes(self._entropy(SEED_LEN))
+        xs = [p.x_of(v) for v in sorted(self._peers)] + [p.x_of(me)]
+        randbelow = randbelow_from(self._entropy)
+        b_shares = shamir.split(self._b, p.threshold, xs, randbelow)
+        s_shares = shamir.split(self._s.private, p.threshold, xs, randbelow)  # u's own s share is dropped
+        self._own_b_share = shamir.encode_share(p.x_of(me), b_shares[p.x_of(me)])
+        sealed = []
+        for v in sorted(self._peers):
+            x = p.x_of(v)
+            key = keys.derive_aead_key(keys.agree(self._c.private, self._peers[v].c_pk), p.session, p.round, me, v)
+            plain = shamir.encode_share(x, b_shares[x]) + shamir.encode_share(x, s_shares[x])
+            ad = keys.associated_data(p.session, p.round, me, v, SHARE_STAGE)
+            sealed.append(EncryptedShare(me, v, keys.seal(key, plain, ad, self._entropy)))
+        self._stage = 2
+        return ShareBatch(p.round, me, tuple(sealed))
+
+    def masked_input(self, shares: ShareBatch, vector: np.ndarray) -> MaskedInput:
+        """Stage 3: open the shares routed to this device and mask ``vector`` (uint32, ring-encoded)."""
+        self._enter(2, "masked_input")
+        p, me = self.params, self.device
+        assert self._c is not None and self._s is not None and self._b is not None
+        if not (isinstance(vector, np.ndarray) and vector.dtype == np.uint32 and vector.shape == (p.length,)):
+            raise ValueError(f"vector must be a uint32 array of shape ({p.length},), got "
+                             f"{getattr(vector, 'dtype', type(vector).__name__)} {getattr(vector, 'shape', '')}")
+        if p.ring.bits < 32 and int(vector.max()) >= p.ring.modulus:
+            raise ValueError(f"vector holds values outside Z_2^{p.ring.bits}")
+        if shares.round != p.round or shares.device != me:
+            raise self._refuse(f"share batch is for {shares.device} in round {shares.round}")
+        held: dict[str, tuple[bytes, bytes]] = {}
+        for share in shares.shares:
+            if share.receiver != me:
+                raise self._refuse(f"share from {share.sender} is addressed to {share.receiver}")
+            if share.sender not in self._peers:
+                raise self._refuse(f"share from {share.sender}, whose keys this device never received")
+            key = keys.derive_aead_key(keys.agree(self._c.private, self._peers[share.sender].c_pk),
+                                       p.session, p.round, me, share.sender)
+            ad = keys.associated_data(p.session, p.round, share.sender, me, SHARE_STAGE)
+            try:
+                plain = keys.open_sealed(key, share.ciphertext, ad, f"share from {share.sender}")
+            except SecAggError as exc:
+                raise self._refuse(str(exc)) from None
+            b_share, s_share = plain[:shamir.SHARE_LEN], plain[shamir.SHARE_LEN:]
+            try:
+                xs = {shamir.decode_share(b_share)[0], shamir.decode_share(s_share)[0]}
+            except ValueError as exc:
+                raise self._refuse(f"share from {share.sender}: {exc}") from None
+            if xs != {p.x_of(me)}:
+                raise self._refuse(f"share from {share.sender} is not at this device's x")
+            held[share.sender] = (b_share, s_share)
+        if len(held) + 1 < p.threshold:
+            raise self._refuse(f"{len(held)} neighbours completed stage 2; t={p.threshold} needs "
+                               f"{p.threshold - 1}")
+        self._held, self._partners = held, frozenset(held)
+        y = vector.copy()
+        y += expand(self._b, p.length)
+        mine = p.index(me)
+        for v in sorted(held):
+            seed = keys.derive_mask_seed(keys.agree(self._s.private, self._peers[v].s_pk),
+                                         p.session, p.round, me, v)
+            if p.index(v) > mine:
+                y += expand(seed, p.length)
+            else:
+                y -= expand(seed, p.length)
+        self._stage = 3
+        return MaskedInput(p.round, me, y)
+
+    def unmask(self, request: UnmaskRequest) -> UnmaskShares:
+        """Stage 4: shares of b_v for the surviving, of s_v^SK for the dropped neighbours (once)."""
+        self._enter(3, "unmask")
+        p, me = self.params, self.device
+        if request.round != p.round or request.device != me:
+            raise self._refuse(f"unmask request is for {request.device} in round {request.round}")
+        both = set(request.survivors) & set(request.dropped)
+        if both:
+            raise self._refuse(f"asked for both shares of {sorted(both)}")
+        if me not in request.survivors:
+            raise self._refuse("the request does not list this device among the survivors")
+        if request.survivor_count < max(p.threshold, len(request.survivors)):
+            raise self._refuse(f"{request.survivor_count} survivors (t={p.threshold}, "
+                               f"{len(request.survivors)} listed here)")
+        listed = (set(request.survivors) | set(request.dropped)) - {me}
+        if listed - set(self._held):
+            raise self._refuse(f"the request lists {sorted(listed - set(self._held))}, whose shares "
+                               "never reached this device")
+        if set(self._held) - listed:
+            raise self._refuse(f"the request leaves out {sorted(set(self._held) - listed)}, "
+                               "which completed stage 2")
+        b_out = [(me, self._own_b_share)] + [(v, self._held[v][0]) for v in sorted(request.survivors) if v != me]
+        s_out = [(v, self._held[v][1]) for v in sorted(request.dropped)]
+        self._stage = 4
+        self._b, self._s, self._c, self._held = None, None, None, {}  # nothing of this round is needed again
+        return UnmaskShares(p.round, me, tuple(b_out), tuple(s_out))

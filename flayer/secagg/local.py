@@ -1,0 +1,138 @@
+"""One secure-aggregation round run in process: the four stages, every message through its bytes.
+
+For the tests and the simulator. Each message is encoded with ``to_bytes`` and decoded with
+:func:`~flayer.secagg.messages.decode_message` on the way, so the byte counts are those of the wire
+layout and the codecs are exercised. A device may drop at one point of the round:
+
+* ``"before_keys"``: it never advertises;
+* ``"after_keys"``: it advertises and then sends nothing (no shares);
+* ``"after_shares"``: it sends its shares and no masked input;
+* ``"after_masked"``: it sends its masked input and does not answer the unmask stage.
+
+A device that refuses a message (:class:`~flayer.secagg.errors.SecAggError`) drops at that point
+and its reason is kept in ``RoundOutcome.refusals``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+import numpy as np
+
+from .client import SecAggClient
+from .errors import SecAggAbandoned, SecAggError
+from .messages import Message, decode_message
+from .params import SecAggParams
+from .prg import Entropy, SeededEntropy
+from .ring import decode_sum
+from .server import SecAggServer
+
+__all__ = ["DROP_POINTS", "RoundOutcome", "run_round"]
+
+DropPoint = Literal["before_keys", "after_keys", "after_shares", "after_masked"]
+DROP_POINTS: tuple[str, ...] = ("before_keys", "after_keys", "after_shares", "after_masked")
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What a round gave: the sums (None if abandoned), who survived or dropped, and each device's traffic.
+
+    ``dropped`` are the devices that sent shares but no masked input (the server's U2 minus U3);
+    ``bytes_per_device`` counts the bytes a device sent and received, ``messages_per_device`` the
+    messages.
+    """
+
+    ring_sum: np.ndarray | None = field(repr=False)
+    sum: np.ndarray | None = field(repr=False)
+    survivors: frozenset[str]
+    dropped: frozenset[str]
+    abandoned_reason: str | None
+    bytes_per_device: dict[str, int]
+    messages_per_device: dict[str, int]
+    refusals: dict[str, str]
+
+
+def _entropy_for(seed: bytes | None, device: str) -> Entropy:
+    if seed is None:
+        return os.urandom
+    return SeededEntropy(hashlib.sha256(b"flayer-secagg/v1/local\x00" + seed + device.encode()).digest())
+
+
+def run_round(params: SecAggParams, vectors: Mapping[str, np.ndarray],
+              drop_after: Mapping[str, DropPoint] | None = None, seed: bytes | None = None) -> RoundOutcome:
+    """Run all four stages for ``params.participants``; ``vectors`` are ring-encoded (uint32) inputs.
+
+    ``seed`` makes the run reproducible (every device's entropy is derived from it); without it the
+    devices draw from ``os.urandom``.
+    """
+    drops = dict(drop_after or {})
+    for device, point in drops.items():
+        if not params.is_participant(device):
+            raise ValueError(f"drop_after names {device!r}, not a participant")
+        if point not in DROP_POINTS:
+            raise ValueError(f"drop_after[{device!r}] must be one of {DROP_POINTS}, got {point!r}")
+    for device in vectors:
+        if not params.is_participant(device):
+            raise ValueError(f"vectors names {device!r}, not a participant")
+    missing = [d for d in params.participants if drops.get(d) not in DROP_POINTS[:3] and d not in vectors]
+    if missing:
+        raise ValueError(f"no vector for {missing}, which send a masked input")
+
+    nbytes = dict.fromkeys(params.participants, 0)
+    nmsgs = dict.fromkeys(params.participants, 0)
+    refusals: dict[str, str] = {}
+
+    def carry(msg: M, device: str) -> M:
+        raw = msg.to_bytes()
+        nbytes[device] += len(raw)
+        nmsgs[device] += 1
+        out = decode_message(raw)
+        assert type(out) is type(msg)
+        return out
+
+    server = SecAggServer(params)
+    clients = {d: SecAggClient(params, d, _entropy_for(seed, d)) for d in params.participants}
+    alive = [d for d in params.participants if drops.get(d) != "before_keys"]
+
+    def step(leaving: str | None, action: str) -> None:
+        nonlocal alive
+        still = []
+        for d in alive:
+            try:
+                if action == "advertise":
+                    server.receive_advert(carry(clients[d].advertise(), d))
+                elif action == "share":
+                    bundle = carry(server.key_bundle(d), d)
+                    server.receive_shares(carry(clients[d].share_keys(bundle), d))
+                elif action == "mask":
+                    shares = carry(server.shares_for(d), d)
+                    server.receive_masked(carry(clients[d].masked_input(shares, vectors[d]), d))
+                else:
+                    request = carry(server.unmask_request(d), d)
+                    server.receive_unmask(carry(clients[d].unmask(request), d))
+            except SecAggError as exc:
+                refusals[d] = str(exc)
+                continue
+            if drops.get(d) != leaving:
+                still.append(d)
+        alive = still
+
+    try:
+        step("after_keys", "advertise")
+        step("after_shares", "share")
+        step("after_masked", "mask")
+        step(None, "unmask")
+        ring_sum = server.result()
+    except SecAggAbandoned as exc:
+        return RoundOutcome(None, None, server.survivors, server.dropped, exc.reason, nbytes, nmsgs, refusals)
+    try:  # a device that masked values outside the ring's range shows here (or not at all: the sum is all we see)
+        total = decode_sum(ring_sum, params.ring, len(server.survivors))
+    except ValueError as exc:
+        return RoundOutcome(ring_sum, None, server.survivors, server.dropped, f"the unmasked sum is out of range: {exc}",
+                            nbytes, nmsgs, refusals)
+    return RoundOutcome(ring_sum, total, server.survivors, server.dropped, None, nbytes, nmsgs, refusals)

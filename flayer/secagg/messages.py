@@ -1,0 +1,55 @@
+"""The messages of the four secure-aggregation stages and their compact binary layout.
+
+Every message is ``header || body``; the header is ``b"FLSA"``, version (u8, 1), kind (u8) and round
+(u32), all little-endian. Ids are u8 length + ASCII (the project's 1-64 character device ids), lists
+are u16 count + entries (at most 1025: a device's k <= 1024 neighbours and itself). ``from_bytes``
+validates every length, count and id before it allocates and names the field that was wrong
+(:class:`~flayer.secagg.errors.SecAggError`, a ``ValueError``). Sizes (k neighbours, n coordinates):
+
+=================  ===================  ==========================================================
+kind               direction            body
+=================  ===================  ==========================================================
+1 KeyAdvert        device -> server     id, c_pk (32), s_pk (32)                    ~ 100 B
+2 KeyBundle        server -> device     receiver id, count, (id, c_pk, s_pk) each   ~ 100 k B
+3 ShareBatch       both ways            id, count, (sender, receiver, 164 B sealed) ~ 200 k B
+4 MaskedInput      device -> server     id, u32 n, n x u32                          4 n B
+5 UnmaskRequest    server -> device     id, u32 survivor count, survivors, dropped  ~ 20 k B
+6 UnmaskShares     device -> server     id, b shares (id, 68 B), s shares (id, 68 B) ~ 90 k B
+=================  ===================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from ._wire import MAGIC, VERSION
+from .errors import SecAggError
+from .msg_setup import CIPHERTEXT_LEN, EncryptedShare, KeyAdvert, KeyBundle, ShareBatch
+from .msg_unmask import MaskedInput, UnmaskRequest, UnmaskShares
+
+__all__ = [
+    "CIPHERTEXT_LEN",
+    "MAGIC",
+    "VERSION",
+    "EncryptedShare",
+    "KeyAdvert",
+    "KeyBundle",
+    "MaskedInput",
+    "Message",
+    "ShareBatch",
+    "UnmaskRequest",
+    "UnmaskShares",
+    "decode_message",
+]
+
+Message = KeyAdvert | KeyBundle | ShareBatch | MaskedInput | UnmaskRequest | UnmaskShares
+_KINDS: dict[int, type[Message]] = {1: KeyAdvert, 2: KeyBundle, 3: ShareBatch, 4: MaskedInput,
+                                    5: UnmaskRequest, 6: UnmaskShares}
+
+
+def decode_message(data: bytes) -> Message:
+    """Any stage's message from its bytes (dispatch on the header's kind)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < 10:
+        raise SecAggError("secagg message: shorter than its header")
+    kind = bytes(data[5:6])[0]
+    if kind not in _KINDS:
+        raise SecAggError(f"secagg message: unknown kind {kind}")
+    return _KINDS[kind].from_bytes(bytes(data))

@@ -1,0 +1,138 @@
+"""Stage 1 and 2 messages: key adverts, key bundles and sealed shares (layout: :mod:`.messages`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._wire import (
+    MAX_ENTRIES,
+    Reader,
+    check_bytes,
+    check_id,
+    check_list,
+    check_round,
+    header,
+    open_message,
+    pack_id,
+    pack_u16,
+)
+from .errors import SecAggError
+from .keys import KEY_LEN, NONCE_LEN, TAG_LEN
+from .shamir import SHARE_LEN
+
+__all__ = ["CIPHERTEXT_LEN", "EncryptedShare", "KeyAdvert", "KeyBundle", "ShareBatch"]
+
+CIPHERTEXT_LEN = NONCE_LEN + 2 * SHARE_LEN + TAG_LEN  # nonce, share of b_u and of s_u, tag
+
+
+@dataclass(frozen=True)
+class KeyAdvert:
+    """Stage 1, device -> server: the device's two public keys of this round."""
+
+    round: int
+    device: str
+    c_pk: bytes
+    s_pk: bytes
+
+    def __post_init__(self) -> None:
+        check_round(self.round)
+        check_id(self.device, "KeyAdvert device")
+        check_bytes(self.c_pk, KEY_LEN, "KeyAdvert c_pk")
+        check_bytes(self.s_pk, KEY_LEN, "KeyAdvert s_pk")
+
+    def _body(self) -> bytes:
+        return pack_id(self.device) + self.c_pk + self.s_pk
+
+    def to_bytes(self) -> bytes:
+        return header(1, self.round) + self._body()
+
+    @classmethod
+    def _read(cls, r: Reader, round_id: int, what: str) -> KeyAdvert:
+        device = r.device(f"{what} device")
+        return cls(round_id, device, r.take(KEY_LEN, f"{what} c_pk"), r.take(KEY_LEN, f"{what} s_pk"))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> KeyAdvert:
+        r, round_id = open_message(data, 1, "KeyAdvert")
+        out = cls._read(r, round_id, "KeyAdvert")
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class KeyBundle:
+    """Stage 1, server -> device: the adverts of the device's neighbours that advertised."""
+
+    round: int
+    device: str
+    adverts: tuple[KeyAdvert, ...]
+
+    def __post_init__(self) -> None:
+        check_round(self.round)
+        check_id(self.device, "KeyBundle device")
+        object.__setattr__(self, "adverts", tuple(self.adverts))
+        if not all(isinstance(a, KeyAdvert) and a.round == self.round for a in self.adverts):
+            raise SecAggError("KeyBundle adverts must be KeyAdverts of the bundle's round")
+        check_list(tuple(a.device for a in self.adverts), "KeyBundle adverts")
+
+    def to_bytes(self) -> bytes:
+        body = b"".join(a._body() for a in self.adverts)
+        return (header(2, self.round) + pack_id(self.device)
+                + pack_u16(len(self.adverts), "KeyBundle count") + body)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> KeyBundle:
+        r, round_id = open_message(data, 2, "KeyBundle")
+        device = r.device("device")
+        count = r.count("advert count", MAX_ENTRIES)
+        adverts = tuple(KeyAdvert._read(r, round_id, f"advert {i}") for i in range(count))
+        r.done()
+        return cls(round_id, device, adverts)
+
+
+@dataclass(frozen=True)
+class EncryptedShare:
+    """One sealed pair (share of b_sender, share of s_sender) for one receiver (:mod:`.keys`)."""
+
+    sender: str
+    receiver: str
+    ciphertext: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        check_id(self.sender, "EncryptedShare sender")
+        check_id(self.receiver, "EncryptedShare receiver")
+        check_bytes(self.ciphertext, CIPHERTEXT_LEN, "EncryptedShare ciphertext")
+
+
+@dataclass(frozen=True)
+class ShareBatch:
+    """Stage 2: all shares ``device`` sends (device -> server), or all it receives (server -> device)."""
+
+    round: int
+    device: str
+    shares: tuple[EncryptedShare, ...]
+
+    def __post_init__(self) -> None:
+        check_round(self.round)
+        check_id(self.device, "ShareBatch device")
+        object.__setattr__(self, "shares", tuple(self.shares))
+        if len(self.shares) > MAX_ENTRIES:
+            raise SecAggError(f"ShareBatch: {len(self.shares)} shares exceed the limit {MAX_ENTRIES}")
+        if not all(isinstance(s, EncryptedShare) for s in self.shares):
+            raise SecAggError("ShareBatch shares must be EncryptedShares")
+        if len({(s.sender, s.receiver) for s in self.shares}) != len(self.shares):
+            raise SecAggError("ShareBatch: duplicate (sender, receiver) pair")
+
+    def to_bytes(self) -> bytes:
+        body = b"".join(pack_id(s.sender) + pack_id(s.receiver) + s.ciphertext for s in self.shares)
+        return header(3, self.round) + pack_id(self.device) + pack_u16(len(self.shares), "ShareBatch count") + body
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ShareBatch:
+        r, round_id = open_message(data, 3, "ShareBatch")
+        device = r.device("device")
+        count = r.count("share count", MAX_ENTRIES)
+        shares = tuple(EncryptedShare(r.device(f"share {i} sender"), r.device(f"share {i} receiver"),
+                                      r.take(CIPHERTEXT_LEN, f"share {i} ciphertext")) for i in range(count))
+        r.done()
+        return cls(round_id, device, shares)

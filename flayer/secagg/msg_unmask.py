@@ -1,0 +1,136 @@
+"""Stage 3 and 4 messages: the masked input, the unmask request and the revealed shares (layout: :mod:`.messages`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._wire import (
+    MAX_ENTRIES,
+    check_bytes,
+    check_id,
+    check_list,
+    check_round,
+    header,
+    open_message,
+    pack_id,
+    pack_u16,
+    pack_u32,
+)
+from .errors import SecAggError
+from .prg import MAX_LENGTH
+from .shamir import SHARE_LEN
+
+__all__ = ["MaskedInput", "UnmaskRequest", "UnmaskShares"]
+
+
+@dataclass(frozen=True, eq=False)
+class MaskedInput:
+    """Stage 3, device -> server: y_u, the masked uint32 vector (4 bytes per coordinate)."""
+
+    round: int
+    device: str
+    vector: np.ndarray = field(repr=False)
+
+    def __post_init__(self) -> None:
+        check_round(self.round)
+        check_id(self.device, "MaskedInput device")
+        v = self.vector
+        if not isinstance(v, np.ndarray) or v.dtype != np.uint32 or v.ndim != 1 or not 1 <= v.size <= MAX_LENGTH:
+            raise SecAggError(f"MaskedInput vector must be a 1-D uint32 array of 1-{MAX_LENGTH} values")
+
+    def to_bytes(self) -> bytes:
+        return (header(4, self.round) + pack_id(self.device) + pack_u32(self.vector.size, "length")
+                + self.vector.astype("<u4", copy=False).tobytes())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> MaskedInput:
+        r, round_id = open_message(data, 4, "MaskedInput")
+        device = r.device("device")
+        n = r.u32("length")
+        if not 1 <= n <= MAX_LENGTH:
+            raise SecAggError(f"MaskedInput: length {n} outside [1, {MAX_LENGTH}]")
+        vector = np.frombuffer(r.take(4 * n, "vector"), dtype="<u4").astype(np.uint32)
+        r.done()
+        return cls(round_id, device, vector)
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """Stage 4, server -> device: which of its neighbours survived (sent y) and which dropped after stage 2.
+
+    ``survivors`` includes the device itself; ``survivor_count`` is the size of the whole survivor set.
+    """
+
+    round: int
+    device: str
+    survivor_count: int
+    survivors: tuple[str, ...]
+    dropped: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        check_round(self.round)
+        check_id(self.device, "UnmaskRequest device")
+        object.__setattr__(self, "survivors", tuple(self.survivors))
+        object.__setattr__(self, "dropped", tuple(self.dropped))
+        check_list(self.survivors, "UnmaskRequest survivors")
+        check_list(self.dropped, "UnmaskRequest dropped")
+        if not isinstance(self.survivor_count, int) or not 0 <= self.survivor_count <= 0xFFFFFFFF:
+            raise SecAggError(f"UnmaskRequest survivor_count {self.survivor_count!r} is not a u32")
+
+    def to_bytes(self) -> bytes:
+        return (header(5, self.round) + pack_id(self.device) + pack_u32(self.survivor_count, "survivor_count")
+                + pack_u16(len(self.survivors), "survivors") + b"".join(pack_id(s) for s in self.survivors)
+                + pack_u16(len(self.dropped), "dropped") + b"".join(pack_id(d) for d in self.dropped))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UnmaskRequest:
+        r, round_id = open_message(data, 5, "UnmaskRequest")
+        device, count = r.device("device"), r.u32("survivor_count")
+        survivors = tuple(r.device(f"survivor {i}") for i in range(r.count("survivors", MAX_ENTRIES)))
+        dropped = tuple(r.device(f"dropped {i}") for i in range(r.count("dropped", MAX_ENTRIES)))
+        r.done()
+        return cls(round_id, device, count, survivors, dropped)
+
+
+@dataclass(frozen=True)
+class UnmaskShares:
+    """Stage 4, device -> server: its shares of b_v for surviving v, of s_v for dropped v (68 B each)."""
+
+    round: int
+    device: str
+    b_shares: tuple[tuple[str, bytes], ...]
+    s_shares: tuple[tuple[str, bytes], ...]
+
+    def __post_init__(self) -> None:
+        check_round(self.round)
+        check_id(self.device, "UnmaskShares device")
+        for name in ("b_shares", "s_shares"):
+            entries = tuple(getattr(self, name))
+            object.__setattr__(self, name, entries)
+            check_list(tuple(owner for owner, _ in entries), f"UnmaskShares {name}")
+            for owner, share in entries:
+                check_bytes(share, SHARE_LEN, f"UnmaskShares {name} share of {owner}")
+        both = {o for o, _ in self.b_shares} & {o for o, _ in self.s_shares}
+        if both:
+            raise SecAggError(f"UnmaskShares reveals both shares of {sorted(both)}")
+
+    def to_bytes(self) -> bytes:
+        def block(entries: tuple[tuple[str, bytes], ...], what: str) -> bytes:
+            return pack_u16(len(entries), what) + b"".join(pack_id(o) + s for o, s in entries)
+
+        return (header(6, self.round) + pack_id(self.device) + block(self.b_shares, "b_shares")
+                + block(self.s_shares, "s_shares"))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UnmaskShares:
+        r, round_id = open_message(data, 6, "UnmaskShares")
+        device = r.device("device")
+        blocks = []
+        for name in ("b_shares", "s_shares"):
+            count = r.count(f"{name} count", MAX_ENTRIES)
+            blocks.append(tuple((r.device(f"{name} {i} owner"), r.take(SHARE_LEN, f"{name} {i} share"))
+                                for i in range(count)))
+        r.done()
+        return cls(round_id, device, blocks[0], blocks[1])

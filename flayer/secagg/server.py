@@ -1,0 +1,258 @@
+"""The coordinator side of one secure-aggregation round: collect, route, and unmask only the sum.
+
+Bonawitz et al. (CCS 2017), Fig. 4, server side, over the SecAgg+ graph (Bell et al., CCS 2020). The
+device sets shrink stage by stage: U1 advertised keys, U2 sent shares (U2 within U1), U3 sent a masked
+input (survivors, within U2), U2 minus U3 dropped. Each stage closes when the wire layer first asks
+for the next stage's output (``key_bundle``, ``shares_for``, ``unmask_request``, ``result``); a set
+smaller than t ends the round with :class:`~flayer.secagg.errors.SecAggAbandoned`.
+
+The server holds the running sum of the masked inputs, never one of them alone, and it reconstructs
+b_u only for survivors and s_u^SK only for the dropped: ``_reconstruct`` refuses the second kind of
+secret for any device (checked again on every share received), so no device's input is ever unmasked
+on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Container, Mapping
+
+import numpy as np
+
+from . import keys, shamir
+from .errors import SecAggAbandoned, SecAggError
+from .messages import KeyAdvert, KeyBundle, MaskedInput, ShareBatch, UnmaskRequest, UnmaskShares
+from .msg_setup import EncryptedShare
+from .params import SecAggParams
+from .prg import expand
+
+__all__ = ["SecAggServer"]
+
+log = logging.getLogger(__name__)
+_KINDS = ("b", "s")  # b: self-mask seed (survivors), s: mask private key (dropped)
+
+
+class SecAggServer:
+    """The coordinator's state for one round; every input is checked against ``params`` and the stage."""
+
+    def __init__(self, params: SecAggParams) -> None:
+        self.params = params
+        self._stage = 1
+        self._abandoned: str | None = None
+        self._adverts: dict[str, KeyAdvert] = {}
+        self._sent: dict[str, tuple[EncryptedShare, ...]] = {}
+        self._inbox: dict[str, list[EncryptedShare]] = {}
+        self._masked: set[str] = set()
+        self._sum = np.zeros(params.length, dtype=np.uint32)
+        self._requests: dict[str, UnmaskRequest] = {}
+        self._responded: set[str] = set()
+        self._shares: dict[str, dict[str, dict[int, int]]] = {"b": {}, "s": {}}
+        self._reconstructed: dict[str, set[str]] = {}
+        self._result: np.ndarray | None = None
+
+    # -- the device sets ----------------------------------------------------------------------------
+    @property
+    def advertised(self) -> frozenset[str]:
+        return frozenset(self._adverts)
+
+    @property
+    def shared(self) -> frozenset[str]:
+        return frozenset(self._sent)
+
+    @property
+    def asked(self) -> frozenset[str]:
+        """The survivors sent an unmask request so far."""
+        return frozenset(self._requests)
+
+    @property
+    def responded(self) -> frozenset[str]:
+        """The survivors whose unmask answer arrived."""
+        return frozenset(self._responded)
+
+    @property
+    def survivors(self) -> frozenset[str]:
+        return frozenset(self._masked)
+
+    @property
+    def dropped(self) -> frozenset[str]:
+        """U2 minus U3, once stage 3 is closed (empty before: who will send a masked input is open)."""
+        return frozenset(self._sent) - frozenset(self._masked) if self._stage >= 4 else frozenset()
+
+    @property
+    def reconstructed(self) -> Mapping[str, frozenset[str]]:
+        """Device -> the kinds of secret rebuilt for it ("b" or "s", never both)."""
+        return {d: frozenset(k) for d, k in self._reconstructed.items()}
+
+    # -- stage bookkeeping ---------------------------------------------------------------------------
+    def _abandon(self, reason: str) -> SecAggAbandoned:
+        self._abandoned = reason
+        log.warning("secagg round %d abandoned: %s", self.params.round, reason)
+        return SecAggAbandoned(reason)
+
+    def _at(self, stages: tuple[int, ...], what: str) -> None:
+        if self._abandoned is not None:
+            raise SecAggAbandoned(self._abandoned)
+        if self._stage not in stages:
+            raise SecAggError(f"{what} out of order (the server is at stage {self._stage})")
+
+    def _close(self, stage: int, members: frozenset[str], what: str) -> None:
+        """Close ``stage`` (move to the next) unless fewer than t devices ``what``."""
+        if self._stage == stage:
+            if len(members) < self.params.threshold:
+                raise self._abandon(f"{len(members)} devices {what}, fewer than t={self.params.threshold}")
+            self._stage = stage + 1
+
+    def _check(self, round_id: int, device: str, members: Container[str], what: str) -> None:
+        if round_id != self.params.round:
+            raise SecAggError(f"{what} from {device} is for round {round_id}, not {self.params.round}")
+        if device not in members:
+            raise SecAggError(f"{what} from {device}, which is not expected at this stage")
+
+    # -- stage 1 -------------------------------------------------------------------------------------
+    def receive_advert(self, advert: KeyAdvert) -> None:
+        self._at((1,), "key advert")
+        self._check(advert.round, advert.device, self.params.participants, "key advert")
+        if advert.device in self._adverts:
+            raise SecAggError(f"second key advert from {advert.device}")
+        self._adverts[advert.device] = advert
+
+    def key_bundle(self, device: str) -> KeyBundle:
+        """The adverts of ``device``'s neighbours that advertised (closes stage 1 on the first call)."""
+        self._at((1, 2), "key bundle")
+        self._close(1, self.advertised, "advertised keys")
+        if device not in self._adverts:
+            raise SecAggError(f"{device} did not advertise keys")
+        peers = sorted(self.params.neighbours(device) & self.advertised)
+        return KeyBundle(self.params.round, device, tuple(self._adverts[v] for v in peers))
+
+    # -- stage 2 -------------------------------------------------------------------------------------
+    def receive_shares(self, batch: ShareBatch) -> None:
+        self._at((2,), "share batch")
+        sender = batch.device
+        self._check(batch.round, sender, self._adverts, "share batch")
+        if sender in self._sent:
+            raise SecAggError(f"second share batch from {sender}")
+        expected = self.params.neighbours(sender) & self.advertised
+        if any(s.sender != sender for s in batch.shares):
+            raise SecAggError(f"share batch from {sender} holds shares of another sender")
+        receivers = [s.receiver for s in batch.shares]
+        if set(receivers) != expected:
+            raise SecAggError(f"share batch from {sender} is addressed to {sorted(receivers)}, not to its "
+                              f"neighbours that advertised {sorted(expected)}")
+        self._sent[sender] = batch.shares
+        for share in batch.shares:
+            self._inbox.setdefault(share.receiver, []).append(share)
+
+    def shares_for(self, device: str) -> ShareBatch:
+        """The shares addressed to ``device`` (closes stage 2 on the first call)."""
+        self._at((2, 3), "shares_for")
+        self._close(2, self.shared, "sent shares")
+        if device not in self._sent:
+            raise SecAggError(f"{device} sent no shares")
+        routed = [s for s in self._inbox.get(device, []) if s.sender in self._sent]
+        return ShareBatch(self.params.round, device, tuple(sorted(routed, key=lambda s: s.sender)))
+
+    # -- stage 3 -------------------------------------------------------------------------------------
+    def receive_masked(self, masked: MaskedInput) -> None:
+        self._at((3,), "masked input")
+        self._check(masked.round, masked.device, self._sent, "masked input")
+        if masked.device in self._masked:
+            raise SecAggError(f"second masked input from {masked.device}")
+        if masked.vector.shape != (self.params.length,):
+            raise SecAggError(f"masked input from {masked.device} has {masked.vector.size} values, "
+                              f"not {self.params.length}")
+        self._masked.add(masked.device)
+        self._sum += masked.vector  # wraps mod 2^32; only the running sum is kept
+
+    def unmask_request(self, device: str) -> UnmaskRequest:
+        """Which of ``device``'s neighbours survived or dropped (closes stage 3 on the first call)."""
+        self._at((3, 4), "unmask request")
+        if self._stage == 3:
+            self._close(3, self.survivors, "sent a masked input")
+            self._check_connected()
+        if device not in self._masked:
+            raise SecAggError(f"{device} sent no masked input")
+        if device not in self._requests:
+            near = self.params.neighbours(device)
+            self._requests[device] = UnmaskRequest(
+                self.params.round, device, len(self._masked),
+                tuple([device] + sorted(near & self.survivors)), tuple(sorted(near & self.dropped)))
+        return self._requests[device]
+
+    def _check_connected(self) -> None:
+        """Abandon if the survivors' graph is split: each component's sum would be exposed."""
+        survivors = self.survivors
+        start = min(survivors)
+        seen, todo = {start}, [start]
+        while todo:
+            for v in self.params.neighbours(todo.pop()) & survivors:
+                if v not in seen:
+                    seen.add(v)
+                    todo.append(v)
+        if seen != survivors:
+            raise self._abandon(f"the survivors' neighbour graph is split ({len(seen)} of {len(survivors)} "
+                                "reachable): unmasking would expose partial sums")
+
+    # -- stage 4 -------------------------------------------------------------------------------------
+    def receive_unmask(self, msg: UnmaskShares) -> None:
+        self._at((4,), "unmask shares")
+        self._check(msg.round, msg.device, self._requests, "unmask shares")
+        if msg.device in self._responded:
+            raise SecAggError(f"second unmask answer from {msg.device}")
+        request, x = self._requests[msg.device], self.params.x_of(msg.device)
+        decoded: list[tuple[str, str, int]] = []
+        for kind, entries, allowed in (("b", msg.b_shares, request.survivors), ("s", msg.s_shares, request.dropped)):
+            for owner, raw in entries:  # survivors and dropped are disjoint: one kind per owner
+                if owner not in allowed:
+                    raise SecAggError(f"{msg.device} sent a share of {kind}_{owner}, which was not asked for")
+                try:
+                    share_x, y = shamir.decode_share(raw)
+                except ValueError as exc:
+                    raise SecAggError(f"{msg.device}'s share of {kind}_{owner}: {exc}") from None
+                if share_x != x:
+                    raise SecAggError(f"{msg.device} sent a share of {kind}_{owner} at x={share_x}, not {x}")
+                decoded.append((kind, owner, y))
+        self._responded.add(msg.device)
+        for kind, owner, y in decoded:
+            self._shares[kind].setdefault(owner, {})[x] = y
+
+    def _reconstruct(self, owner: str, kind: str) -> bytes:
+        """One secret of ``owner``; SecAggError if its other secret was rebuilt (the never-both rule)."""
+        assert kind in _KINDS
+        done = self._reconstructed.setdefault(owner, set())
+        if done - {kind}:
+            raise SecAggError(f"refusing to rebuild {kind}_{owner}: its other secret was rebuilt")
+        done.add(kind)
+        try:
+            return shamir.combine(self._shares[kind][owner], self.params.threshold)
+        except ValueError as exc:
+            raise self._abandon(f"the shares of {kind}_{owner} do not combine: {exc}") from None
+
+    def result(self) -> np.ndarray:
+        """The ring sum (uint32, mod 2^32) of the survivors' inputs; SecAggAbandoned if it cannot be had."""
+        if self._result is not None:
+            return self._result.copy()
+        self._at((4,), "result")
+        p = self.params
+        for kind, owners in (("b", sorted(self.survivors)), ("s", sorted(self.dropped))):
+            for owner in owners:  # every count is checked before any secret is rebuilt
+                have = len(self._shares[kind].get(owner, {}))
+                if have < p.threshold:
+                    raise self._abandon(f"{have} shares of {kind}_{owner} arrived, fewer than t={p.threshold}")
+        self._stage = 5
+        total = self._sum.copy()
+        for u in sorted(self.survivors):
+            total -= expand(self._reconstruct(u, "b"), p.length)
+        for v in sorted(self.dropped):
+            s_sk = self._reconstruct(v, "s")
+            if keys.public_from_private(s_sk) != self._adverts[v].s_pk:
+                raise self._abandon(f"the shares of s_{v} do not rebuild the key {v} advertised")
+            for u in sorted(p.neighbours(v) & self.survivors):
+                seed = keys.derive_mask_seed(keys.agree(s_sk, self._adverts[u].s_pk), p.session, p.round, u, v)
+                if p.index(v) > p.index(u):  # y_u added PRG(s_uv) for v > u, subtracted it for v < u
+                    total -= expand(seed, p.length)
+                else:
+                    total += expand(seed, p.length)
+        self._shares = {"b": {}, "s": {}}
+        self._result = total
+        return total.copy()

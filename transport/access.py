@@ -1,0 +1,70 @@
+"""Who may read a read-only HTTP endpoint of this stack (the dashboard, the coordinator's Prometheus metrics).
+
+The rule, written once (docs/howto/watch-fleet.md, docs/howto/service.md):
+
+1. Bound to a loopback address (:func:`transport.hosts.is_loopback`) the endpoint is open: only this
+   machine reaches it.
+2. Bound anywhere else it needs a token of at least ``MIN_TOKEN_CHARS`` characters; when none is given one
+   is generated (:func:`token_for`).
+3. A request presents the token as ``Authorization: Bearer TOKEN`` (what Prometheus sends with
+   ``authorization: credentials_file``), as ``?token=TOKEN`` in the address, or in the endpoint's cookie;
+   it is compared in constant time. A missing or wrong token gets 401 and no data.
+"""
+
+from __future__ import annotations
+
+import secrets
+from http.cookies import CookieError, SimpleCookie
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from .hosts import is_loopback
+
+__all__ = ["MIN_TOKEN_CHARS", "presented_token", "token_allows", "token_for"]
+
+MIN_TOKEN_CHARS = 16
+
+
+class Headers(Protocol):
+    """A request's headers (``http.server``'s message, or a dict)."""
+
+    def get(self, name: str, default: Any = None, /) -> Any: ...
+
+
+def token_for(host: str, token: str | None) -> str | None:
+    """The token an endpoint bound to ``host`` requires (rules 1 and 2): ``token`` when given (ValueError
+    when shorter than ``MIN_TOKEN_CHARS``), a generated one off loopback, else None (open)."""
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"the access token must be at least {MIN_TOKEN_CHARS} characters, got {len(token)}")
+    if token is None and not is_loopback(host):
+        return secrets.token_urlsafe(24)
+    return token
+
+
+def presented_token(path: str, headers: Headers, cookie: str | None = None) -> tuple[str | None, bool]:
+    """(the token a request presents, whether it came in the query string), rule 3."""
+    query = parse_qs(urlsplit(path).query)
+    if "token" in query:
+        return query["token"][0], True
+    auth = headers.get("Authorization", "") or ""
+    if auth.startswith("Bearer "):
+        return auth[7:].strip(), False
+    if cookie is not None:
+        try:
+            jar = SimpleCookie(headers.get("Cookie", "") or "")
+        except CookieError:
+            return None, False
+        if cookie in jar:
+            return jar[cookie].value, False
+    return None, False
+
+
+def token_allows(want: str | None, path: str, headers: Headers, cookie: str | None = None
+                 ) -> tuple[bool, bool]:
+    """(allowed, the token came in the query string) for a request to an endpoint requiring ``want``
+    (None: open)."""
+    if want is None:
+        return True, False
+    got, in_query = presented_token(path, headers, cookie)
+    ok = got is not None and secrets.compare_digest(got.encode(), want.encode())
+    return ok, ok and in_query
