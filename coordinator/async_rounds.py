@@ -1,54 +1,179 @@
-"""Training slots of an asynchronous federation (``mode = "async"``, :mod:`flayer.engine.versions`).
+"""Training slots of an asynchronous federation (``mode = "async"``, :mod:`flayer.engine.versions`),
+and the pace of its plan changes.
 
-At most ``concurrency`` devices (0: every device online) hold a slot; the round plan's ``selected``
-lists them, and a device trains when it holds one, on the newest model version it has. A slot is
-freed when its holder's update is answered (accepted or refused) and after ``deadline_s`` without an
-answer (the device may still deliver within ``max_staleness``: it was offered that version). Free
-slots go to idle devices online, drawn by :func:`flayer.engine.assign_slots` -- never to a device
-whose update from the current version is already folded.
+Slots (:class:`Slots`):
+
+1. At most ``concurrency`` devices (0: every device online) hold a slot; the round plan's
+   ``selected`` lists them, and a device trains when it holds one, on the newest version it has.
+2. A slot is freed when its holder's update is accepted, after ``deadline_s`` without an accepted
+   update (the device may still deliver within ``max_staleness``: it was offered that version), and
+   when its holder goes offline. A refusal frees nothing: junk cannot make the coordinator re-plan,
+   and a refused device keeps its slot (it trains on the next version).
+3. Free slots go to idle devices online, drawn by :func:`flayer.engine.assign_slots` -- never to a
+   device whose update is already in the current version's buffer (one per device per version).
+4. After a restart the holders of the journal's last plan (or the checkpoint's) hold their slots
+   again (:meth:`Slots.restore`), so no more than ``concurrency`` devices train; a restored holder
+   not heard from yet is not taken for offline (the registry is empty at a start) -- it keeps its
+   slot until it is seen offline or the slot expires.
+
+:class:`AsyncRounds` is the coordinator's asynchronous tick (a mixin of
+:class:`coordinator.server.Coordinator`, which holds the state).
+
+Plan changes (:class:`PlanPacer`): every change of the holders is one journal record (fsynced) and one
+retained plan publication. They are coalesced -- at most one per ``PLAN_INTERVAL_S`` -- and at most
+``2 x buffer + 4`` per version and ``deadline_s`` period (the period renews when a short buffer's
+deadline is extended): the plan records of version ``v`` are at most
+``1 + (2 x buffer + 4) x ceil(its duration / deadline_s)``. Changes beyond the budget wait for the
+next period or version (the holders that remain keep training).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 from flayer.engine import AsyncSettings, assign_slots
+from protocol import encode_message
 
-__all__ = ["Slots"]
+__all__ = ["PLAN_INTERVAL_S", "AsyncRounds", "PlanPacer", "Slots"]
+
+PLAN_INTERVAL_S = 1.0
 
 
 class Slots:
+    """Who holds a training slot (module docstring, rules 1-4)."""
+
     def __init__(self, settings: AsyncSettings, seed: int, hold_s: float) -> None:
         self.settings, self.seed, self.hold_s = settings, seed, hold_s
         self.held: dict[str, float] = {}  # device -> when it got its slot
+        self.unseen: set[str] = set()  # holders restored after a restart, not yet seen online
         self.given = 0  # slots handed out in the current version (keeps the seeded draws apart)
         self.version = 0
 
     def release(self, client: str) -> bool:
+        """The holder's update was accepted: its slot is free."""
+        self.unseen.discard(client)
         return self.held.pop(client, None) is not None
+
+    def restore(self, holders: Iterable[str], now: float) -> None:
+        """After a restart: ``holders`` (the last plan's) hold their slots again, from ``now``; at most
+        ``concurrency`` of them (sorted order) when there are more."""
+        ordered = sorted(set(holders))
+        if self.settings.concurrency:
+            ordered = ordered[:self.settings.concurrency]
+        self.held = dict.fromkeys(ordered, now)
+        self.unseen = set(ordered)
 
     def expire(self, now: float) -> list[str]:
         """Free the slots held longer than ``hold_s`` without an answer."""
         gone = [c for c, since in self.held.items() if now - since >= self.hold_s]
         for c in gone:
             del self.held[c]
+            self.unseen.discard(c)
         return gone
 
-    def drop_offline(self, online: Collection[str]) -> list[str]:
-        """Free the slots of devices no longer online (revoked, or gone past ``stale_after_s``)."""
-        gone = [c for c in self.held if c not in online]
+    def drop_offline(self, online: Collection[str], offline: Collection[str] = ()) -> list[str]:
+        """Free the slots of devices no longer online (revoked, or gone past ``stale_after_s``); a
+        restored holder not seen yet keeps its slot unless it is in ``offline`` (seen offline)."""
+        self.unseen -= set(online)
+        gone = [c for c in self.held if c not in online and (c not in self.unseen or c in offline)]
         for c in gone:
             del self.held[c]
+            self.unseen.discard(c)
         return gone
 
-    def fill(self, online: Sequence[str], folded: Collection[str], version: int, now: float) -> list[str]:
-        """Give the free slots to idle devices online; returns the new holders."""
+    def fill(self, online: Sequence[str], buffered: Collection[str], version: int, now: float) -> list[str]:
+        """Give the free slots to idle devices online (none to a device in ``buffered``: its update is in the
+        current version's buffer); returns the new holders."""
         if version != self.version:
             self.version, self.given = version, 0
         cap = self.settings.concurrency or len(set(online))
-        idle = [c for c in online if c not in self.held and c not in folded]
+        idle = [c for c in online if c not in self.held and c not in buffered]
         new = assign_slots(idle, cap - len(self.held), self.seed, version, self.given)
         self.given += len(new)
         for c in new:
             self.held[c] = now
         return new
+
+
+class PlanPacer:
+    """How often an asynchronous version's plan may change (module docstring): at most one change per
+    ``interval_s``, and ``budget`` changes per version and deadline period."""
+
+    def __init__(self, buffer: int, interval_s: float = PLAN_INTERVAL_S) -> None:
+        self.budget = 2 * buffer + 4
+        self.interval_s = interval_s
+        self.version = 0
+        self.left = self.budget
+        self.last = float("-inf")
+
+    def opened(self, version: int, now: float) -> None:
+        """Version ``version``'s first plan went out (journaled and published)."""
+        self.version, self.left, self.last = version, self.budget, now
+
+    def renew(self) -> None:
+        """A new deadline period of the same version (its buffer was still short): a fresh budget."""
+        self.left = self.budget
+
+    def may(self, now: float) -> bool:
+        return self.left > 0 and now - self.last >= self.interval_s
+
+    def changed(self, now: float) -> None:
+        self.left -= 1
+        self.last = now
+
+
+class AsyncRounds:
+    """The coordinator's buffer of one version: slots, plan changes, when to publish (module docstring)."""
+
+    slots: Slots
+    pacer: PlanPacer
+    window: Any  # flayer.engine.VersionWindow
+    registry: Any
+    fs: Any
+    topics: Any
+    creds: Any
+
+    def _online(self, now: float) -> Any: ...  # coordinator.server
+    def _plan(self, phase: str = "train") -> Any: ...  # coordinator.phases
+    def _publish_plan(self, phase: str = "train") -> None: ...
+    def _close_round(self, reason: str) -> None: ...
+
+    def _heard_offline(self, online: list[str]) -> set[str]:
+        """Restored slot holders (coordinator.async_rounds, rule 4) the registry has heard from that are not
+        online: their slots may go."""
+        return {c for c in self.slots.unseen if self.registry.get(c) is not None} - set(online)
+
+    def _tick_async(self, rnd: Any, now: float) -> None:
+        """The buffer of version ``rnd.number``: keep the slots filled, publish at ``buffer`` updates. The
+        holders change -- one journal record and one plan publication -- only as :class:`PlanPacer` allows."""
+        assert self.window is not None and rnd.timer is not None and rnd.journal is not None
+        if self.pacer.may(now):
+            online = self._online(now)
+            self.slots.expire(now)
+            self.slots.drop_offline(online, self._heard_offline(online))
+            new = self.slots.fill(online, self.window.buffered, rnd.number, now)
+            held = frozenset(self.slots.held)
+            if held != rnd.selected:
+                self.window.offer(new)
+                rnd.selected = held
+                rnd.stats.selected = sorted(set(rnd.stats.selected) | held)
+                rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username))
+                self._publish_plan()
+                self.pacer.changed(now)
+        accepted = rnd.aggregate.tally.accepted
+        if accepted >= self.fs.buffer:
+            self._close_round(f"buffer of {self.fs.buffer} update(s) full")
+        elif now >= rnd.timer.deadline:
+            if accepted >= self.fs.min_updates:
+                self._close_round(f"deadline with {accepted} of {self.fs.buffer} update(s)")
+            else:
+                rnd.timer.deadline = now + self.fs.deadline_s  # nothing to publish yet: keep buffering
+                self.pacer.renew()
+
+    def _window_record(self) -> dict[str, Any]:
+        """The checkpoint's version window (asynchronous rounds), with the slot holders (restored after a
+        restart, coordinator.async_rounds rule 4)."""
+        if self.window is None:
+            return {}
+        return {**self.window.as_dict(), "slots": sorted(self.slots.held)}

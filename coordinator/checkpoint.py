@@ -3,7 +3,8 @@
 One safetensors file, ``checkpoint.safetensors``, written atomically after each round (through
 :func:`flayer.state.save_tensors`): the global state plus JSON metadata -- the round, the model's
 digest, the run's identity (strategy, options, seed, training settings, model spec, federation) and
-the cumulative counters. Selection needs no saved RNG state: each round's draw is seeded from
+the cumulative counters; in a private run, the accountant's ledger and the clip bound
+(:mod:`coordinator.privacy`). Selection needs no saved RNG state: each round's draw is seeded from
 (seed, round). A checkpoint of another run (different strategy, seed, model...) is refused, so a
 state folder cannot silently mix two runs.
 """
@@ -39,13 +40,22 @@ class Checkpoint:
     options: dict[str, Any] = field(default_factory=dict)  # strategy options in force (after calibration)
     norms: list[float] = field(default_factory=list)  # recent accepted update norms (coordinator.guard)
     window: dict[str, Any] = field(default_factory=dict)  # asynchronous rounds: flayer.engine.VersionWindow
+    norm_clients: list[str] = field(default_factory=list)  # ... and whose each was ("" unknown: older checkpoints)
+    privacy: dict[str, Any] = field(default_factory=dict)  # private runs: the accountant's ledger and C
 
 
 def save_checkpoint(folder: Path, ckpt: Checkpoint) -> Path:
+    """Write the checkpoint atomically (the previous one stays whole when this fails). An I/O error is
+    raised as OSError naming the checkpoint's path."""
     meta = {"kind": KIND, "round": ckpt.round, "model_digest": ckpt.model_digest, "identity": ckpt.identity,
             "counters": ckpt.counters, "options": ckpt.options, "norms": [float(n) for n in ckpt.norms],
-            "window": ckpt.window}
-    return save_tensors(folder / CHECKPOINT_NAME, ckpt.global_state, meta)
+            "norm_clients": list(ckpt.norm_clients) if len(ckpt.norm_clients) == len(ckpt.norms)
+            else [""] * len(ckpt.norms), "window": ckpt.window, "privacy": ckpt.privacy}
+    path = folder / CHECKPOINT_NAME
+    try:
+        return save_tensors(path, ckpt.global_state, meta)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
 
 
 def load_checkpoint(folder: Path, identity: Mapping[str, Any]) -> Checkpoint | None:
@@ -68,7 +78,17 @@ def load_checkpoint(folder: Path, identity: Mapping[str, Any]) -> Checkpoint | N
                               f"state_dir, or remove it to start over")
     return Checkpoint(meta["round"], tensors, str(meta.get("model_digest", "")), meta["identity"],
                       {str(k): int(v) for k, v in dict(meta.get("counters", {})).items()},
-                      dict(meta.get("options", {})), _norms(meta.get("norms", [])), _window(meta.get("window", {})))
+                      dict(meta.get("options", {})), _norms(meta.get("norms", [])), _window(meta.get("window", {})),
+                      _norm_clients(meta.get("norm_clients"), len(meta.get("norms", []))),
+                      _window(meta.get("privacy", {})))
+
+
+def _norm_clients(raw: Any, n: int) -> list[str]:
+    if raw is None:
+        return [""] * n
+    if not isinstance(raw, list) or len(raw) != n or not all(isinstance(c, str) for c in raw):
+        raise CheckpointError("checkpoint: 'norm_clients' must be a list of device ids, one per norm")
+    return list(raw)
 
 
 def _norms(raw: Any) -> list[float]:

@@ -26,12 +26,21 @@
     compress = false                # zstd on uploads
     mode = "sync"                   # or "async": buffered asynchronous rounds (docs/explanation/async-rounds.md)
     buffer = 8                      # async: accepted updates per new model version
-    max_staleness = 8               # async: updates trained more versions ago are refused (counter stale)
+    max_staleness = "auto"          # async: updates trained more versions ago are refused (counter stale);
+                                    #   auto: ceil(24 x concurrency / buffer) (flayer.engine.versions)
     staleness = "sqrt"              # async: deltas weighted 1/sqrt(1+s); "inverse" 1/(1+s); "constant" 1
-    concurrency = 0                 # async: devices training at once (0: every device online)
+    concurrency = "auto"            # async: devices training at once (0: every device online);
+                                    #   auto: ceil(over_selection x buffer)
     delta_downloads = "off"         # or exact | fp16 | int8: publish the change from the previous model too
     fit_lowest_codec = "int8"       # devices with [edge] upload = "fit" may go down to this codec ...
     fit_min_keep = 0.1              # ... and send no less than this share of their masked coordinates
+    metrics_port = 9464             # Prometheus metrics at http://metrics_host:PORT/metrics (0: a free port;
+                                    #   left out: none); docs/howto/service.md
+    metrics_host = "127.0.0.1"      # another address needs a token: metrics_token_file, else one generated
+    metrics_token_file = ""         #   into STATE_DIR/metrics.token (rule of docs/howto/watch-fleet.md)
+    metrics_linger_s = 0.0          # after the last round, wait up to this long for one more scrape
+    models_dir = ""                 # models over HTTP: write each model and delta here as <sha256> ...
+    models_url = ""                 # ... which a web server serves at this URL (docs/howto/http-models.md)
 
     [run]      strategy, rounds, seed            (as for flayer simulate)
     [data]     dataset (and model): the model spec, without loading any data
@@ -45,6 +54,7 @@
                python_path = ["."]          # folders searched for the entry point's module
     [train]    lr, batch_size, local_epochs     (sent to the devices in the round plan)
     [strategy.<name>]  the strategy's options   (sent in the plan: scalars only)
+    [privacy]  client-level differential privacy (docs/explanation/privacy.md); population is required
 
 Every key is checked; errors name the file, the table and the key.
 """
@@ -59,11 +69,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flayer.config import ConfigError, RunConfig, add_python_path, from_mapping, load_run_config, read_toml
-from flayer.engine import AsyncSettings
+from flayer.engine.versions import AUTO, AsyncSettings, resolve_async
 from flayer.registry import ModelError, with_fingerprint
 from flayer.spec import ModelSpec, canonical_args, canonical_classes
 from protocol import VALUE_CODECS
 from protocol.model_delta import DELTA_MODES
+from protocol.model_url import models_url_problem
 from protocol.upload_cap import UploadCap
 
 __all__ = ["DATASET_INPUTS", "CoordinatorConfig", "FederationSettings", "load_coordinator_config", "model_spec_for"]
@@ -109,9 +120,15 @@ class FederationSettings:
     revoked_file: str = ""  # 'flayer broker revoke' list; default: revoked.json of the credentials' broker folder
     mode: Literal["sync", "async"] = "sync"  # async: buffered asynchronous rounds (flayer.engine.versions)
     buffer: int = 8  # async: accepted updates per new model version
-    max_staleness: int = 8  # async: versions an update may lag the current one
+    max_staleness: int | Literal["auto"] = AUTO  # async: versions an update may lag the current one
     staleness: Literal["sqrt", "inverse", "constant"] = "sqrt"  # async: the staleness weight of an update
-    concurrency: int = 0  # async: devices training at once (0: every device online)
+    concurrency: int | Literal["auto"] = AUTO  # async: devices training at once (0: every device online)
+    metrics_port: int | None = None  # Prometheus endpoint (coordinator.exporter); None: none, 0: a free port
+    metrics_host: str = "127.0.0.1"
+    metrics_token_file: str = ""  # off loopback: the token scrapers present (default: STATE_DIR/metrics.token)
+    metrics_linger_s: float = 0.0  # after the last round: wait this long at most for a scrape of the final values
+    models_dir: str = ""  # models over HTTP: the folder each model and delta is written into as <sha256> (relative: to this file)
+    models_url: str = ""  # models over HTTP: the URL a web server serves models_dir at (http or https); the plan names it
 
     def __post_init__(self) -> None:
         if not self.credentials:
@@ -148,16 +165,39 @@ class FederationSettings:
         if not 1 <= self.queue_sender_bytes <= self.queue_bytes:
             raise ConfigError(f"need 1 <= queue_sender_bytes ({self.queue_sender_bytes}) <= queue_bytes "
                               f"({self.queue_bytes})")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be a TCP port (0: a free one), got {self.metrics_port}")
+        if not (0 <= self.metrics_linger_s < float("inf")) or not self.metrics_host:
+            raise ConfigError(f"metrics_linger_s must be a finite number >= 0 (got {self.metrics_linger_s}) and "
+                              f"metrics_host an address (got {self.metrics_host!r})")
+        if bool(self.models_dir) != bool(self.models_url):
+            raise ConfigError(f"models_dir and models_url go together (a folder and the URL a web server serves it "
+                              f"at), got models_dir = {self.models_dir!r} and models_url = {self.models_url!r}")
+        if (problem := models_url_problem(self.models_url)) is not None:
+            raise ConfigError(f"models_url {problem}, got {self.models_url!r}")
         if self.keep_journals < 1:
             raise ConfigError(f"keep_journals must be >= 1, got {self.keep_journals}")
         try:
             self.async_settings  # noqa: B018 -- validates buffer, max_staleness, staleness, concurrency
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
 
     @property
     def async_settings(self) -> AsyncSettings:
-        return AsyncSettings(self.buffer, self.max_staleness, self.staleness, self.concurrency)
+        """The asynchronous settings in force, ``"auto"`` resolved without knowing the fleet
+        (:func:`flayer.engine.versions.resolve_async`; :meth:`resolved` for a known fleet)."""
+        return self.resolve_async()[0]
+
+    def resolve_async(self, fleet: int | None = None) -> tuple[AsyncSettings, dict[str, str]]:
+        """(settings in force, how each ``"auto"`` one was derived): ``fleet`` is the number of devices
+        when the driver knows it (``flayer emulate``), None for the coordinator."""
+        return resolve_async(self.buffer, self.max_staleness, self.staleness, self.concurrency, self.over_selection,
+                             fleet)
+
+    def resolved(self, fleet: int | None = None) -> FederationSettings:
+        """These settings with ``max_staleness`` and ``concurrency`` as numbers (``"auto"`` resolved)."""
+        a = self.resolve_async(fleet)[0]
+        return dataclasses.replace(self, max_staleness=a.max_staleness, concurrency=a.concurrency)
 
 
 @dataclass(frozen=True)
@@ -169,6 +209,8 @@ class CoordinatorConfig:
     state_dir: Path  # resolved
     initial_model: Path | None = None  # resolved; the first global model instead of a fresh one
     revoked_file: Path | None = None  # resolved
+    metrics_token_file: Path | None = None  # resolved
+    models_dir: Path | None = None  # resolved; models over HTTP (coordinator.model_files)
 
     @property
     def options(self) -> Mapping[str, Any]:
@@ -249,14 +291,14 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[st
     plus a ``federation`` table (command-line flags win over the file)."""
     path = Path(path)
     raw = read_toml(path)
-    unknown = sorted(set(raw) - {"federation", "model", "run", "data", "train", "strategy"})
+    unknown = sorted(set(raw) - {"federation", "model", "run", "data", "train", "strategy", "privacy"})
     if unknown:
         raise ConfigError(f"{path}: unknown table(s) {', '.join(unknown)}; known: federation, run, data, model, "
-                          f"train, strategy")
+                          f"train, strategy, privacy")
     fed_table = {**raw.get("federation", {}), **{k: v for k, v in (overrides or {}).get("federation", {}).items()
                                                  if v is not None}}
     fed = from_mapping(FederationSettings, fed_table, f"{path} [federation]")
-    run_tables: dict[str, Any] = {k: raw.get(k, {}) for k in ("run", "data", "train")}
+    run_tables: dict[str, Any] = {k: raw.get(k, {}) for k in ("run", "data", "train", "privacy")}
     run_tables["strategy"] = raw.get("strategy", {})
     for table, values in (overrides or {}).items():
         if table != "federation":
@@ -267,6 +309,17 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[st
         raise ConfigError(str(exc).replace("flags", str(path), 1)) from None
     if run.seed < 0:
         raise ConfigError(f"{path} [run] seed must be >= 0 (it travels in the round plan), got {run.seed}")
+    if run.privacy.secure_aggregation and fed.mode == "async":
+        raise ConfigError(f"{path} [privacy] secure_aggregation needs synchronous rounds (mode = \"sync\"): a secure "
+                          f"sum is unmasked once per round, over the devices that shared their keys "
+                          f"(docs/explanation/secure-aggregation.md)")
+    if run.privacy.secure_aggregation and 3 * run.privacy.secure_stage_s > fed.deadline_s:
+        raise ConfigError(f"{path} [privacy] secure_stage_s = {run.privacy.secure_stage_s:g}: the key, share and "
+                          f"unmask stages may each take it, which must fit in [federation] deadline_s = "
+                          f"{fed.deadline_s:g} (3 x secure_stage_s <= deadline_s)")
+    if run.privacy.secure_aggregation and fed.quorum < 2:
+        raise ConfigError(f"{path} [privacy] secure_aggregation needs [federation] quorum >= 2: a sum of one "
+                          f"device is that device's update")
     base = path.resolve().parent
     initial: Path | None = None
     if "model" in raw:
@@ -284,7 +337,9 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[st
                           f"{', '.join(sorted(STRATEGIES))}")
     creds = _resolve(base, fed.credentials)
     revoked = _resolve(base, fed.revoked_file) if fed.revoked_file else creds.parent.parent / "revoked.json"
-    return CoordinatorConfig(fed, run, spec, creds, _resolve(base, fed.state_dir), initial, revoked)
+    token = _resolve(base, fed.metrics_token_file) if fed.metrics_token_file else None
+    models = _resolve(base, fed.models_dir) if fed.models_dir else None
+    return CoordinatorConfig(fed, run, spec, creds, _resolve(base, fed.state_dir), initial, revoked, token, models)
 
 
 def describe(cfg: CoordinatorConfig) -> dict[str, Any]:

@@ -10,7 +10,8 @@ delta is published as retained chunks beside the model (:meth:`Publisher.model` 
 model's. The chain keeps the deltas of the last ``CHAIN`` versions (the plan's ``delta_chain`` names
 the older ones), so a device that missed a few rounds still rebuilds the model from the one it
 holds, delta by delta. After a coordinator restart the chain starts empty (devices take the full
-model until the next round closes).
+model until the next round closes). A round that leaves the model as it was (it folded nothing) adds
+no link; a change the lossy mode cannot hold travels as an exact delta (:meth:`DeltaChain.advance`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from flayer.update import state_numpy
-from protocol import UpdateHeader, blob_digest
+from protocol import EncodeError, UpdateHeader, WireError, blob_digest
 from protocol.model_delta import CHAIN, DeltaRef, apply_delta, chain_entry, make_delta
 
 from .publish import ModelBlob, Publisher, model_blob
@@ -76,16 +78,28 @@ class DeltaChain:
 
     def advance(self, old: ModelBlob | None, old_state: Mapping[str, torch.Tensor],
                 new_state: dict[str, torch.Tensor], round_: int) -> tuple[dict[str, torch.Tensor], ModelBlob]:
-        """The next global model (the reconstruction in a lossy mode) and its blob; the delta to it
-        from ``old`` joins the chain when it is smaller than the model (else the chain starts over)."""
+        """The next global model (the reconstruction in a lossy mode) and its blob. Rules, in order:
+
+        1. no delta mode, or no previous model: the chain starts over;
+        2. the delta from ``old`` in the chain's mode; one that mode cannot hold (a change beyond fp16's
+           range or float32's, a reconstruction that is not finite) is sent exact instead, with a log
+           line saying why;
+        3. a model whose digest is ``old``'s (a round that folded nothing): the chain is kept as it is,
+           no link from a model to itself is ever added (a device would rebuild the model it holds);
+        4. a delta smaller than the model joins the chain; a larger one starts the chain over."""
         if self.mode == "off" or old is None:
             self.links = []
             return new_state, model_blob(new_state)
         base, target = state_numpy(old_state), state_numpy(new_state)
-        blob = make_delta(base, target, self.mode, UpdateHeader(self.federation, round_, self.sender, old.digest))
-        if self.mode != "exact":  # the published model is defined as the reconstruction
-            new_state = {k: torch.from_numpy(v) for k, v in apply_delta(base, blob, old.digest).items()}
+        header = UpdateHeader(self.federation, round_, self.sender, old.digest)
+        blob, rebuilt = self._coded(base, target, header)
+        if rebuilt is not None:  # lossy: the published model is defined as the reconstruction
+            new_state = {k: torch.from_numpy(v) for k, v in rebuilt.items()}
         model = model_blob(new_state)
+        if model.digest == old.digest:
+            log.info("round %d: the model is unchanged (%s); the delta chain is kept as it is (%d links)",
+                     round_, old.digest[:12], len(self.links))
+            return new_state, model
         if len(blob) < model.size:
             kept = self.links if self.links and self.links[-1].target == old.digest else []
             self.links = [*kept, _Link(ModelBlob(blob, blob_digest(blob)), old.digest, model.digest)][-CHAIN:]
@@ -94,6 +108,19 @@ class DeltaChain:
         log.info("round %d: delta from %s is %d bytes, the model %d (%s)", round_, old.digest[:12], len(blob),
                  model.size, f"offered, a chain of {len(self.links)}" if self.links else "not smaller: full model only")
         return new_state, model
+
+    def _coded(self, base: dict[str, np.ndarray], target: dict[str, np.ndarray],
+               header: UpdateHeader) -> tuple[bytes, dict[str, np.ndarray] | None]:
+        """(the delta blob, the reconstruction in a lossy mode else None), exact when the chain's lossy
+        mode cannot hold this change (rule 2)."""
+        if self.mode != "exact":
+            try:
+                blob = make_delta(base, target, self.mode, header)
+                return blob, apply_delta(base, blob, header.base_digest)
+            except (EncodeError, WireError) as exc:
+                log.warning("round %d: the %s delta cannot hold this change (%s); sending it exact",
+                            header.round, self.mode, exc)
+        return make_delta(base, target, "exact", header), None  # codes any two finite models
 
     def publish(self, publisher: Publisher, model: ModelBlob, round_: int) -> int:
         """Publish the chain's deltas (retained, beside ``model``) that are not yet; bytes published.

@@ -7,6 +7,9 @@ Norm bound (``[federation]`` keys; an explicit ``norm_bound`` overrides it):
 2. Fewer than ``norm_warmup`` accepted norms recorded: ``norm_auto`` x the L2 norm of the global model
    itself (an honest round moves a model by a small fraction of its own norm).
 3. Otherwise: ``norm_auto`` x the median of the last ``norm_window`` accepted norms.
+4. One device's norms make at most a quarter of that history (``norm_window // 4``, at least 1): its
+   older norms make way for its newer ones, so a device folded into every round or version cannot
+   fill the history and set the median alone.
 
 The bound of a round is fixed when it opens and the history is saved in the checkpoint, so a
 restart replays the round's journal under the same bound.
@@ -18,6 +21,7 @@ blob digest, reason) that made the round's aggregate non-finite; a replay skips 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import math
@@ -51,6 +55,7 @@ class NormHistory:
     window: int
     warmup: int
     norms: list[float] = field(default_factory=list)
+    clients: list[str] = field(default_factory=list)  # whose each norm was ("": not known)
 
     def bound(self, explicit: float | None, global_state: Mapping[str, torch.Tensor]) -> float | None:
         if explicit is not None:
@@ -61,8 +66,26 @@ class NormHistory:
             return self.auto * max(state_norm(global_state), 1e-6)
         return self.auto * max(statistics.median(self.norms[-self.window:]), 1e-12)
 
-    def add(self, norms: Iterable[float]) -> None:
-        self.norms = [*self.norms, *(n for n in norms if math.isfinite(n))][-self.window:]
+    @property
+    def share(self) -> int:
+        """The most norms of one device the history keeps (rule 4)."""
+        return max(1, self.window // 4)
+
+    def add(self, norms: Iterable[float], clients: Iterable[str] | None = None) -> None:
+        """Record accepted norms, oldest first; ``clients``: whose each is (rule 4; None: not known)."""
+        pairs = list(zip(self.clients, self.norms)) if len(self.clients) == len(self.norms) \
+            else [("", n) for n in self.norms]
+        for client, n in zip(clients if clients is not None else itertools.repeat(""), norms):
+            if not math.isfinite(n):
+                continue
+            pairs.append((client, n))
+            if client:
+                mine = [i for i, (c, _) in enumerate(pairs) if c == client]
+                if len(mine) > self.share:
+                    del pairs[mine[0]]
+        pairs = pairs[-self.window:]
+        self.clients = [c for c, _ in pairs]
+        self.norms = [n for _, n in pairs]
 
 
 class Quarantine:
@@ -83,13 +106,17 @@ class Quarantine:
         return key in self.entries
 
     def add(self, round_: int, client: str, digest: str, reason: str) -> None:
-        """Record (fsynced) before the round's checkpoint is written."""
+        """Record (fsynced) before the round's checkpoint is written; an I/O error is raised as OSError
+        naming the file."""
         self.entries.add((round_, client, digest))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps({"round": round_, "client": client, "digest": digest, "reason": reason}) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps({"round": round_, "client": client, "digest": digest, "reason": reason}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
         log.error("round %d: the update of %s (%s) is quarantined: %s", round_, client, digest[:12], reason)
 
 

@@ -8,15 +8,34 @@ coordinator passes the open round in.
 
 Bounded work per sender: a blob whose envelope declares more than the round's model can hold is
 refused at its first chunk (nothing is collected), and a device refused ``max_malformed`` times in
-the open round (malformed, oversize, wrong sender or model, invalid, over the norm bound, bad
-chunk) is cut off for the rest of that round: its update chunks are dropped at once, counted
-``cut_off``, and it is told once why.
+the open round for junk no honest device sends (:data:`coordinator.intake.STRIKES`) is cut off for
+the rest of that round: its update chunks are dropped at once, counted ``cut_off``, and it is told
+once why. The strikes:
+
+1. Refusals decided before decoding count when they are junk: ``future_round`` (no plan names that
+   round yet), ``oversize`` (more than the model holds), and a chunk under another device's topic
+   or otherwise broken (``bad_chunk``). ``late``, ``stale``, ``not_selected`` and ``duplicate`` never
+   count: an honest device sends them (a slow link, a lost ack), and cutting it off would lose its
+   next valid update, not the refused one.
+2. Refusals after decoding all count (``malformed``, ``wrong_sender``, ``wrong_model``, ``invalid``,
+   ``norm``), as do chunks the collector refuses (``bad_chunk``). A chunk the collector cannot
+   hold because *other* senders filled ``max_pending_bytes`` is never refused: each sender has its
+   share of that budget (:class:`protocol.ChunkCollector`), and the one over its share loses its
+   oldest unfinished blob (counted ``incomplete``, not a strike).
+
+Bounded bookkeeping: the blobs already answered (so that a refused blob's later chunks are not
+answered again) are kept per sender, the latest ``ANSWERED_PER_SENDER`` of at most
+``ANSWERED_SENDERS`` senders (:class:`AnsweredBlobs`); forgetting one costs at most one more ack.
+Rate-limited logs (:class:`RefusalLog`): a device's first ``max(LOG_FIRST, max_malformed)``
+refusals in a round are logged one by one, the rest summed up in one line per device when the
+round closes ("dev-x: 9,874 more refusals (late: 9,000, not_selected: 874) in round 5"). Every
+refusal is still counted, in the round's metrics and the cumulative counters.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,9 +62,14 @@ from .config import FederationSettings
 from .intake import STRIKES, screen, validate
 from .open_round import OpenRound
 
-__all__ = ["CompleteUpdate", "Inbox"]
+__all__ = ["AnsweredBlobs", "CompleteUpdate", "Inbox", "RefusalLog"]
 
 log = logging.getLogger(__name__)
+
+ANSWERED_PER_SENDER = 16  # answered blobs remembered per sender (an honest one has one or two in flight)
+ANSWERED_SENDERS = 2048  # senders whose answered blobs are remembered (the least recently answered go first)
+LOG_FIRST = 5  # refusals of one device in one round logged one by one, at least (max_malformed if larger)
+LOG_DEVICES = 4096  # devices told apart in a round's refusal summary; the rest are "other devices"
 
 
 @dataclass(frozen=True)
@@ -57,13 +81,82 @@ class CompleteUpdate:
     verdict: Verdict  # accepted
 
 
+class AnsweredBlobs:
+    """(sender, round, digest) of blobs refused before decoding, bounded (see module docstring)."""
+
+    def __init__(self, per_sender: int = ANSWERED_PER_SENDER, senders: int = ANSWERED_SENDERS) -> None:
+        self.per_sender, self.senders = per_sender, senders
+        self._by: OrderedDict[str, OrderedDict[tuple[int, str], None]] = OrderedDict()  # least recent first
+
+    def __contains__(self, key: tuple[str, int, str]) -> bool:
+        mine = self._by.get(key[0])
+        return mine is not None and (key[1], key[2]) in mine
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self._by.values())
+
+    def add(self, key: tuple[str, int, str]) -> None:
+        sender, blob = key[0], (key[1], key[2])
+        mine = self._by.setdefault(sender, OrderedDict())
+        self._by.move_to_end(sender)
+        mine[blob] = None
+        mine.move_to_end(blob)
+        if len(mine) > self.per_sender:
+            mine.popitem(last=False)
+        if len(self._by) > self.senders:
+            self._by.popitem(last=False)
+
+    def forget_rounds(self, up_to: int) -> None:
+        """Forget the blobs of rounds ``up_to`` and earlier."""
+        for sender in list(self._by):
+            mine = self._by[sender]
+            for blob in [b for b in mine if b[0] <= up_to]:
+                del mine[blob]
+            if not mine:
+                del self._by[sender]
+
+
+class RefusalLog:
+    """Refusal warnings, rate-limited per device and round (see module docstring). ``first()``: how many of a
+    device's refusals in a round are logged one by one (read only once a device has had ``LOG_FIRST``)."""
+
+    OTHERS = "other devices"
+
+    def __init__(self, first: Callable[[], int] = lambda: LOG_FIRST, devices: int = LOG_DEVICES) -> None:
+        self.first, self.devices = first, devices
+        self._shown: Counter[str] = Counter()  # this round's refusals by device, logged or not
+        self._more: dict[str, Counter[str]] = {}  # this round's refusals not logged, by device and counter
+
+    def warn(self, device: str | None, counter: str, reason: str, n: int = 1) -> None:
+        who = device or "no sender"
+        if who not in self._shown and len(self._shown) >= self.devices:
+            who = self.OTHERS
+        seen = self._shown[who]
+        self._shown[who] += 1
+        if seen < LOG_FIRST or seen < self.first():
+            log.warning("%s: %s", counter, reason)
+            return
+        if who not in self._more:
+            log.warning("%s: more than %d refusals in this round; the rest are summed up when it closes", who, seen)
+        self._more.setdefault(who, Counter())[counter] += n
+
+    def summarise(self, round_: int) -> None:
+        """One line per device whose refusals were not all logged; then a new round starts."""
+        for who, more in self._more.items():
+            detail = ", ".join(f"{c}: {k:,}" for c, k in more.most_common())
+            log.warning("%s: %s more refusals (%s) in round %d", who, f"{sum(more.values()):,}", detail, round_)
+        self._shown.clear()
+        self._more.clear()
+
+
 class Inbox:
     def __init__(self, link: MqttLink, topics: Topics, sender: str, limits: WireLimits, fs: FederationSettings,
                  counters: Counter[str]) -> None:
         self.link, self.topics, self.sender, self.limits, self.fs = link, topics, sender, limits, fs
         self.counters = counters
         self.collector = ChunkCollector(limits, fs.max_pending_bytes, on_drop=self._dropped)
-        self._answered: set[tuple[str, int, str]] = set()
+        self._answered = AnsweredBlobs()
+        self.refusal_log = RefusalLog(lambda: self.fs.max_malformed)
         self.strikes: Counter[tuple[int, str]] = Counter()  # (round, client) -> refusals that count
         self._cleared: set[str] = set()  # topics of retained junk this coordinator emptied (echo ignored)
         self._open: OpenRound | None = None
@@ -71,7 +164,6 @@ class Inbox:
         # go into the next round's metrics, so the rounds' records add up to the cumulative counters
         self._between: Counter[tuple[str, str | None]] = Counter()
         self._between_details: deque[tuple[str, str, str | None]] = deque(maxlen=50)
-        self.on_refuse: Callable[[str], None] | None = None  # a device's update was refused (async: slot freed)
 
     @property
     def open(self) -> OpenRound | None:
@@ -93,7 +185,8 @@ class Inbox:
     def count(self, counter: str, reason: str, client: str | None = None, *, n: int = 1,
               quiet: bool = False) -> None:
         """Count a refusal (cumulative, and in the metrics of the round open when it arrived -- or of the next
-        round, when none was -- with its reason and device) and log it (unless ``quiet``)."""
+        round, when none was -- with its reason and device) and log it (unless ``quiet``; rate-limited per device
+        and round, :class:`RefusalLog`)."""
         self.counters[counter] += n
         if self._open is not None:
             self._open.stats.refuse(counter, reason, client, n)
@@ -102,7 +195,7 @@ class Inbox:
             if reason:
                 self._between_details.append((counter, reason, client))
         if not quiet:
-            log.warning("%s: %s", counter, reason)
+            self.refusal_log.warn(client, counter, reason, n)
 
     def _strike(self, client: str, counter: str | None, digest: str = "0" * 64) -> None:
         rnd = self.open
@@ -119,8 +212,8 @@ class Inbox:
         rnd = self.open
         return rnd is not None and self.strikes[(rnd.number, client)] >= self.fs.max_malformed
 
-    def ack(self, client: str, round_: int, digest: str, status: str, reason: str = "") -> None:
-        payload = encode_message(Ack(round_, client, digest, status, reason[:500]), self.topics.federation,
+    def ack(self, client: str, round_: int, digest: str, status: str, reason: str = "", version: int = 0) -> None:
+        payload = encode_message(Ack(round_, client, digest, status, reason[:500], version), self.topics.federation,
                                  self.sender)
         self.link.publish(self.topics.ack(client), payload)
 
@@ -132,12 +225,12 @@ class Inbox:
 
     def not_input(self, parsed: ParsedTopic, ev: Received) -> bool:
         """True for what is no input: an empty payload (a retained message cleared; for updates only
-        the echo of this coordinator's own clearing), and a retained update or metrics message -- a
+        the echo of this coordinator's own clearing), and a retained update, metrics or secure-round message -- a
         device left it on the broker: counted ``retained`` and emptied (an empty retained payload)."""
         if not ev.payload and (parsed.kind != "update" or ev.topic in self._cleared):
             self._cleared.discard(ev.topic)
             return True
-        if ev.retain and parsed.kind in ("update", "metrics"):
+        if ev.retain and parsed.kind in ("update", "metrics", "secagg"):
             self.count("retained", f"{ev.topic}: a retained message from {parsed.client} is ignored and cleared",
                        parsed.client)
             self._cleared.add(ev.topic)
@@ -197,6 +290,8 @@ class Inbox:
                 self._answered.add(key)
                 self._refuse(client, env.round, env.digest, verdict)
             return None
+        assert rnd is not None  # screen() refuses everything while no round is open
+        self.collector.min_share = rnd.ctx.blob_cap  # every sender's share holds one whole update
         try:
             blob = self.collector.add(env)
         except WireError as exc:
@@ -205,7 +300,6 @@ class Inbox:
             return None
         if blob is None:
             return None
-        assert rnd is not None
         rnd.stats.received += 1
         verdict = validate(client, blob, rnd.ctx, env.round)
         if not verdict.accepted:
@@ -218,17 +312,18 @@ class Inbox:
         self.count(verdict.counter, f"{client} round {round_}: {verdict.reason}", client)
         self.ack(client, round_, digest, verdict.status, verdict.reason)
         self._strike(client, verdict.counter, digest)
-        if self.on_refuse is not None:
-            self.on_refuse(client)
 
     def _dropped(self, key: tuple[int, str, str, int, str], held: int, count: int, why: str) -> None:
-        self.count("incomplete", f"{key[2]} round {key[3]}: unfinished update blob {key[4][:12]} dropped "
-                                 f"with {held} of {count} chunks ({why})")
+        reason = f"{key[2]} round {key[3]}: unfinished update blob {key[4][:12]} dropped with {held} of {count} " \
+                 f"chunks ({why})"
+        self.count("incomplete", reason, quiet=True)  # not held against the device: no strike, no device row
+        self.refusal_log.warn(key[2], "incomplete", reason)
 
     def round_closed(self, number: int, keep_from: int | None = None) -> None:
         """Forget unfinished blobs (each counted ``incomplete``) and answers of rounds up to ``number``
         (asynchronous rounds: blobs trained from versions ``keep_from`` and later stay)."""
         oldest = number + 1 if keep_from is None else keep_from
         self.collector.discard((k for k in self.collector.keys() if k[3] < oldest), f"round {number} closed")
-        self._answered = {k for k in self._answered if k[1] > number - 2}
+        self._answered.forget_rounds(number - 2)
         self.strikes = Counter({k: v for k, v in self.strikes.items() if k[0] > number})
+        self.refusal_log.summarise(number)

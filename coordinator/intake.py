@@ -13,6 +13,7 @@ late            late          the update is for a round already closed
 stale           late          (async) trained from a version more than ``max_staleness`` behind
 not_selected    not_selected  the device is not in this round's plan
 duplicate       duplicate     this device's update for this round was already folded
+in_buffer       late          (async) this device already has an update in this version's buffer
 oversize        rejected      the blob exceeds ``max_update_bytes``, or its declared size (the
                               envelope's total, a zstd payload's length) exceeds what the
                               round's model can hold (protocol.payload_bound)
@@ -35,13 +36,14 @@ the weight cap ``min(num_samples, max_samples)`` (counter ``weight_capped``) and
 rounds, the staleness weight. Chunk-level problems (bad envelope, CRC, wrong topic, a reassembled blob that does
 not match its digest) are counted by the inbox as ``bad_chunk``; an unfinished blob it drops as
 ``incomplete`` (its round closed with chunks missing, a contradicting chunk made it start over,
-or its sender started more than a few others); malformed status or metrics messages as
-``bad_message``.
+its sender started more than a few others or went over its share of ``max_pending_bytes``);
+malformed status or metrics messages as ``bad_message``. Which refusals count towards a device's
+cut-off (``max_malformed``) is :data:`STRIKES`; the rule is in :mod:`coordinator.inbox`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import AbstractSet
 
@@ -51,11 +53,13 @@ from protocol import InvalidUpdate, WireError, WireLimits, decode_update, read_u
 
 __all__ = ["REJECTION_COUNTERS", "IntakeContext", "Verdict", "screen", "validate"]
 
-REJECTION_COUNTERS = ("future_round", "late", "stale", "not_selected", "duplicate", "oversize", "malformed",
+REJECTION_COUNTERS = ("future_round", "late", "stale", "in_buffer", "not_selected", "duplicate", "oversize", "malformed",
                       "wrong_sender", "wrong_model", "invalid", "norm", "bad_chunk", "incomplete", "bad_message",
-                      "cut_off", "queue_full", "retained", "quarantined")
-# refusals that count against a device's budget of max_malformed per round
-STRIKES = frozenset({"oversize", "malformed", "wrong_sender", "wrong_model", "invalid", "norm", "bad_chunk"})
+                      "cut_off", "queue_full", "retained", "quarantined", "secure")
+# refusals that count against a device's budget of max_malformed per round: junk no honest device sends
+# (coordinator.inbox; secure: a secure-round protocol message refused); late, stale, not_selected and duplicate are what honest devices send, and never count
+STRIKES = frozenset({"future_round", "oversize", "malformed", "wrong_sender", "wrong_model", "invalid", "norm",
+                     "bad_chunk", "secure"})
 HEAD_SLACK = 8192  # an update blob's header and info entries, at most (protocol.update_codec)
 
 
@@ -72,6 +76,9 @@ class IntakeContext:
     max_update_bytes: int
     bounds: Bounds = field(default_factory=Bounds)
     payload_cap: int = 2**32  # protocol.payload_bound(shapes): the largest payload the model can hold
+    # a secure round: the update blob is the device's masked input, taken by its protocol (the reason it is
+    # refused, or None: coordinator.secure_round.SecureRound.masked); nothing is decoded here
+    masked: Callable[[str, bytes], str | None] | None = None
 
     @property
     def blob_cap(self) -> int:
@@ -97,6 +104,11 @@ def validate(client: str, blob: bytes, ctx: IntakeContext, round_: int | None = 
     the update's topic named (default: the open round); the header must name the same one, a version
     ``ctx.bases`` holds, and its staleness is counted from it."""
     expected = ctx.round if round_ is None else round_
+    if ctx.masked is not None:
+        if expected != ctx.round:
+            return refuse("rejected", "malformed", f"a masked input of round {expected} in secure round {ctx.round}")
+        why = ctx.masked(client, blob)
+        return refuse("rejected", "secure", why) if why is not None else Verdict("accepted")
     try:
         head = read_update_head(blob, ctx.limits)
     except WireError as exc:

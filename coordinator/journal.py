@@ -145,27 +145,40 @@ class Journal:
     """The open journal of one round (append + fsync per record)."""
 
     def __init__(self, folder: Path, round_: int) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
         self.path = journal_path(folder, round_)
         self.round = round_
-        created = not self.path.exists()
-        if not created:
-            replay = read_journal(self.path)
-            if replay.torn_bytes:
-                os.truncate(self.path, replay.good_bytes)
-        self._fh = open(self.path, "ab")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            created = not self.path.exists()
+            if not created:
+                replay = read_journal(self.path)
+                if replay.torn_bytes:
+                    os.truncate(self.path, replay.good_bytes)
+            self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 -- unbuffered: nothing held back
+        except OSError as exc:
+            raise JournalError(f"cannot open the journal {self.path}: {exc.strerror or exc}") from exc
         if created:
             _fsync_dir(folder)
 
     def _append(self, kind: int, payload: bytes) -> None:
+        """Append one record and fsync it. On an I/O error (a full disk) the file is cut back to where
+        the record began, when it can be, and JournalError names the file: the caller must not go on as
+        if the record were written (the coordinator stops; a restart cuts any torn tail)."""
         if len(payload) >= MAX_RECORD:
             raise JournalError(f"journal record of {len(payload)} bytes is too large")
+        fd = self._fh.fileno()
+        start = os.fstat(fd).st_size
         try:
-            self._fh.write(_encode(kind, payload))
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            data = memoryview(_encode(kind, payload))
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
         except OSError as exc:
-            raise JournalError(f"cannot write the journal {self.path}: {exc}") from exc
+            try:
+                os.truncate(self.path, start)
+            except OSError:
+                pass  # a torn tail: read_journal stops before it, the next Journal cuts it
+            raise JournalError(f"cannot write the journal {self.path}: {exc.strerror or exc}") from exc
 
     def append_plan(self, plan_payload: bytes) -> None:
         self._append(KIND_PLAN, plan_payload)

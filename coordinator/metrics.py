@@ -27,7 +27,14 @@ from protocol.metrics_schema import MetricsFile, round_record
 
 __all__ = ["MetricsLog", "RoundStats"]
 
-MetricsLog = MetricsFile  # the coordinator's metrics file (kept under its old name)
+class MetricsLog(MetricsFile):
+    """The coordinator's metrics file: an I/O error (a full disk) is raised as OSError naming it."""
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        try:
+            super().write(record)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
 
 
 @dataclass
@@ -48,6 +55,7 @@ class RoundStats:
     mode: str = "sync"
     wire_from: tuple[int, int] | None = None  # the connection's (sent, received) byte totals at the round's open
     wire_to: tuple[int, int] | None = None  # ... and at its close
+    extra: dict[str, Any] = field(default_factory=dict)  # more fields of the record (a secure round's outcome)
 
     def refuse(self, counter: str, detail: str, client: str | None = None, n: int = 1) -> None:
         self.rejected[counter] += n
@@ -79,4 +87,5 @@ class RoundStats:
             received=self.received, accepted=t.accepted, rejected=dict(self.rejected), clipped=t.clipped,
             weight_capped=t.weight_capped, mode=self.mode, staleness_mean=t.mean_staleness,
             stale=self.rejected.get("stale", 0),
-            bytes_in=self.bytes_in, bytes_out=self.bytes_out, model_bytes=self.model_bytes, counters=dict(counters))
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out, model_bytes=self.model_bytes, counters=dict(counters),
+            **self.extra)

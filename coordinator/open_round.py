@@ -23,6 +23,7 @@ import torch
 
 from flayer.aggregate import is_finite_state
 from flayer.engine import Bounds, OpenAggregate, Verdict
+from flayer.engine.privacy import RoundPrivacy, server_bound
 from flayer.strategies.base import Strategy
 from protocol import Kind, Plan, WireError, WireLimits, decode_message, payload_bound
 
@@ -50,20 +51,26 @@ class OpenRound:
     journal: Journal | None = None
     journal_dir: Path | None = None
     norms: list[float] = field(default_factory=list)  # of the accepted updates
+    norm_clients: list[str] = field(default_factory=list)  # ... whose each is (coordinator.guard, rule 4)
     on_fold: Callable[[str, int], None] | None = None  # (client, base round): asynchronous bookkeeping
+    secure: Any = None  # coordinator.secure_round.SecureRound: a secure round (its updates are masked inputs)
+    evals: set[str] = field(default_factory=set)  # secure rounds: who reported its evaluation (Metrics)
 
     @classmethod
     def begin(cls, number: int, selected: tuple[str, ...] | list[str], strategy: Strategy,
               global_state: Mapping[str, torch.Tensor], model_digest: str, fs: FederationSettings, federation: str,
               limits: WireLimits, now: float, norm_bound: float | None = None,
-              bases: Mapping[int, str] | None = None) -> OpenRound:
+              bases: Mapping[int, str] | None = None, privacy: RoundPrivacy | None = None,
+              noise_seed: int = 0) -> OpenRound:
         """``norm_bound``: the round's bound (explicit or automatic, :class:`coordinator.guard.NormHistory`);
         ``bases``: the model digests of the versions updates may be trained from (asynchronous rounds;
-        synchronous: this round's model only)."""
-        agg = OpenAggregate(strategy, global_state)
+        synchronous: this round's model only); ``privacy``: a private round, every update clipped to the
+        server bound (device clipping is not trusted) and the sum noised from ``noise_seed``."""
+        agg = OpenAggregate(strategy, global_state, privacy, noise_seed)
         sel = frozenset(selected)
-        bounds = Bounds(norm_bound, fs.norm_policy, fs.max_samples, fs.max_staleness if fs.mode == "async" else 0,
-                        fs.staleness)
+        staleness = fs.async_settings.max_staleness if fs.mode == "async" else 0
+        bounds = Bounds(norm_bound, fs.norm_policy, fs.max_samples, staleness, fs.staleness) if privacy is None \
+            else Bounds(server_bound(privacy, agg.coordinates), "clip", fs.max_samples, staleness, fs.staleness)
         ctx = IntakeContext(federation, number, dict(bases or {number: model_digest}), agg.shapes, limits,
                             fs.max_update_bytes, bounds, payload_bound(agg.shapes))
         return cls(number, sel, agg, ctx, RoundStats(number, sorted(sel), now, tally=agg.tally))
@@ -84,14 +91,20 @@ class OpenRound:
         self.aggregate.fold(verdict, client)
         self.accepted.add(client)
         self.norms.append(verdict.norm)
+        self.norm_clients.append(client)
         if self.on_fold is not None:
             self.on_fold(client, base)
 
     def accept(self, client: str, base: int, blob: bytes, verdict: Verdict, now: float) -> None:
-        """Journal (append + fsync), then fold: the caller acks only after this returns."""
-        assert self.journal is not None and verdict.update is not None
+        """Journal (append + fsync), then fold: the caller acks only after this returns. A secure round's
+        masked input is journaled and counted; only the round's unmasked sum is folded (:meth:`fold_secure`)."""
+        assert self.journal is not None
         self.journal.append_update(client, base, blob)
-        self.fold(client, verdict, base)
+        if self.secure is not None:
+            self.accepted.add(client)
+        else:
+            assert verdict.update is not None
+            self.fold(client, verdict, base)
         if self.timer is not None:
             self.timer.accepted(len(self.accepted), now)
 

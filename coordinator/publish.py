@@ -5,6 +5,10 @@ awaited for each): a device that connects late or reconnects mid-download re-sub
 them again. The digests that may still be retained on the broker are listed in
 ``<state_dir>/retained.json`` *before* their chunks go out, so old models are cleared (an empty
 retained payload per chunk topic) even after a crash; the current model is never cleared.
+
+Models over HTTP (``[federation] models_dir``): each blob is also written as the file
+``<models_dir>/<digest>`` (:class:`coordinator.model_files.ModelFiles`) before its chunks and the plan go
+out, the plan names ``models_url``, and the files of old models are removed with their chunks.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from protocol.upload_cap import UploadCap
 from transport.link import MqttLink
 
 from .config import CoordinatorConfig
+from .model_files import ModelFiles
 
 __all__ = ["ModelBlob", "Publisher", "StopRequested", "make_plan", "model_blob"]
 
@@ -61,14 +66,16 @@ def make_plan(cfg: CoordinatorConfig, strategy: str, options: Mapping[str, Any],
                 model_chunks=chunks, model_size=model.size, value_codec=fs.value_codec, compress=fs.compress,
                 phase=phase, seed=cfg.run.seed, train=cfg.train_plan, rounds=cfg.run.rounds,
                 max_update_bytes=fs.max_update_bytes, mode=fs.mode,
-                max_staleness=fs.max_staleness if fs.mode == "async" else 0,
-                upload_fit=UploadCap(fs.fit_lowest_codec, fs.fit_min_keep).as_plan())
+                max_staleness=fs.async_settings.max_staleness if fs.mode == "async" else 0,
+                upload_fit=UploadCap(fs.fit_lowest_codec, fs.fit_min_keep).as_plan(),
+                models_url=fs.models_url if cfg.models_dir is not None else "")
 
 
 class Publisher:
     def __init__(self, link: MqttLink, topics: Topics, sender: str, max_payload: int, state_dir: Path,
-                 timeout_s: float, cancelled: Callable[[], bool]) -> None:
+                 timeout_s: float, cancelled: Callable[[], bool], files: ModelFiles | None = None) -> None:
         self.link = link
+        self.files = files  # models over HTTP: each blob also as <models_dir>/<digest>
         self.topics = topics
         self.sender = sender
         self.max_payload = max_payload
@@ -103,9 +110,11 @@ class Publisher:
               companion: bool = False) -> tuple[int, int]:
         """Publish ``model`` as retained chunks unless this process already did; returns
         (chunk count, bytes published). ``companion``: a blob kept retained beside the live model
-        (a delta to it) instead of the model itself."""
+        (a delta to it) instead of the model itself. With ``files``, the blob is written there first."""
         chunks = chunk_blob(model.blob, Kind.MODEL_CHUNK, self.topics.federation, self.sender, round_,
                             self.max_payload, model.digest)
+        if self.files is not None and self.files.write(model.digest, model.blob):  # before the plan names it
+            log.info("model file %s written (%d bytes)", self.files.path(model.digest), model.size)
         if (model.digest in self.companions) if companion else self.live == model.digest:
             return len(chunks), 0
         retained = self._retained()
@@ -129,9 +138,11 @@ class Publisher:
         return len(payload)
 
     def clear_old_models(self) -> int:
-        """Empty the retained chunks of every recorded model but the live one (and its companions);
-        returns how many."""
+        """Empty the retained chunks of every recorded model but the live one (and its companions), and
+        remove their files (models over HTTP); returns how many models were cleared."""
         retained = self._retained()
+        if self.files is not None and self.live is not None:  # models over HTTP: the old files go with them
+            self.files.prune({self.live, *self.companions})
         old = {d: n for d, n in retained.items() if d != self.live and d not in self.companions}
         infos = [self.link.publish(self.topics.model_chunk(d, i), b"", retain=True) for d, n in old.items()
                  for i in range(n)]

@@ -14,15 +14,27 @@ plan (same selection) and every update already accepted, folded again; devices t
 those, or of the last closed rounds (their journals), are acked ``duplicate``. After a reconnect the
 round's model and plan are published again (a restarted broker may have lost them). Stop
 (:meth:`Coordinator.stop`, e.g. on SIGINT/SIGTERM) ends the loop after the current event; everything
-acknowledged is already on disk.
+acknowledged is already on disk. An I/O error on the state folder (a full disk, a file that cannot be
+written: journal, checkpoint, quarantine, metrics) stops the loop the same way, before anything is
+acknowledged that is not on disk: :class:`StateWriteError` names the file and the error, and a restart
+resumes once the cause is fixed.
+
+Asynchronous rounds (``mode = "async"``): ``"auto"`` settings are resolved at the start, logged and
+recorded in the ``run`` line (:func:`flayer.engine.versions.resolve_async`); slots and the pace of plan
+changes follow :mod:`coordinator.async_rounds` (a refusal changes no slot; plan records are bounded
+per version; the holders are restored after a restart).
 
 Against a hostile device (docs/explanation/security-hostile-devices.md): a bounded, fair receive queue
 (:mod:`coordinator.receive`), a norm bound per round and the quarantine of updates that would make
 the aggregate non-finite (:mod:`coordinator.guard`), retained input ignored and cleared (the inbox).
+
+Prometheus metrics (``metrics_port``): :mod:`coordinator.exporter`, fed on this worker thread from the
+counters and the round records written to ``metrics.jsonl``; its HTTP server only reads the registry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -35,31 +47,35 @@ import torch
 from flayer.engine import VersionWindow
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
-from protocol import Kind, Metrics, Status, Topics, WireLimits, encode_message
-from protocol.metrics_schema import end_record, run_record
+from protocol import Kind, Metrics, Status, Topics, WireLimits
+from protocol.metrics_schema import run_record
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, Received
 from transport.wirecount import WireBytes, count_wire_bytes
 
-from .async_rounds import Slots
+from .async_rounds import AsyncRounds, PlanPacer, Slots
 from .calibration import Calibration
 from .checkpoint import Checkpoint, save_checkpoint
 from .config import CoordinatorConfig
 from .deltas import DeltaChain
+from .exporter import FleetMetrics, MetricsServer
 from .guard import NormHistory, Quarantine
 from .inbox import CompleteUpdate, Inbox
-from .journal import prune_journals
+from .journal import JournalError, prune_journals
 from .metrics import MetricsLog
+from .model_files import ModelFiles
 from .open_round import OpenRound
 from .phases import Phases
+from .privacy import federation_privacy
 from .publish import ModelBlob, Publisher, StopRequested
 from .receive import ReceiveQueue
 from .registry import DeviceRegistry
-from .result import CoordinatorError, CoordinatorResult
+from .result import CoordinatorError, CoordinatorResult, StateWriteError
 from .revocations import RevocationList
 from .rounds import select_devices
+from .secure_phase import SecurePhase, secure_strategy
 
-__all__ = ["Coordinator", "CoordinatorError", "CoordinatorResult"]
+__all__ = ["Coordinator", "CoordinatorError", "CoordinatorResult", "StateWriteError"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +84,7 @@ class _Stop:
     pass
 
 
-class Coordinator(Phases):
+class Coordinator(Phases, AsyncRounds, SecurePhase):
     """``run()`` blocks (in the caller's thread) until the last round closed or :meth:`stop`."""
 
     def __init__(self, cfg: CoordinatorConfig, creds: Credentials, *, clock: Callable[[], float] = time.time,
@@ -77,9 +93,17 @@ class Coordinator(Phases):
                  on_progress: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         if creds.role != "coordinator":
             raise CoordinatorError(f"credentials of {creds.username!r} are a {creds.role}'s; use the coordinator's")
+        # "auto" asynchronous settings resolved once, here (flayer.engine.versions.resolve_async)
+        settings, self.derived = cfg.federation.resolve_async()
+        cfg = dataclasses.replace(cfg, federation=cfg.federation.resolved())
         self.cfg, self.creds, self.clock = cfg, creds, clock
         self.fs = cfg.federation
         self.strategy = strategy or make_strategy(cfg.run.strategy, cfg.spec, cfg.run.train, cfg.options)
+        # [privacy] (coordinator.privacy): resolved for the population, the strategy made private
+        self.privacy, self.strategy = federation_privacy(cfg, self.strategy, settings.buffer)
+        if self.secure and self.privacy is None:  # secure rounds need data-independent positions too
+            self.strategy = secure_strategy(self.strategy)
+        self.budget_stop: str | None = None
         self.topics = Topics(creds.federation)
         self.limits = limits or WireLimits(max_blob_bytes=max(cfg.federation.max_update_bytes, 1 << 20))
         self.events = ReceiveQueue(self.fs.queue_bytes, self.fs.queue_sender_bytes)
@@ -92,7 +116,8 @@ class Coordinator(Phases):
         count_wire_bytes(self.link.client, self.wire.add)
         self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters)
         self.publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
-                                   self.fs.publish_timeout_s, lambda: self._stopping)
+                                   self.fs.publish_timeout_s, lambda: self._stopping,
+                                   ModelFiles(cfg.models_dir) if cfg.models_dir is not None else None)
         self.deltas = DeltaChain(self.fs.delta_downloads, creds.federation, creds.username)  # thin links
         self.history: list[dict[str, Any]] = []
         self._stopping = self._done = self._connected_once = False
@@ -103,19 +128,29 @@ class Coordinator(Phases):
         self.accepted_before: dict[int, set[str]] = {}  # recent closed rounds (duplicates vs late)
         self._resumed = False
         self._chunks = 0
-        self.options: dict[str, Any] = dict(cfg.options)  # in force: the config's, plus what a calibration resolved
+        # in force: the config's, plus what a calibration resolved (or private rounds set: public positions)
+        public = {"positions": "public"} if (self.privacy or self.secure) and "positions" in \
+            self.strategy.options_dict() else {}
+        self.options: dict[str, Any] = {**cfg.options, **public}
         self.calibration: Calibration | None = None
         self._calibrated = False
         self.journal_dir = cfg.state_dir / "journal"
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
+        # Prometheus (coordinator.exporter): fed on this worker thread, served when metrics_port is set
+        self.exporter = FleetMetrics(creds.federation, cfg.run.strategy, self.fs.mode, self.fs.deadline_s,
+                                     self.fs.queue_bytes, self.fs.max_staleness if self.fs.mode == "async" else None)
+        self.metrics_server: MetricsServer | None = None
         self.norms = NormHistory(self.fs.norm_auto, self.fs.norm_window, self.fs.norm_warmup)
         self.quarantine = Quarantine(cfg.state_dir)
         self.asynchronous = self.fs.mode == "async"  # buffered asynchronous rounds (coordinator.async_rounds)
         self.window: VersionWindow | None = VersionWindow(self.fs.max_staleness) if self.asynchronous else None
-        self.slots = Slots(self.fs.async_settings, cfg.run.seed, self.fs.deadline_s)
+        self.slots = Slots(settings, cfg.run.seed, self.fs.deadline_s)  # a refusal frees no slot
+        self.pacer = PlanPacer(self.fs.buffer)
         self.durations: list[float] = []  # the last rounds' lengths: the plan's close_by (coordinator.phases)
         if self.asynchronous:
-            self.inbox.on_refuse = self.slots.release
+            log.info("asynchronous rounds: buffer %d, max_staleness %d, concurrency %d%s", settings.buffer,
+                     settings.max_staleness, settings.concurrency,
+                     "".join(f"; {k} auto: {v}" for k, v in self.derived.items()))
 
     @property
     def open(self) -> OpenRound | None:
@@ -152,10 +187,19 @@ class Coordinator(Phases):
         return t
 
     def run(self) -> CoordinatorResult:
-        self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        self._restore()
-        self.metrics.write(run_record("coordinator", self.clock(), self.cfg.run.strategy, self.cfg.run.rounds, None,
-                                      federation=self.creds.federation, resumed_after=self.done_round))
+        """Raises :class:`StateWriteError` (a :class:`CoordinatorError`) when the state folder cannot be
+        written: the loop stops at once, nothing unjournaled acknowledged (module docstring)."""
+        try:
+            self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
+            self._restore()
+            self._serve_metrics()  # coordinator.phases
+            extra = {"asynchronous": {**dataclasses.asdict(self.slots.settings), "auto": dict(self.derived)}} \
+                if self.asynchronous else {}
+            self.metrics.write(run_record("coordinator", self.clock(), self.cfg.run.strategy, self.cfg.run.rounds,
+                                          None, federation=self.creds.federation, resumed_after=self.done_round,
+                                          **extra))
+        except (OSError, JournalError) as exc:
+            raise StateWriteError.of(exc, self.cfg.state_dir) from exc
         self.link.start()
         try:
             while not self._done and not self._stopping:
@@ -164,35 +208,18 @@ class Coordinator(Phases):
                     raise CoordinatorError(self._fatal)
                 if not self._stopping and self._connected_once:
                     self._tick()
+                self.exporter.sync(self)
         except StopRequested:
             pass
+        except (OSError, JournalError) as exc:
+            err = StateWriteError.of(exc, self.cfg.state_dir)
+            log.error("%s", err)
+            raise err from exc
         finally:
-            if self.open is not None and self.open.journal is not None:
-                self.open.journal.close()
-            last = self.history[-1]["acc"] if self.history else None
-            self.metrics.write(end_record("coordinator", self.clock(), self.done_round, self._done, last,
-                                          counters=dict(self.counters)))
-            self.metrics.close()
-            self.link.stop()
+            self._shut_down()
         assert self.model is not None
         return CoordinatorResult(self.done_round, self.global_state, self.model.digest, self.history,
                                  dict(self.counters), self._done, self._stopping and not self._done)
-
-    def _begin(self, number: int, selected: tuple[str, ...] | list[str]) -> OpenRound:
-        assert self.model is not None
-        bound = self.norms.bound(self.fs.norm_bound, self.global_state)
-        log.info("round %d: update norm bound %s", number, "none" if bound is None else f"{bound:.4g}")
-        bases = None
-        if self.window is not None:  # the buffer of version `number`: updates from recent versions are taken
-            self.window.publish(number, self.model.digest)
-            self.window.offer(selected)
-            bases = dict(self.window.digests)
-        rnd = OpenRound.begin(number, selected, self.strategy, self.global_state, self.model.digest, self.fs,
-                              self.creds.federation, self.limits, self.clock(), bound, bases)
-        if self.window is not None:
-            rnd.on_fold = self.window.fold
-            rnd.stats.mode = "async"
-        return rnd
 
     # ---- events -------------------------------------------------------------------------------
     def _next_event(self) -> Any:
@@ -210,7 +237,8 @@ class Coordinator(Phases):
                 self._fatal = f"the broker refused the coordinator's connection ({ev.reason})"
                 return
             log.info("connected to the broker (session present: %s)", ev.session_present)
-            self.link.subscribe([self.topics.all_updates(), self.topics.all_status(), self.topics.all_metrics()])
+            self.link.subscribe([self.topics.all_updates(), self.topics.all_status(), self.topics.all_metrics(),
+                                 *([self.topics.all_secagg()] if self.secure else [])])
             if self._connected_once:
                 self._republish()
             elif self.open is None and 0 < self.done_round < self.cfg.run.rounds:
@@ -232,7 +260,10 @@ class Coordinator(Phases):
         if parsed.client in self.revoked.refresh():
             self.inbox.count("revoked", f"{parsed.kind} from revoked device {parsed.client} dropped", parsed.client)
             return
-        if parsed.kind == "update":
+        if parsed.kind == "secagg":  # coordinator.secure_phase
+            assert parsed.client is not None
+            self._on_secagg(parsed.client, parsed, ev.payload)
+        elif parsed.kind == "update":
             try:
                 done = self.inbox.update_chunk(parsed, ev.payload, self.done_round, self.accepted_before, self.window)
             except ValueError as exc:  # a check this code does not foresee: refuse, count, keep running
@@ -247,6 +278,8 @@ class Coordinator(Phases):
             assert parsed.client is not None
             if isinstance(msg, Status):
                 self.registry.observe(parsed.client, msg, self.clock(), ev.retain)
+            elif isinstance(msg, Metrics) and self._secure_metrics(parsed.client, msg):
+                pass  # a secure round's evaluation report (coordinator.secure_phase)
             elif isinstance(msg, Metrics) and self.calibration is not None and msg.round == 0:
                 status, reason = self.calibration.add(parsed.client, msg.values)
                 if status != "accepted":
@@ -260,8 +293,10 @@ class Coordinator(Phases):
         if up.verdict.clipped:
             self.counters["clipped"] += 1
         if self.asynchronous:
-            self.slots.release(up.client)  # the next tick gives the slot to an idle device
-        self.inbox.ack(up.client, up.round, up.digest, "accepted", up.verdict.reason)
+            self.slots.release(up.client)  # a tick soon gives the slot to an idle device (coordinator.async_rounds)
+        # async: the version whose buffer took it, so the device does not train on that version again
+        self.inbox.ack(up.client, up.round, up.digest, "accepted", up.verdict.reason,
+                       rnd.number if self.asynchronous else 0)
         if self.on_progress is not None:
             self.on_progress("accepted", {"round": up.round, "client": up.client, "accepted": len(rnd.accepted),
                                           "selected": len(rnd.selected)})
@@ -282,11 +317,13 @@ class Coordinator(Phases):
             elif len(online) >= self.fs.min_devices or (self.asynchronous and self.done_round > 0):
                 r = self.done_round + 1
                 if self.asynchronous:
-                    self.slots.drop_offline(online)
+                    self.slots.drop_offline(online, self._heard_offline(online))
                     self.slots.fill(online, (), r, now)
                     selected = sorted(self.slots.held)
                 else:
                     selected = select_devices(online, self.fs.quorum, self.fs.over_selection, self.cfg.run.seed, r)
+                if self._over_budget(r, selected):  # target_epsilon: the federation ends before the budget
+                    return
                 self.open = self._begin(r, selected)
                 self._open_round()
             elif self.on_progress is not None:
@@ -298,11 +335,16 @@ class Coordinator(Phases):
         if self.asynchronous:
             self._tick_async(rnd, now)
             return
+        if rnd.secure is not None and rnd.secure.stage != 3:  # keys, shares, unmasking (coordinator.secure_phase)
+            self._secure_tick(rnd, now)
+            return
         decision = rnd.timer.decide(len(rnd.accepted), now)
         if decision.action == "extend":
             log.warning("round %d: %s", rnd.number, decision.reason)
             rnd.timer.extend()
             self._publish_plan()
+        elif decision.action == "close" and rnd.secure is not None:  # the masked inputs are in: unmask their sum
+            self._secure_tick(rnd, now, decision.reason)
         elif decision.action == "close":
             self._close_round(decision.reason)
 
@@ -310,48 +352,6 @@ class Coordinator(Phases):
         """The devices online now, revoked ones left out."""
         revoked = self.revoked.refresh()
         return [c for c in self.registry.online(now) if c not in revoked]
-
-    def _tick_async(self, rnd: OpenRound, now: float) -> None:
-        """The buffer of version ``rnd.number``: keep the slots filled, publish at ``buffer`` updates."""
-        assert self.window is not None and rnd.timer is not None and rnd.journal is not None
-        online = self._online(now)
-        freed = self.slots.expire(now) + self.slots.drop_offline(online)
-        new = self.slots.fill(online, self.window.folded.get(rnd.number, set()), rnd.number, now)
-        if new or freed:
-            self.window.offer(new)
-            rnd.selected = frozenset(self.slots.held)
-            rnd.stats.selected = sorted(set(rnd.stats.selected) | set(new))
-            rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username))
-            self._publish_plan()
-        accepted = rnd.aggregate.tally.accepted
-        if accepted >= self.fs.buffer:
-            self._close_round(f"buffer of {self.fs.buffer} update(s) full")
-        elif now >= rnd.timer.deadline:
-            if accepted >= self.fs.min_updates:
-                self._close_round(f"deadline with {accepted} of {self.fs.buffer} update(s)")
-            else:
-                rnd.timer.deadline = now + self.fs.deadline_s  # nothing to publish yet: keep buffering
-
-    def _open_round(self) -> None:
-        rnd = self.open
-        assert rnd is not None
-        now = self.clock()
-        rnd.stats.wire_from = self.wire.snapshot()
-        rnd.start_timer(self.fs, now)
-        self._publish_model(rnd.number)
-        if rnd.journal is None:
-            rnd.open_journal(self.journal_dir)
-        assert rnd.journal is not None
-        if not self._resumed:  # the plan is journaled before it goes out: a restart selects the same devices
-            rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username))
-        self._resumed = False
-        self._publish_plan()
-        self.publisher.clear_old_models()
-        log.info("round %d open: %d selected %s, deadline in %.0f s, %d already accepted", rnd.number,
-                 len(rnd.selected), sorted(rnd.selected), self.fs.deadline_s, len(rnd.accepted))
-        if self.on_progress is not None:
-            self.on_progress("open", {"round": rnd.number, "selected": len(rnd.selected),
-                                      "accepted": len(rnd.accepted)})
 
     def _close_round(self, reason: str) -> None:
         rnd = self.open
@@ -361,7 +361,7 @@ class Coordinator(Phases):
         self.global_state, left_out = rnd.close(self.quarantine)
         if left_out:
             self.counters["quarantined"] += len(left_out)
-        self.norms.add(rnd.norms)
+        self.norms.add(rnd.norms, rnd.norm_clients)
         # thin links: the delta from the previous model (lossy: the new model is its reconstruction)
         self.global_state, self.model = self.deltas.advance(old_model, old_state, self.global_state, r + 1)
         self.done_round = r
@@ -369,15 +369,18 @@ class Coordinator(Phases):
         self.accepted_before[r] = set(rnd.accepted)
         # unfinished blobs are counted in this round's metrics (async: those still young enough stay)
         self.inbox.round_closed(r, r + 1 - self.fs.max_staleness if self.asynchronous else None)
+        dp = self.privacy.close(rnd.aggregate) if self.privacy is not None else {}  # composed, then checkpointed
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
                                                        dict(self.counters), dict(self.options), self.norms.norms,
-                                                       self.window.as_dict() if self.window is not None else {}))
+                                                       self._window_record(), self.norms.clients,
+                                                       self.privacy.state() if self.privacy is not None else {}))
         if self._connected_once:  # the broker re-sends what is retained under update/ and metrics/: cleared
             self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
         rnd.stats.wire_to = self.wire.snapshot()
-        record = rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted)
+        record = {**rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted), **dp}
         self.durations = [*self.durations[-4:], float(record["wall_s"])]
         self.metrics.write(record)
+        self.exporter.round_closed(record)  # the same record: the scrape and the file agree
         self.history.append(record)
         prune_journals(self.journal_dir, r, self.fs.keep_journals)
         self.open = None

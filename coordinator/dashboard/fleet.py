@@ -87,7 +87,8 @@ class FleetView:
         self.rounds.append({"round": r, "acc": rec["acc"], "bytes_up": rec["bytes_up"],
                             "bytes_down": rec["bytes_down"], "selected": len(rec["selected"]),
                             "reported": rec["reported"], "late": rec["late"], "refused": dict(rec["refused"]),
-                            "wall_s": rec["wall_s"], "closed": rec["closed"], "time": rec["time"]})
+                            "wall_s": rec["wall_s"], "closed": rec["closed"], "time": rec["time"],
+                            "epsilon": rec.get("epsilon"), "delta": rec.get("delta")})  # private runs
         for row in rec["devices"]:
             d = self.devices.setdefault(row["id"], _Device())
             if row["result"] == "accepted":

@@ -5,9 +5,9 @@ Routes (GET only; any other method gets 405): ``/`` the page, ``/app.js``, ``/st
 ``/api/snapshot`` the fleet now (JSON), ``/events`` a stream of snapshots pushed when the fleet changes
 (at most ``MAX_PUSH_HZ`` a second, and at least every ``IDLE_PUSH_S`` so ages and deadlines move).
 
-Access: bound to 127.0.0.1 by default. Bound elsewhere it needs a token (generated when none is
-given): ``?token=...`` on the first request, or ``Authorization: Bearer ...``; a correct token sets an
-HttpOnly, SameSite=Strict cookie so the page's own requests carry it. A missing or wrong token gets
+Access (the rule of :mod:`transport.access`): bound to 127.0.0.1 by default. Bound elsewhere it needs a
+token (generated when none is given): ``?token=...`` on the first request, or ``Authorization: Bearer
+...``; a correct token sets an HttpOnly, SameSite=Strict cookie so the page's own requests carry it. A missing or wrong token gets
 401 and no data. Nothing the server does can change the federation: its only inputs are GET requests,
 and its broker credentials are the observer's, which the ACL lets publish nothing.
 """
@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import threading
 import time
 from http import HTTPStatus
-from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
+from transport.access import token_allows, token_for
 from transport.hosts import is_loopback
 
 from .watch import FleetWatch
@@ -54,9 +53,7 @@ class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, watch: FleetWatch, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
-        if token is None and not is_loopback(host):
-            token = secrets.token_urlsafe(24)
-        self.watch, self.token = watch, token
+        self.watch, self.token = watch, token_for(host, token)  # transport.access: the rule, written once
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self.closing = threading.Event()
         self.assets = {path: (_asset(name), ctype) for path, (name, ctype) in ASSETS.items()}
@@ -88,25 +85,9 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
     # ---- access ---------------------------------------------------------------------------------------
-    def _token_given(self) -> tuple[str | None, bool]:
-        """(token presented, whether it came in the query string)."""
-        query = parse_qs(urlsplit(self.path).query)
-        if "token" in query:
-            return query["token"][0], True
-        auth = self.headers.get("Authorization", "")
-        if auth.startswith("Bearer "):
-            return auth[7:].strip(), False
-        cookie = SimpleCookie(self.headers.get("Cookie", ""))
-        return (cookie[COOKIE].value if COOKIE in cookie else None), False
-
     def _allowed(self) -> tuple[bool, bool]:
-        """(allowed, set the cookie)."""
-        want = self.server.token
-        if want is None:
-            return True, False
-        got, in_query = self._token_given()
-        ok = got is not None and secrets.compare_digest(got.encode(), want.encode())
-        return ok, ok and in_query
+        """(allowed, set the cookie): :func:`transport.access.token_allows`."""
+        return token_allows(self.server.token, self.path, self.headers, COOKIE)
 
     # ---- responses ------------------------------------------------------------------------------------
     def _head(self, status: int, ctype: str, length: int | None, cookie: bool = False) -> None:

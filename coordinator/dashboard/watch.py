@@ -5,6 +5,15 @@ The observer subscribes to the round plan, ``status/+`` and ``metrics/+`` (all i
 a clean session and no will, so watching leaves nothing behind on the broker. Either source is optional:
 without credentials the view shows a finished run's folder; without a metrics file, the broker's view.
 Consumers call :meth:`FleetWatch.snapshot` or wait for a change with :meth:`FleetWatch.wait_change`.
+
+The fold, so that a flood of messages never starves the consumers:
+
+1. the link's callback only enqueues, into a queue of at most ``MAX_QUEUED`` events; a message that
+   finds it full is dropped and counted (``dropped``; a device's next heartbeat brings its state again),
+   a connection event waits for room;
+2. the fold thread takes at most ``BATCH`` events at a time and decodes them, reads the metrics file's
+   new lines and the revocation list, all outside the lock;
+3. only then it takes the lock, applies what it decoded to the view and notifies the waiting consumers.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from .fleet import FleetView
 __all__ = ["FleetWatch", "MetricsTail", "find_metrics"]
 
 log = logging.getLogger(__name__)
+MAX_QUEUED = 50_000  # events waiting for the fold (rule 1)
+BATCH = 1_000  # events taken, decoded and applied per hold of the lock (rule 2)
 
 
 class MetricsTail:
@@ -74,8 +85,9 @@ class FleetWatch:
         self.view = FleetView(stale_after_s)
         self.topics = Topics(creds.federation) if creds is not None else None
         self.limits = WireLimits()
-        self.events: queue.Queue[Any] = queue.Queue()
-        self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=True) if creds else None
+        self.events: queue.Queue[Any] = queue.Queue(MAX_QUEUED)
+        self.dropped = 0  # messages dropped because the queue was full (rule 1)
+        self.link = MqttLink(mqtt_connect_settings(creds), self.enqueue, clean_session=True) if creds else None
         self.tail = MetricsTail(metrics) if metrics is not None else None
         # devices 'flayer broker revoke' shut out: shown as revoked (the list is read again when it changes)
         self.revocations = RevocationList(revoked_file) if revoked_file is not None else None
@@ -104,52 +116,110 @@ class FleetWatch:
         if self.link is not None:
             self.link.stop(timeout=1.0)
 
-    # ---- the fold (its own thread) ------------------------------------------------------------------
+    # ---- the fold (its own thread; module docstring, rules 1-3) -------------------------------------
+    def enqueue(self, ev: Any) -> None:
+        """The link's callback (rule 1): never blocks on a message, never drops a connection event."""
+        if not isinstance(ev, Received):
+            try:
+                self.events.put(ev, timeout=5.0)
+            except queue.Full:  # the fold thread has stopped
+                log.warning("fleet watch: dropped %s (the fold has stopped)", type(ev).__name__)
+            return
+        try:
+            self.events.put_nowait(ev)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped in (1, 1_000) or self.dropped % 100_000 == 0:
+                log.warning("fleet watch: %d message(s) dropped: more than %d waiting to be shown", self.dropped,
+                            MAX_QUEUED)
+
     def _loop(self) -> None:
         next_tail = 0.0
         while not self._stop.is_set():
-            try:
-                ev = self.events.get(timeout=0.1)
-            except queue.Empty:
-                ev = None
-            with self._cond:
-                before = self.view.version
-                while ev is not None:
-                    self._event(ev)
-                    try:
-                        ev = self.events.get_nowait()
-                    except queue.Empty:
-                        ev = None
-                if time.monotonic() >= next_tail:
-                    next_tail = time.monotonic() + 0.25
-                    if self.tail is not None:
-                        self._read_metrics()
-                    self._read_revocations()
-                if self.view.version != before:
-                    self._cond.notify_all()
+            next_tail = self.fold_once(next_tail)
 
-    def _read_revocations(self) -> None:
-        if self.revocations is None:
-            return
-        revoked = set(self.revocations.refresh())
-        if revoked != self.view.revoked:
-            self.view.revoked = revoked
-            self.view.version += 1
-
-    def _read_metrics(self) -> None:
-        assert self.tail is not None
-        try:
-            for rec in self.tail.read():
+    def fold_once(self, next_tail: float = 0.0, wait_s: float = 0.1) -> float:
+        """One pass (rules 2 and 3): up to ``BATCH`` events, and the files when ``next_tail`` is due;
+        returns when the files are due next."""
+        taken = self._take(wait_s)
+        decoded = [d for ev in taken if (d := self._decode(ev)) is not None]
+        records: list[dict[str, Any]] = []
+        metrics_error: MetricsSchemaError | None = None
+        revoked: set[str] | None = None
+        if time.monotonic() >= next_tail:
+            next_tail = time.monotonic() + 0.25
+            if self.tail is not None:
+                try:
+                    records = self.tail.read()
+                except MetricsSchemaError as exc:
+                    metrics_error = exc
+            if self.revocations is not None:
+                revoked = set(self.revocations.refresh())
+        with self._cond:
+            before = self.view.version
+            for item in decoded:
+                self._apply(item)
+            for rec in records:
                 self.view.on_record(rec)
-        except MetricsSchemaError as exc:
-            if self.metrics_error is None:
-                log.error("%s", exc)
-            self.metrics_error = str(exc)
-            self.tail = None  # a file this version cannot read: stop reading it, say why
-            self.view.version += 1
+            if metrics_error is not None:
+                self._metrics_failed(metrics_error)
+            if revoked is not None and revoked != self.view.revoked:
+                self.view.revoked = revoked
+                self.view.version += 1
+            if self.view.version != before:
+                self._cond.notify_all()
+        return next_tail
 
-    def _event(self, ev: Any) -> None:
-        if isinstance(ev, Connected):
+    def _take(self, wait_s: float) -> list[Any]:
+        try:
+            taken = [self.events.get(timeout=wait_s)]
+        except queue.Empty:
+            return []
+        while len(taken) < BATCH:
+            try:
+                taken.append(self.events.get_nowait())
+            except queue.Empty:
+                break
+        return taken
+
+    def _metrics_failed(self, exc: MetricsSchemaError) -> None:
+        if self.metrics_error is None:
+            log.error("%s", exc)
+        self.metrics_error = str(exc)
+        self.tail = None  # a file this version cannot read: stop reading it, say why
+        self.view.version += 1
+
+    def _decode(self, ev: Any) -> tuple[Any, ...] | None:
+        """A message as what the view takes, decoded outside the lock (None: nothing to show)."""
+        if not isinstance(ev, Received):
+            return (ev,)
+        if not ev.payload or self.topics is None:
+            return None
+        now = self.clock()
+        try:
+            parsed = self.topics.parse(ev.topic)
+            if parsed.kind == "round":
+                _, plan = decode_message(ev.payload, self.limits, Kind.PLAN)
+                assert isinstance(plan, Plan)
+                return ("plan", now, plan)
+            if parsed.kind == "status" and parsed.client is not None:
+                _, status = decode_message(ev.payload, self.limits, Kind.STATUS)
+                assert isinstance(status, Status)
+                return ("status", now, parsed.client, status, ev.retain)
+        except (TopicError, WireError) as exc:  # not ours to judge beyond skipping it
+            log.debug("skipped %s: %s", ev.topic, exc)
+        return ("message", now)
+
+    def _apply(self, item: tuple[Any, ...]) -> None:
+        """One decoded event into the view (under the lock)."""
+        ev = item[0]
+        if isinstance(ev, str):
+            self.last_message_at = item[1]
+            if ev == "plan":
+                self.view.on_plan(item[2])
+            elif ev == "status":
+                self.view.on_status(item[2], item[3], item[1], item[4])
+        elif isinstance(ev, Connected):
             self.connected, self.broker_error = ev.ok, None if ev.ok else f"the broker refused the observer ({ev.reason})"
             if ev.ok and self.link is not None and self.topics is not None:
                 self.link.subscribe([self.topics.round(), self.topics.all_status(), self.topics.all_metrics()])
@@ -163,20 +233,6 @@ class FleetWatch:
                                 "status or dashboard) uses the same observer credentials; one connection each")
             self.connected = False
             self.view.version += 1
-        elif isinstance(ev, Received) and ev.payload and self.topics is not None:
-            self.last_message_at = self.clock()
-            try:
-                parsed = self.topics.parse(ev.topic)
-                if parsed.kind == "round":
-                    _, plan = decode_message(ev.payload, self.limits, Kind.PLAN)
-                    assert isinstance(plan, Plan)
-                    self.view.on_plan(plan)
-                elif parsed.kind == "status" and parsed.client is not None:
-                    _, status = decode_message(ev.payload, self.limits, Kind.STATUS)
-                    assert isinstance(status, Status)
-                    self.view.on_status(parsed.client, status, self.clock(), ev.retain)
-            except (TopicError, WireError) as exc:  # not ours to judge beyond skipping it
-                log.debug("skipped %s: %s", ev.topic, exc)
 
     # ---- consumers ----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

@@ -123,7 +123,8 @@
     $("deadline").textContent = Object.entries(p.by_state || {}).map(([k, v]) => `${v} ${k}`).join(", ") +
       (p.deadline_in_s !== null && p.deadline_in_s !== undefined ? ` · deadline ${p.deadline_in_s > 0 ? "in " + p.deadline_in_s.toFixed(0) + " s" : "passed"}` : "");
     $("closed").textContent = String(s.rounds.length);
-    $("last-round").textContent = last ? `round ${last.round}: ${last.reported}/${last.selected} reported, acc ${fmt(last.acc, 4)}, ${last.closed}` : "-";
+    $("last-round").textContent = last ? `round ${last.round}: ${last.reported}/${last.selected} reported, acc ${fmt(last.acc, 4)}, ${last.closed}` +
+      (last.epsilon !== null && last.epsilon !== undefined ? ` · epsilon ${typeof last.epsilon === "string" ? last.epsilon : last.epsilon.toFixed(3)} at delta ${last.delta.toPrecision(3)}` : "") : "-";
     $("device-count").textContent = String(s.devices.length);
     $("state-counts").textContent = Object.entries(s.states).map(([k, v]) => `${v} ${k}`).join(", ") || "-";
     $("accepted-total").textContent = String(s.updates_accepted);

@@ -1,0 +1,154 @@
+"""The coordinator's secure rounds (``[privacy] secure_aggregation = true``; docs/explanation/secure-aggregation.md).
+
+A mixin of :class:`coordinator.server.Coordinator`: it opens a round's protocol beside the round
+(:class:`coordinator.secure_round.SecureRound`), takes the devices' protocol messages from ``secagg/<client>``,
+sends each device its own on ``secreq/<client>``, moves the stages on the worker thread's ticks, and at the
+end folds the unmasked sum -- the only update of a secure round the coordinator ever holds -- or abandons
+the round with the reason (the model stays; the federation goes on with the next round and new keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import secrets
+from typing import Any
+
+from flayer.engine.secure import PlannedSecure, plan_secure, round_params, secure_bound
+from flayer.engine.secure_layout import round_layout
+from flayer.secagg import SecAggAbandoned
+from protocol import Envelope, Kind, Metrics, WireError, check_topic, decode_envelope
+
+from .secure_round import SecureRound
+
+__all__ = ["SecurePhase", "secure_strategy"]
+
+log = logging.getLogger("coordinator.server")
+
+
+def secure_strategy(strategy: Any) -> Any:
+    """The strategy as secure rounds run it (public positions; CoordinatorError naming what cannot be)."""
+    from flayer.engine.privacy import private_strategy
+
+    from .result import CoordinatorError
+
+    try:
+        return private_strategy(strategy)
+    except ValueError as exc:
+        raise CoordinatorError(f"[privacy] secure_aggregation: {exc}") from None
+
+
+class SecurePhase:
+    """Secure rounds at the coordinator (module docstring)."""
+
+    cfg: Any
+    creds: Any
+    clock: Any
+    strategy: Any
+    global_state: Any
+    link: Any
+    topics: Any
+    limits: Any
+    inbox: Any
+    open: Any
+    counters: Any
+
+    _close_round: Any  # coordinator.server
+
+    @property
+    def secure(self) -> bool:
+        return bool(self.cfg.run.privacy.secure_aggregation)
+
+    def _secure_open(self, rnd: Any) -> None:
+        """Give the round just begun its protocol: the common layout, the public parameters, a fresh session."""
+        s = self.cfg.run.privacy
+        selected = tuple(sorted(rnd.selected))
+        layout = round_layout(self.strategy, self.global_state, rnd.number, self.cfg.run.seed)
+        session = f"{self.creds.federation}.{rnd.number}.{secrets.token_hex(8)}"
+        private = rnd.aggregate.privacy
+        if private is not None and private.mode == "local":  # distributed DP: the shares are drawn in the ring
+            private = rnd.aggregate.privacy = dataclasses.replace(private, ring=True)
+        params, noise = round_params(s, session, rnd.number, selected, layout, self.cfg.run.seed, private)
+        adaptive = s.enabled and s.clipping == "adaptive"
+        bound = secure_bound(private, noise, params.length)
+        rnd.secure = SecureRound(PlannedSecure(params, layout.digest, adaptive, s.secure_stage_s, noise), layout,
+                                 bound, self.clock() + s.secure_stage_s)
+        rnd.ctx = dataclasses.replace(rnd.ctx, masked=rnd.secure.masked)
+        log.info("round %d: secure aggregation over %d devices, t = %d, %d neighbours each, %d coordinates",
+                 rnd.number, len(selected), params.threshold, params.degree, params.length)
+
+    def _secure_plan(self, rnd: Any) -> dict[str, Any]:
+        sec = rnd.secure if rnd is not None else None
+        if sec is None:
+            return {}
+        p = sec.planned
+        return plan_secure(p.params, sec.layout, p.adaptive, p.stage_s, p.noise_std)
+
+    def _on_secagg(self, client: str, parsed: Any, payload: bytes) -> None:
+        """A device's protocol message: checked, handed to the round's protocol, stages moved on."""
+        rnd = self.open
+        try:
+            env = decode_envelope(payload, self.limits)
+            check_topic(env, parsed)
+        except WireError as exc:
+            self.inbox.count("bad_message", f"secure-round message from {client}: {exc.reason}", client)
+            return
+        if rnd is None or rnd.secure is None or env.round != rnd.number:
+            self.inbox.count("late", f"secure-round message of round {env.round} from {client}: no such secure round "
+                                     f"open", client)
+            return
+        if client not in rnd.selected:
+            self.inbox.count("not_selected", f"secure-round message from {client}, not selected", client)
+            return
+        why = rnd.secure.receive(client, env.body)
+        if why is not None:
+            self.inbox.count("secure", f"{client} round {env.round}: {why}", client)
+            return
+        self._secure_tick(rnd, self.clock())
+
+    def _secure_metrics(self, client: str, msg: Metrics) -> bool:
+        """A secure round's evaluation report (the counts the round record shows, outside the masked sum)."""
+        rnd = self.open
+        if rnd is None or rnd.secure is None or msg.round != rnd.number or client not in rnd.selected \
+                or client in rnd.evals:
+            return False
+        rnd.evals.add(client)
+        rnd.aggregate.tally.add_eval({k: v for k, v in msg.values.items()
+                                      if k in ("test_correct", "test_total", "train_loss")}, client)
+        return True
+
+    def _send_secure(self, rnd: Any, messages: list[tuple[str, bytes]]) -> None:
+        for device, body in messages:
+            env = Envelope(Kind.SECAGG, self.creds.federation, self.creds.username, rnd.number, 0, 1, len(body),
+                           hashlib.sha256(body).hexdigest(), body)
+            payload = env.encode()
+            self.link.publish(self.topics.secreq(device), payload)
+            rnd.stats.bytes_out += len(payload)
+
+    def _secure_tick(self, rnd: Any, now: float, closing: str | None = None) -> None:
+        """Move the round's protocol on: key bundles, shares, the unmask requests once the round's timer ends
+        the masked inputs' stage (``closing``: its reason, decided by the coordinator's tick as for a plain
+        round), and the sum when the unmasking is over (or abandon the round)."""
+        sec = rnd.secure
+        try:
+            if sec.stage in (1, 2):
+                self._send_secure(rnd, sec.advance(now))
+            if sec.stage == 3 and closing is not None:
+                rnd.stats.extra["secure_closed"] = closing
+                self._send_secure(rnd, sec.advance(now, masked_done=True))
+            if sec.stage == 4 and sec.unmask_done(now):
+                self._secure_close(rnd, sec.finish())
+        except SecAggAbandoned as exc:
+            self._secure_close(rnd, sec.abandon_early(exc.reason))
+
+    def _secure_close(self, rnd: Any, out: Any) -> None:
+        """Fold the round's unmasked sum (or nothing: abandoned) and close the round."""
+        if out.update is not None:
+            rnd.aggregate.fold_sum(out.update, len(out.survivors), out.bits)
+        else:
+            log.warning("round %d: secure round abandoned: %s; the model stays as it was", rnd.number, out.reason)
+            self.counters["secure_abandoned"] += 1
+        rnd.stats.extra.update({"secure_survivors": list(out.survivors), "secure_dropped": list(out.dropped),
+                                "secure_abandoned": out.reason, "secure_bytes_out": rnd.secure.sent_bytes})
+        self._close_round(rnd.stats.extra.get("secure_closed") or ("abandoned" if out.update is None else "secure"))
