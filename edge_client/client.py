@@ -12,7 +12,8 @@ anything is saved or sent: the emulator stretches a slow device's compute time t
 and :meth:`EdgeClient.crash` (a power loss: no offline status, no DISCONNECT; the broker publishes the
 last will, and the next instance over the same state folder resumes from disk).
 
-Per round, when selected: fetch the model (:mod:`edge_client.fetch`: from its retained chunks or a delta) ->
+Per round, when selected: fetch the model (:mod:`edge_client.fetch`: from its retained chunks or a delta,
+or over HTTP when the plan names a ``models_url``) ->
 local round -> encode and size check -> persist state and upload -> publish the chunks (QoS 1,
 PUBACKs) -> wait for the coordinator's ack, re-sending with exponential backoff and jitter (an ack
 that overtakes the publishing job is kept for it; one that comes after the device gave up still
@@ -20,6 +21,16 @@ settles the stored upload). A restarted device reloads its state and re-sends an
 without training again. A ``calibrate`` plan (round 0) makes a selected device run the strategy's
 ``calibrate`` on the model and send the report as a Metrics message instead. After the ``final``
 plan the device saves its personal model and stops.
+
+Idle, a client holds no model: once no job runs and no download is under way, it drops the global
+model (kept on disk as ``global_model.bin``, :class:`edge_client.delta_fetch.HeldModel`) and its client
+state (the state file holds it, :meth:`edge_client.store.DeviceStore.release`), and reads them back for
+its next round. ``model_slots`` (the emulator's, one per process) bounds how many clients hold a model
+at once: a client takes a slot before it fetches a model and gives it back when it is idle again; a
+client that finds none free waits for one handed to it (``acquire`` returns False and later calls
+``offer``, which says whether the client still takes it). ``tick_s``: the longest the worker thread
+waits without an event (every timer is an event or a due time it waits for; thousands of idle clients
+in one process wake less often with a longer one).
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -56,9 +67,10 @@ from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Rec
 from .config import EdgeSettings
 from .delta_fetch import HeldModel
 from .download import ModelDownload, Pending
-from .fetch import ModelFetch
+from .fetch import HttpDone, HttpDownload, ModelFetch
 from .jobs import Job, Jobs
 from .runtime import TrainingRuntime
+from .secure import SecureRounds, SecureSession
 from .sources import DeviceSource
 from .store import DeviceStore, StoredState, UploadRecord
 from .thin import ThinUploads
@@ -70,7 +82,7 @@ from .work import (
     check_data_fits,
 )
 
-__all__ = ["ComputeHook", "EdgeClient", "EdgeError", "LinkShaper"]
+__all__ = ["ComputeHook", "EdgeClient", "EdgeError", "LinkShaper", "ModelSlots"]
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +94,26 @@ class _Stop:
     pass
 
 
-class EdgeClient(Jobs, ModelFetch):
+class _SlotFree:
+    """A model slot was handed to this client (``model_slots``)."""
+
+
+class ModelSlots(Protocol):
+    """How many clients of a process hold a model at once (see the module docstring)."""
+
+    def acquire(self, offer: Callable[[], bool]) -> bool: ...
+    def release(self) -> None: ...
+    def cancel(self, offer: Callable[[], bool]) -> None: ...
+
+
+class EdgeClient(Jobs, ModelFetch, SecureRounds):
     def __init__(self, settings: EdgeSettings, creds: Credentials, data: ClientData | DeviceSource, *,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  shaper: LinkShaper | None = None, limits: WireLimits | None = None,
                  rng: random.Random | None = None,
                  on_progress: Callable[[str, dict[str, Any]], None] | None = None,
-                 after_compute: ComputeHook | None = None, network: NetworkDriver | None = None) -> None:
+                 after_compute: ComputeHook | None = None, network: NetworkDriver | None = None,
+                 model_slots: ModelSlots | None = None, tick_s: float = 1.0) -> None:
         if creds.role != "device":
             raise EdgeError(f"credentials of {creds.username!r} are a {creds.role}'s, not a device's")
         self.settings, self.creds = settings, creds
@@ -106,9 +131,10 @@ class EdgeClient(Jobs, ModelFetch):
         self.runtime = TrainingRuntime(settings.runtime, self.id)
         self.store = DeviceStore(settings.state_dir)
         self.stored: StoredState = self.store.load()
+        self.store.release(self.stored)  # read back when a round needs it
         self.thin = ThinUploads(settings, clock)  # thin links: uplink rate, residual, per-round upload choice
         self.strategies = StrategyCache({"device": str(self.device), "threads": settings.threads,
-                                         "amp": settings.amp})
+                                         "amp": settings.amp}, settings.allow_entry_points)
         self.events: queue.Queue[Any] = queue.Queue()
         will = encode_message(Status(0, "offline", clock(), {}), creds.federation, self.id)
         self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=False,
@@ -116,6 +142,7 @@ class EdgeClient(Jobs, ModelFetch):
                              network=network)
         self.jobs = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"edge-{self.id}-job")
         self.plan: Plan | None = None
+        self._secure: SecureSession | None = None  # a secure round's keys and shares, in memory only
         self.error: BaseException | None = None
         self.finished = self.stored.finished
         self.rounds_trained: list[int] = []
@@ -124,6 +151,8 @@ class EdgeClient(Jobs, ModelFetch):
         self._thread: threading.Thread | None = None
         self._busy = False  # a job is running
         self._download: ModelDownload | None = None
+        self._http: HttpDownload | None = None  # models over HTTP: a fetch under way (edge_client.fetch)
+        self._http_failed: set[str] = set()  # ... and the digests that fell back to the broker's chunks
         self._delta: DeltaRef | None = None  # thin links: the delta being downloaded instead of the model
         self._held = HeldModel(settings.state_dir)  # thin links: the last model, a delta's base after a reboot
         self._model: tuple[str, dict[str, torch.Tensor]] | None = None
@@ -133,6 +162,10 @@ class EdgeClient(Jobs, ModelFetch):
         self._state_name = "online"
         self._link_kbps: float | None = None  # the last model download's rate (the status carries it)
         self._crashed = False
+        self.model_slots = model_slots
+        self.tick_s = tick_s  # the longest the worker waits for an event before it looks at its timers again
+        self._slot = self._slot_wanted = self._slot_closed = False  # holding one, waiting for one, stopped
+        self._slot_lock = threading.Lock()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -180,20 +213,24 @@ class EdgeClient(Jobs, ModelFetch):
                 if isinstance(ev, _Stop):
                     break
                 self._handle(ev)
+                self._release_idle()
                 self._timers()
-        except BaseException as exc:  # noqa: BLE001 -- reported through self.error / run()
+        except BaseException as exc:  # reported through self.error / run()
             if not self._crashed:  # after crash() the link is gone: nothing to report
-                log.error("%s: %s", self.id, exc)
+                log.exception("%s: %s", self.id, exc)
                 self.error = exc
         finally:
+            if self._http is not None:
+                self._http.cancel()
             if not self._crashed:
                 self.link.stop(final=(self.topics.status(self.id), self._status_payload("offline"), True))
             self.jobs.shutdown(wait=False, cancel_futures=True)
+            self._close_slot()
             self._stopped.set()
 
     def _next_event(self) -> Any:
         now = self.clock()
-        due = [now + 1.0]
+        due = [now + self.tick_s]
         # timers that can fire now only: a heartbeat needs the link (Connected is an event), a re-send waits
         # for the job in progress (its end is an event); a past timer that cannot fire would spin this loop
         if self.link.connected.is_set():
@@ -203,7 +240,7 @@ class EdgeClient(Jobs, ModelFetch):
         if self._download is not None:
             due.append(self._download.due(self.settings.download_stall_s))
         try:
-            return self.events.get(timeout=min(1.0, max(0.0, min(due) - now)))
+            return self.events.get(timeout=min(self.tick_s, max(0.0, min(due) - now)))
         except queue.Empty:
             return None
 
@@ -215,7 +252,8 @@ class EdgeClient(Jobs, ModelFetch):
             if not ev.ok:
                 raise EdgeError(f"{self.id}: the broker refused the connection ({ev.reason}); check the "
                                 f"credentials file")
-            self.link.subscribe([self.topics.round(), self.topics.ack(self.id)])  # the retained plan comes again
+            self.link.subscribe([self.topics.round(), self.topics.ack(self.id),  # the retained plan comes again
+                                 self.topics.secreq(self.id)])
             if self._download is not None:  # resume: from the session's queue, or the missing chunks
                 self._download.resume(self.clock(), ev.session_present)
             self._heartbeat_at = 0.0
@@ -223,6 +261,12 @@ class EdgeClient(Jobs, ModelFetch):
             log.warning("%s: disconnected (%s); paho reconnects", self.id, ev.reason)
         elif isinstance(ev, Job):
             self._on_job(ev)
+        elif isinstance(ev, _SlotFree):
+            self._slot, self._slot_wanted = True, False
+            if self.plan is not None and not self._busy:
+                self._on_plan(self.plan)  # the fetch that waited for it
+        elif isinstance(ev, HttpDone):
+            self._on_http_done(ev)
 
     def _on_message(self, ev: Received) -> None:
         if not ev.payload:
@@ -239,11 +283,14 @@ class EdgeClient(Jobs, ModelFetch):
                 _, ack = decode_message(ev.payload, self.limits, Kind.ACK)
                 assert isinstance(ack, Ack)
                 self._on_ack(ack)
+            elif parsed.kind == "secreq" and parsed.client == self.id:
+                self._on_secreq(ev.payload)  # edge_client.secure
         except (WireError, TopicError) as exc:
             log.warning("%s: ignoring a bad message on %s: %s", self.id, ev.topic, exc)
 
     def _on_plan(self, plan: Plan) -> None:
         self.plan = plan
+        self._secure_plan(plan)  # a secure round: its keys go out at once (edge_client.secure)
         up, pend = self.stored.upload, self._pending
         if up is not None and not up.settled and plan.phase != "final" \
                 and plan.round - up.round > (plan.max_staleness if plan.mode == "async" else 0):
@@ -259,18 +306,26 @@ class EdgeClient(Jobs, ModelFetch):
             if self._finished_for(plan) and self.settings.exit_when_finished:
                 self.events.put(_Stop())
             elif not self._finished_for(plan):
-                self._fetch(plan)
+                self._gated_fetch(plan)
         elif plan.phase == "calibrate":
             if self.id in plan.selected and self._pending is None \
                     and self.stored.extra.get("calibrated") != plan.model_digest:
-                self._fetch(plan)
+                self._gated_fetch(plan)
         elif up is not None and not up.settled and up.round <= plan.round:  # this round's, or (async) a recent one's
             if self._pending is None:  # restarted with an unacknowledged upload: send it again
                 self._resume_upload(up)
-        elif self.id not in plan.selected or plan.round <= self.stored.done_round:
+        elif not self._trains_on(plan):
             self._set_state("idle")
         else:
-            self._fetch(plan)
+            self._gated_fetch(plan)
+
+    def _trains_on(self, plan: Plan) -> bool:
+        """Whether this device trains on ``plan``: selected, a round it has not trained yet, and (async) a
+        version after the one whose buffer took its last accepted update (the ack's ``version``): one
+        update per device per version, so training on that version again would be refused ``in_buffer``."""
+        if self.id not in plan.selected or plan.round <= self.stored.done_round:
+            return False
+        return plan.mode != "async" or plan.round > int(self.stored.extra.get("folded_into", 0))
 
     def _finished_for(self, plan: Plan) -> bool:
         """True when this final plan's models are already saved. A federation extended after it finished
@@ -290,15 +345,61 @@ class EdgeClient(Jobs, ModelFetch):
         assert self.data is not None
         check_data_fits(strategy, self.data)
         global_state = self._model[1]
-        state = self.stored.state or strategy.initial_state()
+        state = self.store.state_of(self.stored) or strategy.initial_state()
         if plan.phase == "final":
             self._submit("finished", plan.round, self._finish_job, strategy, plan, global_state, state)
         elif plan.phase == "calibrate":
             self._set_state("training")
             self._submit("calibrated", plan.round, self._calibrate_job, strategy, plan, global_state)
-        elif self.id in plan.selected and plan.round > self.stored.done_round and plan.round not in self.skipped:
+        elif self._trains_on(plan) and plan.round not in self.skipped:
             self._set_state("training")
             self._submit("trained", plan.round, self._train_job, strategy, plan, global_state, state)
+
+    # ---- what an idle client holds (worker) ---------------------------------------------------------
+    def _gated_fetch(self, plan: Plan) -> None:
+        """Fetch the plan's model once this client holds a model slot (at once without ``model_slots``)."""
+        if self.model_slots is not None and not self._slot:
+            if self._slot_wanted or not self.model_slots.acquire(self._slot_offer):
+                self._slot_wanted = True
+                return  # a _SlotFree event comes with the slot
+            self._slot = True
+        self._fetch(plan)
+
+    def _slot_offer(self) -> bool:
+        """(the slots' thread) A slot for this client: True when it takes it (it has not stopped)."""
+        with self._slot_lock:
+            if self._slot_closed:
+                return False
+            self.events.put(_SlotFree())
+            return True
+
+    def _release_idle(self) -> None:
+        """No job running and no download under way: drop the models and give the slot back."""
+        if self._busy or self._download is not None:
+            return
+        self._model = None  # on disk (HeldModel): read back by the next fetch
+        self.store.release(self.stored)
+        if self._slot and self.model_slots is not None:
+            self._slot = False
+            self.model_slots.release()
+
+    def _close_slot(self) -> None:
+        """The worker stops: no slot taken any more; the one held goes back once the job (if any) ends."""
+        slots = self.model_slots
+        if slots is None:
+            return
+        with self._slot_lock:
+            self._slot_closed = True
+        if self._slot_wanted:
+            slots.cancel(self._slot_offer)
+        if not self._slot:
+            return
+        self._slot = False
+        if not self._busy:
+            slots.release()
+        else:  # the job thread still computes with the model
+            threading.Thread(target=lambda: (self.jobs.shutdown(wait=True), slots.release()), daemon=True,
+                             name=f"edge-{self.id}-slot").start()
 
     # ---- jobs (job thread) ----------------------------------------------------------------------
     # ---- results, acks, timers (worker) -----------------------------------------------------------
@@ -315,7 +416,9 @@ class EdgeClient(Jobs, ModelFetch):
             return
         if job.error is not None:
             raise job.error
-        if job.kind == "trained":
+        if job.kind == "trained" and job.result.update is not None:  # a secure round: masked when the shares are in
+            self._secure_trained(job.result, job.round)
+        elif job.kind == "trained":
             up: Upload = job.result
             self.stored = StoredState(up.state, job.round, UploadRecord(job.round, up.digest, len(up.blob)), False,
                                       self.stored.extra)
@@ -347,35 +450,13 @@ class EdgeClient(Jobs, ModelFetch):
         early, self._early_acks = self._early_acks, []
         for ack in early:  # acks that overtook the job's report
             self._on_ack(ack)
+        self._secure_send_masked()  # one waiting for the job thread
         if self.plan is not None:
             self._on_plan(self.plan)  # the plan may have moved on while the job ran
 
     def _progress(self, kind: str, **info: Any) -> None:
         if self.on_progress is not None:
             self.on_progress(kind, info)
-
-    def _timers(self) -> None:
-        now = self.clock()
-        if now >= self._heartbeat_at and self.link.connected.is_set():
-            self.link.publish(self.topics.status(self.id), self._status_payload(self._state_name), retain=True)
-            self._heartbeat_at = now + self.settings.heartbeat_s
-        p = self._pending
-        if p is not None and p.due is not None and now >= p.due and not self._busy:
-            if p.attempt >= self.settings.retries:
-                log.error("%s: no ack for the %s of round %d after %d re-sends; giving up on it", self.id, p.kind,
-                          p.round, p.attempt)
-                self._settle("gave_up")
-            else:
-                self._resend()
-        d = self._download
-        if d is not None and now >= d.due(self.settings.download_stall_s) and self._delta is not None \
-                and d.digest == self._delta.digest and d.received == 0 and self.plan is not None:
-            log.warning("%s: no chunk of the model delta came; downloading the full model", self.id)  # thin links
-            self._start_download(self.plan)
-        elif d is not None and now >= d.due(self.settings.download_stall_s):
-            log.warning("%s: model download stalled (%d chunks missing); asking for them again", self.id,
-                        len(d.missing()))
-            d.resubscribe(now)
 
     def _set_state(self, name: str) -> None:
         if name != self._state_name:
@@ -388,6 +469,8 @@ class EdgeClient(Jobs, ModelFetch):
             "num_train": self.data.num_train if self.data is not None else 0}
         if self._link_kbps is not None:
             info["link_kbps"] = self._link_kbps
+        if self.settings.label:
+            info["label"] = self.settings.label  # the coordinator's metrics count devices by it
         if self.skipped:
             last = max(self.skipped)
             info.update({"skipped_round": last, "skip_reason": self.skipped[last][:256]})

@@ -31,14 +31,23 @@
     backoff_s = 2.0              #    min(backoff_max_s, backoff_s * 2**attempt) * (1 + U[0, 0.5))
     backoff_max_s = 60.0
     download_stall_s = 30.0      # re-subscribe to the model when no chunk came for this long
+    http_models = true           # fetch the model over HTTP when the plan names a models_url (else the chunks)
+    http_timeout_s = 30.0        # ... giving up (and taking the broker's chunks) after this long without a byte
     max_update_bytes = 0         # refuse larger updates before sending (0: the plan's limit)
     exit_when_finished = true    # save the personal model and exit after the final plan
     upload = "plan"              # or "fit": value codec and top-k share fitted to the uplink and the round's close
     uplink_kbps = 0.0            # the uplink for "fit" (0: estimated from this device's acknowledged uploads)
     error_feedback = false       # keep what the codec / top-k left out (on disk) and add it to the next update
+    allow_entry_points = []      # model code a plan may name besides the built-ins, e.g. ["mypkg.models:build"]
+    label = ""                   # this device's kind, e.g. "jetson-orin": the coordinator's metrics count devices by it
 
 Relative paths (credentials, python_path, path, data_dir, partition_file, state_dir) are read
 relative to this file. A [data] table without ``source`` but with ``dataset`` is a partition.
+
+What code runs here is this file's decision: a round plan naming a model entry point that is neither a
+built-in nor listed in ``[edge] allow_entry_points`` (or ``flayer edge --allow-entry-point``) is refused
+before anything is imported (docs/explanation/security.md). ``[data] entry`` is this file's own choice
+and needs no listing; ``python_path`` only says where allowed modules are found.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from typing import Any
 
 from flayer.config import DATASET_NAMES, ConfigError, add_python_path, from_mapping, read_toml
 from flayer.spec import ENTRY_POINT
+from protocol.messages import DEVICE_LABEL
 
 __all__ = ["DeviceConfig", "DeviceData", "EdgeSettings", "load_device_config", "load_device_data"]
 
@@ -68,6 +78,8 @@ class EdgeSettings:
     backoff_s: float = 2.0
     backoff_max_s: float = 60.0
     download_stall_s: float = 30.0
+    http_models: bool = True  # fetch the plan's model and deltas from its models_url when it names one (docs/howto/http-models.md)
+    http_timeout_s: float = 30.0  # an HTTP fetch silent this long falls back to the broker's chunks
     publish_timeout_s: float = 120.0
     max_update_bytes: int = 0
     exit_when_finished: bool = True
@@ -75,10 +87,19 @@ class EdgeSettings:
     upload: str = "plan"  # plan: the plan's codec; fit: codec and top-k share fitted to the uplink and round close
     uplink_kbps: float = 0.0
     error_feedback: bool = False
+    allow_entry_points: tuple[str, ...] = ()  # model entry points a plan may name besides the built-ins
+    label: str = ""  # the device's kind (e.g. "jetson-orin"), in its status: the coordinator's metrics count by it
 
     def __post_init__(self) -> None:
+        bad = [e for e in self.allow_entry_points if not (isinstance(e, str) and ENTRY_POINT.fullmatch(e))]
+        if bad:
+            raise ConfigError(f"allow_entry_points: {bad[0]!r} is not an entry point \"package.module:function\" "
+                              f"(the built-in models are always allowed)")
+        if self.label and not DEVICE_LABEL.fullmatch(self.label):
+            raise ConfigError(f"label must be 1-40 letters, digits or _.:- (starting with a letter or digit), got "
+                              f"{self.label!r}")
         for name in ("heartbeat_s", "ack_timeout_s", "backoff_s", "backoff_max_s", "download_stall_s",
-                     "publish_timeout_s"):
+                     "publish_timeout_s", "http_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.retries < 0 or self.threads < 0 or self.max_update_bytes < 0 or self.client_index < 0:

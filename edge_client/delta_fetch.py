@@ -3,10 +3,12 @@
 When the plan offers a delta (:class:`protocol.model_delta.DeltaRef`, its own ``delta`` or a link of
 its ``delta_chain``) from the very model this device holds, :func:`delta_source` returns it and the
 client downloads the delta's retained chunks instead of the model's, then the next link's, until it
-holds the plan's model. :func:`rebuild` applies it (:func:`protocol.model_delta.apply_delta`) and
-returns the model blob only when its sha256 is the plan's model digest; a decode error, a delta
-against another model or a digest mismatch raises WireError, and the client then downloads the
-full model. So a wrong or tampered delta can never become the device's model.
+holds the plan's model; it never takes a link from a model to itself, nor one that does not lead to
+the plan's model, and the client takes at most ``MAX_DELTA_STEPS`` deltas towards one plan's model
+before it fetches the full model (:mod:`edge_client.fetch`). :func:`rebuild` applies it
+(:func:`protocol.model_delta.apply_delta`) and returns the model blob only when its sha256 is the
+link's target; a decode error, a delta against another model or a digest mismatch raises WireError,
+and the client then downloads the full model. So a wrong or tampered delta can never become the device's model.
 
 :class:`HeldModel` keeps the last global model's blob in the device's state folder
 (``global_model.bin``, written atomically), so a rebooted device still holds a base for the next
@@ -33,9 +35,16 @@ log = logging.getLogger(__name__)
 
 
 def delta_source(plan: Plan, held: tuple[str, Mapping[str, torch.Tensor]] | None) -> DeltaRef | None:
-    """The delta of the plan's chain that starts from the model ``held`` (digest, state), else None: the
+    """The delta of the plan's chain to take next from the model ``held`` (digest, state), else None: the
     plan's own ``delta`` (to the plan's model) or an older link of its ``delta_chain`` (to the next
-    version; the client then takes the next step from there)."""
+    version; the client then takes the next step from there). Rules:
+
+    1. nothing to fetch when nothing is held or the held model is the plan's;
+    2. a link whose base is its target (from a model to itself) is never taken;
+    3. only a link on a path of links from the held model to the plan's model is taken: the first step of
+       the shortest such path, so every step brings the device nearer; no path -> None (the full model);
+    4. the path's deltas together must be smaller than the plan's model (``model_size``): a device that
+       missed several rounds takes the full model when it costs fewer bytes than the deltas' walk."""
     if held is None or held[0] == plan.model_digest:
         return None
     try:
@@ -43,7 +52,26 @@ def delta_source(plan: Plan, held: tuple[str, Mapping[str, torch.Tensor]] | None
     except WireError as exc:  # the plan's own check makes this unreachable for decoded plans
         log.warning("ignoring the plan's delta: %s", exc.reason)
         return None
-    return next((ref for ref in refs if ref.base == held[0]), None)
+    links = [(ref, ref.target or plan.model_digest) for ref in refs]
+    links = [(ref, target) for ref, target in links if target != ref.base]
+    first: dict[str, DeltaRef] = {}  # a model reached -> the first step of the path that reached it
+    cost = {held[0]: 0}  # a model reached -> the bytes of the deltas on the path to it
+    seen, frontier = {held[0]}, [held[0]]
+    while frontier and plan.model_digest not in first:  # breadth first: each model is reached once
+        nxt = []
+        for digest in frontier:
+            for ref, target in links:
+                if ref.base == digest and target not in seen:
+                    seen.add(target)
+                    first[target] = first.get(digest, ref)
+                    cost[target] = cost[digest] + ref.size
+                    nxt.append(target)
+        frontier = nxt
+    if plan.model_digest in first and 0 < plan.model_size <= cost[plan.model_digest]:
+        log.info("model deltas from %s: %d bytes, the model %d: taking the model", held[0][:12],
+                 cost[plan.model_digest], plan.model_size)
+        return None
+    return first.get(plan.model_digest)
 
 
 def rebuild(delta_blob: bytes, ref: DeltaRef, plan: Plan, held_state: Mapping[str, torch.Tensor],

@@ -1,6 +1,7 @@
 """The edge client's work off its worker thread, and what follows an upload: the local round, the
 calibration report and the personal model run as jobs on the job thread (each reports back with a
-:class:`Job` event); publishing, re-sending with backoff and the acknowledgements settle each upload.
+:class:`Job` event); publishing, re-sending with backoff and the acknowledgements settle each upload;
+the worker's timers (heartbeats, re-sends, stalled downloads).
 A mixin of :class:`edge_client.client.EdgeClient`, which holds the state (see its docstring)."""
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ class Jobs:
     _crashed: bool
     _stopped: Any
 
+    _heartbeat_at: float
+    _download: Any
+    _delta: Any
+    _state_name: str
+    _status_payload: Any  # edge_client.client (stubs here would shadow it)
+    _start_download: Any  # edge_client.fetch
+
     def _set_state(self, name: str) -> None: ...
     def _progress(self, kind: str, **info: Any) -> None: ...
     def _on_plan(self, plan: Plan) -> None: ...
@@ -85,8 +93,11 @@ class Jobs:
                                   federation=self.creds.federation, sender=self.id,
                                   max_payload=self.creds.max_payload, max_update_bytes=min(limits) if limits else 0,
                                   amp=self.settings.amp,
-                                  prepare=self.thin.prepare_for(plan, self.creds.federation, self.id))
+                                  prepare=self.thin.prepare_for(plan, self.creds.federation, self.id),
+                                  secure=bool(plan.secure))
         self._computed("train", t0, c0)
+        if upload.update is not None:  # a secure round: masked and sent by the worker (edge_client.secure)
+            return upload
         self.store.save_upload(upload.blob)  # upload, then the state that names it: before publishing
         record = UploadRecord(plan.round, upload.digest, len(upload.blob))
         self.store.save(StoredState(upload.state, plan.round, record, False, self.stored.extra))
@@ -166,6 +177,8 @@ class Jobs:
         p, up = self._pending, self.stored.upload
         if p is not None and (ack.round, ack.update_digest) == (p.round, p.digest):
             kind = p.kind
+            if ack.status == "accepted" and ack.version > 0:  # async: in that version's buffer (one per device)
+                self.stored.extra["folded_into"] = max(ack.version, int(self.stored.extra.get("folded_into", 0)))
             self._settle(ack.status)
         elif up is not None and up.status == "gave_up" and (ack.round, ack.update_digest) == (up.round,
                                                                                              up.digest):
@@ -182,6 +195,30 @@ class Jobs:
         self._progress("ack", round=ack.round, status=ack.status, reason=ack.reason)
         if self.plan is not None and self.plan.mode == "async" and not self._busy:
             self._on_plan(self.plan)  # answered: train on the newest version if this device holds a slot
+            # (never on the version whose buffer took its update: edge_client.client, trains_on)
+
+    def _timers(self) -> None:
+        now = self.clock()
+        if now >= self._heartbeat_at and self.link.connected.is_set():
+            self.link.publish(self.topics.status(self.id), self._status_payload(self._state_name), retain=True)
+            self._heartbeat_at = now + self.settings.heartbeat_s
+        p = self._pending
+        if p is not None and p.due is not None and now >= p.due and not self._busy:
+            if p.attempt >= self.settings.retries:
+                log.error("%s: no ack for the %s of round %d after %d re-sends; giving up on it", self.id, p.kind,
+                          p.round, p.attempt)
+                self._settle("gave_up")
+            else:
+                self._resend()
+        d = self._download
+        if d is not None and now >= d.due(self.settings.download_stall_s) and self._delta is not None \
+                and d.digest == self._delta.digest and d.received == 0 and self.plan is not None:
+            log.warning("%s: no chunk of the model delta came; downloading the full model", self.id)  # thin links
+            self._start_download(self.plan)
+        elif d is not None and now >= d.due(self.settings.download_stall_s):
+            log.warning("%s: model download stalled (%d chunks missing); asking for them again", self.id,
+                        len(d.missing()))
+            d.resubscribe(now)
 
     def _settle(self, status: str) -> None:
         """The pending message (or a stored upload) is done with: acked, refused, or given up."""

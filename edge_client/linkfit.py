@@ -7,7 +7,8 @@ tries the codecs the plan allows (:func:`protocol.upload_cap.codec_ladder`: fp32
 sizes measured by encoding) and takes the first that fits; when even the lowest does not, it keeps
 the largest-magnitude share of each tensor's sent coordinates (:func:`top_share`, never below the
 plan's ``min_keep``; always a subset of the strategy's masks) until it fits. Without a rate (no
-upload measured yet, none configured) nothing is fitted: the plan's codec goes. What the choice
+upload measured yet, none configured) nothing is fitted: the lowest codec the plan allows goes, with
+all the masked coordinates (:class:`edge_client.thin.ThinUploads` chooses it). What the choice
 leaves out is kept by error feedback (:mod:`edge_client.residual`) when it is on.
 
 :func:`prepare_upload` is the one step the device runs between training and encoding: residual in,

@@ -12,6 +12,12 @@
   retrains that round (deterministically) and overwrites the upload.
 - ``personal.safetensors`` / ``global.safetensors`` -- the models after the federation ended
   (:func:`flayer.state.save_model`, for ``flayer export``).
+
+An idle client need not hold its :class:`ClientState` in memory: :meth:`DeviceStore.release` drops
+the tensors from a :class:`StoredState` whose state file holds exactly them (``on_disk``);
+:meth:`DeviceStore.state_of` reads them back when a round needs them, and :meth:`DeviceStore.save`
+rewrites the file's metadata around the tensors already there. Bit for bit the same state: safetensors
+keeps the tensors' bytes, JSON the scalars.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class StoredState:
     upload: UploadRecord | None = None
     finished: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    on_disk: bool = False  # ``state`` released: its tensors are the state file's (DeviceStore.release)
 
 
 class DeviceStore:
@@ -72,7 +79,22 @@ class DeviceStore:
     def save(self, stored: StoredState) -> None:
         meta = {"done_round": stored.done_round, "upload": asdict(stored.upload) if stored.upload else None,
                 "finished": stored.finished, "extra": stored.extra}
-        save_client_state(self.state_file, stored.state or ClientState(), meta)
+        state = stored.state
+        if state is None and stored.on_disk:  # released: the tensors already in the file, new metadata
+            state = load_client_state(self.state_file)[0]
+        save_client_state(self.state_file, state or ClientState(), meta)
+
+    def state_of(self, stored: StoredState) -> ClientState | None:
+        """The client state ``stored`` names: held in memory, or read back from the state file."""
+        if stored.state is None and stored.on_disk:
+            return load_client_state(self.state_file)[0]
+        return stored.state
+
+    def release(self, stored: StoredState) -> None:
+        """Drop ``stored``'s tensors from memory; only call it when the state file holds exactly them
+        (after a load or a save of ``stored``)."""
+        if stored.state is not None and self.state_file.exists():
+            stored.state, stored.on_disk = None, True
 
     def save_upload(self, blob: bytes) -> None:
         atomic_write(self.upload_file, blob)

@@ -85,7 +85,10 @@ class ThinUploads:
             budget = upload_budget(self.rate, time_left(plan, self.clock())) if s.upload == "fit" else 0
             limits = [x for x in (budget, plan.max_update_bytes, s.max_update_bytes) if x > 0]
             budget = min(limits) if s.upload == "fit" and limits else 0  # and never over the size limits
-            sent, options, fit, nxt = prepare_upload(update, codec=plan.value_codec, zstd=plan.compress, cap=cap,
+            # a link not measured yet (no rate configured, no upload acknowledged): the lowest codec the plan
+            # allows, so the first upload of a thin link is not the one sure to be late; fitted from the next on
+            start = cap.lowest if s.upload == "fit" and self.rate is None and cap is not None else plan.value_codec
+            sent, options, fit, nxt = prepare_upload(update, codec=start, zstd=plan.compress, cap=cap,
                                                      fit=s.upload == "fit", budget=budget, residual=residual,
                                                      size_of=size_of)
             if nxt is not None:

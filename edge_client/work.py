@@ -1,6 +1,10 @@
 """The device's share of a round, off the network thread: build the strategy the plan names, run the
 same :func:`flayer.simulation.client_round` as ``flayer simulate``, encode the update, check its size.
 
+The plan chooses the strategy, the model and its arguments, but not the code: a model entry point that
+is neither a built-in nor in this device's ``[edge] allow_entry_points`` is refused before anything is
+imported (:func:`check_entry_point`, in :meth:`StrategyCache.get`, the one place a plan's model is built).
+
 Mixed precision: on CUDA (and ``amp`` on) the whole client round runs under ``torch.autocast`` with
 bfloat16 when the GPU supports it (no gradient scaler needed); the weights, the optimiser and the
 uploaded deltas stay fp32. fp16 would need a gradient scaler inside the strategies' training loops,
@@ -12,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+import secrets
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +27,14 @@ import torch
 from flayer.aggregate import is_finite_state
 from flayer.config import ConfigError, TrainConfig, from_mapping
 from flayer.engine import ClientEval, client_round
-from flayer.registry import architecture, architecture_diff, fingerprint
+from flayer.engine.privacy import RoundPrivacy
+from flayer.registry import (
+    architecture,
+    architecture_diff,
+    entry_point_allowed,
+    fingerprint,
+    model_entry_point,
+)
 from flayer.spec import ModelSpec
 from flayer.state import save_model
 from flayer.strategies import make_strategy
@@ -46,6 +58,7 @@ from protocol import (
 
 __all__ = [
     "EdgeError",
+    "EntryPointRefused",
     "SkipRound",
     "StrategyCache",
     "UpdateTooLarge",
@@ -53,6 +66,7 @@ __all__ = [
     "autocast_for",
     "calibration_report",
     "check_data_fits",
+    "check_entry_point",
     "check_finite_round",
     "decode_global",
     "round_context",
@@ -99,19 +113,44 @@ class Upload:
     eval: ClientEval | None = None
     state: ClientState | None = None
     metrics: Mapping[str, float] | None = None
+    update: Update | None = None  # a secure round's upload, before masking (edge_client.secure): no blob yet
+
+
+class EntryPointRefused(EdgeError):
+    """The plan names model code this device did not agree to run (nothing was imported)."""
+
+
+def check_entry_point(plan: Plan, allowed: Collection[str]) -> None:
+    """EntryPointRefused unless the plan's model is a built-in or listed in ``allowed`` (this device's
+    ``[edge] allow_entry_points``). Runs before the model spec is built, so before any import."""
+    name = plan.model.get("name")
+    if not isinstance(name, str):
+        raise EdgeError(f"round {plan.round}'s plan names no model (model.name = {name!r})")
+    if entry_point_allowed(name, allowed):
+        return
+    entry = model_entry_point(name)
+    listed = ", ".join(sorted(allowed)) or "none"
+    raise EntryPointRefused(
+        f"the plan of round {plan.round} names the model entry point {entry!r}, which this device does not allow "
+        f"(allowed besides the built-ins: {listed}); nothing was imported. If you trust this code, add it to "
+        f"[edge] allow_entry_points = [\"{entry}\"] in device.toml, or pass --allow-entry-point {entry} to "
+        f"'flayer edge' (a kit: 'flayer broker add-device ID --kit KIT --allow-entry-point {entry}')")
 
 
 class StrategyCache:
-    """The strategy a plan names, built once per (name, options, model, training settings)."""
+    """The strategy a plan names, built once per (name, options, model, training settings); only for a
+    model entry point in ``allowed`` or a built-in (:func:`check_entry_point`, before any import)."""
 
-    def __init__(self, device_train: Mapping[str, Any]) -> None:
+    def __init__(self, device_train: Mapping[str, Any], allowed: Collection[str] = ()) -> None:
         self.device_train = dict(device_train)
+        self.allowed = frozenset(allowed)
         self._key: str | None = None
         self._strategy: Strategy | None = None
 
     def get(self, plan: Plan) -> Strategy:
         key = json.dumps([plan.strategy, dict(plan.options), dict(plan.model), dict(plan.train)], sort_keys=True)
         if key != self._key or self._strategy is None:
+            check_entry_point(plan, self.allowed)
             try:
                 spec = ModelSpec(**dict(plan.model))  # type: ignore[arg-type]  # checked by ModelSpec
                 train = from_mapping(TrainConfig, {**dict(plan.train), **self.device_train}, "round plan [train]")
@@ -177,10 +216,12 @@ def autocast_for(device: torch.device, amp: bool) -> Iterator[str]:
         yield "fp32"
 
 
-def _report(result: LocalResult, ev: ClientEval) -> dict[str, float]:
+def _report(result: LocalResult, ev: ClientEval, private: bool = False) -> dict[str, float]:
+    """What the upload reports beside its deltas; a private round's only what privatize kept and the test
+    counts (docs/explanation/privacy.md: those counts are outside the guarantee)."""
     info = {k: float(v) for k, v in result.update.info.items()}
     info.update({"test_correct": float(ev.correct), "test_total": float(ev.total)})
-    for k, v in result.metrics.items():
+    for k, v in ({} if private else result.metrics).items():
         if isinstance(v, (int, float)) and math.isfinite(float(v)) and 1 <= len(k) <= 64:
             info.setdefault(k, float(v))
     return {k: v for k, v in info.items() if math.isfinite(v)}
@@ -189,20 +230,33 @@ def _report(result: LocalResult, ev: ClientEval) -> dict[str, float]:
 def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, torch.Tensor], state: ClientState,
                      data: ClientData, ctx: RoundContext, *, federation: str, sender: str, max_payload: int,
                      max_update_bytes: int, amp: bool,
-                     prepare: Callable[[Update], tuple[Update, UpdateOptions]] | None = None) -> Upload:
+                     prepare: Callable[[Update], tuple[Update, UpdateOptions]] | None = None,
+                     secure: bool = False) -> Upload:
     """The local round (``client_round``, exactly as the simulator runs it) and the upload's bytes.
 
     Raises :class:`UpdateTooLarge` naming the sizes and the limit before anything is sent, and
     :class:`SkipRound` when the global model, the loss or the update is not finite. ``prepare``: the
-    step between training and encoding (error feedback and link fitting, :mod:`edge_client.thin`)."""
+    step between training and encoding (error feedback and link fitting, :mod:`edge_client.thin`). ``secure``:
+    a secure round -- the update comes back unencoded (``Upload.update``), to be masked (:mod:`edge_client.secure`)."""
     check_finite_round(plan, global_state)
+    try:
+        private = RoundPrivacy.from_plan(plan.privacy)
+    except ValueError as exc:
+        raise SkipRound(str(exc)) from None
+    # a private round's noise share is drawn from the operating system's entropy: nobody can replay it
+    noise = np.random.default_rng(secrets.randbits(128)) if private is not None else None
     with autocast_for(ctx.device, amp):
-        ev, result = client_round(strategy, global_state, state, data, ctx, train=True)
+        ev, result = client_round(strategy, global_state, state, data, ctx, train=True, privacy=private,
+                                  noise_rng=noise)
     assert result is not None
     check_finite_round(plan, None, result)
-    update = Update(result.update.deltas, result.update.num_samples, _report(result, ev))
+    update = Update(result.update.deltas, result.update.num_samples,
+                    _report(result, ev, private is not None or secure))
+    if secure:  # masked once the round's shares are in: what leaves is data-independent in layout, so no fitting
+        return Upload(plan.round, "", b"", (), ev, result.state, result.metrics, update)
     options = UpdateOptions(plan.value_codec, zstd=plan.compress)
-    if prepare is not None:  # thin links
+    if prepare is not None and private is None:  # thin links (a private upload is sent whole: fitting keeps a
+        # device's largest values and error feedback its residual, both chosen by its data)
         update, options = prepare(update)
     blob = encode_update(update, UpdateHeader(federation, plan.round, sender, plan.model_digest), options)
     if max_update_bytes and len(blob) > max_update_bytes:

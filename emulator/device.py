@@ -12,7 +12,9 @@ real client, through its hooks only:
   CPU time its computation used here; the client waits for what its wall time has not covered yet
   (contention between emulated devices does not count as device time; factors below 1 cannot make
   anything faster);
-- ``sleep``: interruptible, so a device going offline or crashing stops waiting at once.
+- ``sleep``: interruptible, so a device going offline or crashing stops waiting at once;
+- ``model_slots``: the worker's :class:`emulator.slots.ModelSlots`, so only so many of its devices hold
+  a model at once (an idle device holds none: its models and client state are on disk).
 
 Transitions are queued per device and applied in order on a shared pool (:meth:`EmulatedDevice.post`).
 """
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from edge_client.client import EdgeClient
+from edge_client.client import EdgeClient, ModelSlots
 from edge_client.config import EdgeSettings
 from flayer.train import ClientData
 from transport.credentials import Credentials
@@ -42,6 +44,10 @@ __all__ = ["STATES", "ByteCounter", "EmulatedDevice"]
 log = logging.getLogger(__name__)
 
 STATES = ("offline", "online", "crashed", "finished", "failed")
+# an idle emulated client wakes for its timers only (heartbeat, re-sends, stalled downloads), or at
+# least this often: thousands of device threads of one worker waking every second compete with its
+# network thread for the interpreter (docs/results/fleet.md, 5,000 and 10,000 devices)
+IDLE_TICK_S = 15.0
 
 
 class ByteCounter:
@@ -68,11 +74,12 @@ class EmulatedDevice:
     def __init__(self, index: int, device_id: str, profile: DeviceProfile, settings: EdgeSettings,
                  creds: Credentials, data: ClientData, log_: EventLog, counter: ByteCounter, pool: Executor,
                  network: NetworkDriver | None = None,
-                 client_factory: Callable[..., EdgeClient] = EdgeClient) -> None:
+                 client_factory: Callable[..., EdgeClient] = EdgeClient, model_slots: ModelSlots | None = None) -> None:
         self.index, self.id, self.profile = index, device_id, profile
         self.settings, self.creds, self.data = settings, creds, data
         self.log, self.counter, self.pool, self.network = log_, counter, pool, network
         self.client_factory = client_factory
+        self.model_slots = model_slots  # shared by the worker's devices (emulator.slots)
         self.shaper = LinkShaper(profile)  # delays only: the bytes are counted on the socket (see _online)
         self.client: EdgeClient | None = None
         self.state = "offline"
@@ -116,7 +123,8 @@ class EmulatedDevice:
         down = self._down = threading.Event()
         client = self.client_factory(
             self.settings, self.creds, self.data, sleep=lambda s: down.wait(max(0.0, s)) and None,
-            shaper=self.shaper, on_progress=self._progress, after_compute=self._stretch, network=self.network)
+            shaper=self.shaper, on_progress=self._progress, after_compute=self._stretch, network=self.network,
+            model_slots=self.model_slots, tick_s=IDLE_TICK_S)
         if client.finished:
             self.state = "finished"  # the store says the federation is over for this device
             return

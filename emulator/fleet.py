@@ -20,6 +20,7 @@ from typing import Any
 
 from edge_client.config import EdgeSettings
 from flayer.config import ConfigError, from_mapping
+from protocol.messages import DEVICE_LABEL
 
 from .profiles import DeviceProfile
 
@@ -82,6 +83,7 @@ class FleetSpec:
     shards: int = 1
     workers: int = 1
     network: str = "thread"
+    model_slots: int = 0  # devices per worker holding a model at once (emulator.slots); 0 = no bound
     data_dir: str | None = None
     broker_host: str | None = None  # overrides the credentials files' address (--broker URL)
     broker_port: int | None = None
@@ -98,6 +100,8 @@ class FleetSpec:
             raise ConfigError(f"network must be thread or shared, got {self.network!r}")
         if not 0 <= self.shard < self.shards or self.workers < 1:
             raise ConfigError("need 0 <= shard < shards and workers >= 1")
+        if self.model_slots < 0:
+            raise ConfigError(f"model_slots must be >= 0 (0 = no bound), got {self.model_slots}")
 
     def mine(self) -> list[int]:
         """Indices of the devices this launcher (shard) hosts."""
@@ -107,8 +111,10 @@ class FleetSpec:
         return worker_indices(self.mine(), worker, self.workers)
 
     def edge_settings(self, index: int) -> EdgeSettings:
+        profile = self.profile_of[index]  # the device's label in the coordinator's metrics, unless [edge] sets one
         return dataclasses.replace(self.edge, client_index=index,
-                                   state_dir=str(Path(self.state_root) / self.devices[index]))
+                                   state_dir=str(Path(self.state_root) / self.devices[index]),
+                                   label=self.edge.label or (profile if DEVICE_LABEL.fullmatch(profile) else ""))
 
     def events_file(self, worker: int) -> Path:
         return Path(self.events_dir) / f"worker-{self.shard}-{worker}.jsonl"

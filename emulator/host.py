@@ -7,8 +7,10 @@ whose client stopped by itself (finished after the final plan, or failed) and wr
 counters; every few seconds a ``stats`` event (memory, threads, connections).
 
 ``wrap_up()`` (the federation is over): timelines stop, and every device that has not finished
-comes online once, to fetch the final model and save its personal model -- ``wrap_batch`` at a time,
-so a large fleet does not hold every final model in memory at once. The host returns from
+comes online once, to fetch the final model and save its personal model -- ``wrap_batch`` at a time
+(connections), and at most the worker's model slots (:mod:`emulator.slots`) holding a model at once, so
+a large fleet does not hold every final model in memory at once: devices that stayed online through the
+rounds take the final plan all together, and wait for a slot too. The host returns from
 :meth:`run` when every device finished or failed, or after :meth:`stop`.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from .device import ByteCounter, EmulatedDevice
 from .events import EventLog
+from .slots import ModelSlots
 
 __all__ = ["FleetHost", "process_memory"]
 
@@ -48,11 +51,12 @@ def process_memory() -> dict[str, float]:
 class FleetHost:
     def __init__(self, devices: Sequence[EmulatedDevice], timelines: Sequence[Iterator[tuple[float, str]]],
                  log_: EventLog, counter: ByteCounter, pool: ThreadPoolExecutor, name: str = "worker",
-                 stats_every_s: float = 5.0, wrap_batch: int = 32) -> None:
+                 stats_every_s: float = 5.0, wrap_batch: int = 32, slots: ModelSlots | None = None) -> None:
         self.devices, self.timelines = list(devices), list(timelines)
         self.log, self.counter, self.pool, self.name = log_, counter, pool, name
         self.stats_every_s = stats_every_s
         self.wrap_batch = wrap_batch
+        self.slots = slots
         self._stop = threading.Event()
         self._wrap = threading.Event()
         self._wrapped = False
@@ -125,6 +129,7 @@ class FleetHost:
     def _stats(self) -> None:
         self.log.write("stats", worker=self.name, devices=len(self.devices), threads=threading.active_count(),
                        connected=sum(d.connected() for d in self.devices), states=self.counts(),
+                       **(self.slots.snapshot() if self.slots is not None else {}),
                        **{k: round(v, 1) for k, v in process_memory().items()})
 
     def _shutdown(self) -> None:

@@ -40,6 +40,7 @@ from .setup import (
     monitor_id,
     parse_broker_url,
     prepare_out,
+    raise_open_files,
     wait_accepted,
     write_federation_toml,
 )
@@ -85,6 +86,7 @@ class _Launch:
         self.cfg: EmulateConfig = opts.cfg
         self.out = opts.out.resolve()
         self.broker: Any = None  # ours to stop
+        self.nginx: Any = None  # ours to stop (http_models)
         self.broker_desc = ""
         self.coordinator: Child | None = None
         self.workers: list[Child] = []
@@ -131,6 +133,8 @@ class _Launch:
         host = port = None
         if o.broker_url is not None:
             host, port = parse_broker_url(o.broker_url)
+        # descriptors: the broker's (when this launcher starts it) one per device, a worker's one per device it hosts
+        raise_open_files((n if o.broker_state is None else per_worker) + 256)
         state = self._broker(o)
         hosted_users = range(n) if o.shard == 0 else mine  # shard 0 makes everyone's credentials
         users = [(ids[k], "device") for k in hosted_users] + [(monitor_id(o.shard), "device")]
@@ -150,7 +154,8 @@ class _Launch:
             seed=cfg.run.seed, dataset=cfg.run.data.dataset, data_dir=cfg.run.data.data_dir,
             partition_file=str(part_file), credentials_dir=str(state / "credentials"),
             state_root=str(self.out / "devices"), events_dir=str(self.out / "events"), edge=cfg.edge,
-            shard=o.shard, shards=o.shards, workers=workers, network=network, broker_host=host,
+            shard=o.shard, shards=o.shards, workers=workers, network=network, model_slots=emu.model_slots,
+            broker_host=host,
             broker_port=port,
             trace=trace, extra={"rounds": cfg.run.rounds, "strategy": cfg.run.strategy,
                                 "mix": dict(profiles.mix)})
@@ -162,6 +167,8 @@ class _Launch:
                     coord = dataclasses.replace(coord, host=host, port=port)
                 clear_round_plan(coord)
             fed = federation_table(cfg, n)
+            if emu.http_models:  # models over HTTP: nginx serves the coordinator's model files for the run
+                fed.update(self._model_server())
             write_federation_toml(self.out / "federation.toml", fed, cfg.run,
                                   state / "credentials/coordinator.toml",
                                   self.out / "coordinator")
@@ -169,6 +176,16 @@ class _Launch:
 
             load_coordinator_config(self.out / "federation.toml")  # a bad config fails before anything starts
         return spec
+
+    def _model_server(self) -> dict[str, str]:
+        from coordinator.model_server import NginxServer
+
+        taken = sorted({"models_dir", "models_url"} & set(self.cfg.federation))
+        if taken:
+            raise ConfigError(f"[federation] {', '.join(taken)}: set by the emulator with http_models; leave them out")
+        self.nginx = NginxServer(self.out / "models", self.out / "nginx").start()
+        self.note(f"models over HTTP: nginx pid {self.nginx.pid} serving {self.nginx.root} at {self.nginx.url}")
+        return {"models_dir": str(self.nginx.root), "models_url": self.nginx.url}
 
     def _broker(self, o: LaunchOptions) -> Path:
         from mqtt_broker import BrokerConfig, start_broker
@@ -304,6 +321,8 @@ class _Launch:
                 self.monitor.stop(timeout=1.0)
             if self.broker is not None:
                 self.broker.stop()
+            if self.nginx is not None:
+                self.nginx.stop()
         finally:
             for s, h in old.items():
                 signal.signal(s, h)

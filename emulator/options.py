@@ -12,7 +12,9 @@ An emulate config file (``configs/emulate-demo.toml``) holds ``[run]``, ``[data]
   (``NAME=SHARE,...``), ``workers`` (processes hosting the devices; 0 = one per core), ``network``
   (``auto``, ``thread``, ``shared``), ``trace`` (availability CSV, relative to the config file),
   ``trace_scale``, ``federation`` (its name on the broker), ``broker_kind`` (``auto``, ``mosquitto``,
-  ``embedded``), ``timeout_s`` (give up after this long; 0 = never).
+  ``embedded``), ``timeout_s`` (give up after this long; 0 = never), ``http_models`` (serve the global
+  model and its deltas over HTTP: the emulator starts nginx on the coordinator's ``models_dir``, and
+  the devices fetch from it instead of the broker's chunks; docs/howto/http-models.md).
 
 Command-line flags override the file; every key is checked.
 """
@@ -29,10 +31,13 @@ from typing import Any
 from coordinator.config import FederationSettings
 from edge_client.config import EdgeSettings
 from flayer.config import ConfigError, RunConfig, from_mapping, load_run_config, read_toml
+from flayer.spec import ENTRY_POINT
+
+from .slots import DEFAULT_MODEL_SLOTS
 
 __all__ = ["DEFAULT_EDGE", "EmulateConfig", "EmulatorSettings", "load_emulate_config"]
 
-RUN_TABLES = ("run", "data", "train", "strategy")
+RUN_TABLES = ("run", "data", "train", "strategy", "privacy")
 # devices of an emulated fleet report often: the coordinator sees who is online within seconds
 DEFAULT_EDGE: dict[str, Any] = {"heartbeat_s": 5.0, "ack_timeout_s": 30.0, "device": "cpu", "threads": 1,
                                 "amp": False}
@@ -49,6 +54,8 @@ class EmulatorSettings:
     federation: str = "emu"  # the federation's name on the broker
     broker_kind: str = "auto"  # the broker the emulator starts: auto (mosquitto when installed), mosquitto, embedded
     timeout_s: float = 0.0  # give up after this long; 0 = never
+    model_slots: int = DEFAULT_MODEL_SLOTS  # devices per worker holding a model at once (emulator.slots); 0 = no bound
+    http_models: bool = False  # serve models and deltas over HTTP: nginx on the coordinator's models_dir for the run
 
     def __post_init__(self) -> None:
         if self.workers < 0:
@@ -61,6 +68,8 @@ class EmulatorSettings:
             raise ConfigError(f"trace_scale must be > 0, got {self.trace_scale}")
         if not self.timeout_s >= 0:
             raise ConfigError(f"timeout_s must be >= 0, got {self.timeout_s}")
+        if self.model_slots < 0:
+            raise ConfigError(f"model_slots must be >= 0 (0 = no bound), got {self.model_slots}")
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,7 @@ def load_emulate_config(path: str | Path | None, overrides: Mapping[str, Mapping
     unknown = sorted(set(raw) - {*RUN_TABLES, "federation", "edge", "emulator"})
     if unknown:
         raise ConfigError(f"{src}: unknown table(s) {', '.join(unknown)}; known: run, data, train, strategy, "
-                          f"federation, edge, emulator")
+                          f"privacy, federation, edge, emulator")
     base = Path(path).resolve().parent if path is not None else None
 
     def merged(table: str) -> dict[str, Any]:
@@ -118,6 +127,9 @@ def load_emulate_config(path: str | Path | None, overrides: Mapping[str, Mapping
     edge_values = merged("edge")
     if "state_dir" in edge_values or "client_index" in edge_values:
         raise ConfigError(f"{src} [edge]: state_dir and client_index are set per device by the emulator")
+    if run.data.model and ENTRY_POINT.fullmatch(run.data.model):  # the fleet's own model: its devices agree to it
+        allowed = list(edge_values.get("allow_entry_points") or ())
+        edge_values["allow_entry_points"] = [*allowed, *([] if run.data.model in allowed else [run.data.model])]
     edge = from_mapping(EdgeSettings, {**DEFAULT_EDGE, **edge_values}, f"{src} [edge]")
     emu_values = merged("emulator")
     for key in ("profiles", "trace"):
@@ -130,7 +142,9 @@ def load_emulate_config(path: str | Path | None, overrides: Mapping[str, Mapping
 
 def federation_table(cfg: EmulateConfig, n_devices: int) -> dict[str, Any]:
     """The coordinator's [federation] values with the emulator's defaults: quorum = half the fleet,
-    over-selection 1.3, min_devices = quorum, a 120 s deadline."""
+    over-selection 1.3, min_devices = quorum, a 120 s deadline; asynchronous ``"auto"`` values that
+    depend on the fleet's size (:func:`flayer.engine.versions.resolve_async`) resolved for it, so the
+    emulator's coordinator and ``--virtual`` run the same settings."""
     fed = dict(cfg.federation)
     fed.setdefault("quorum", max(1, math.ceil(n_devices / 2)))
     fed.setdefault("min_devices", fed["quorum"])
@@ -140,6 +154,11 @@ def federation_table(cfg: EmulateConfig, n_devices: int) -> dict[str, Any]:
     if fed["min_devices"] > n_devices:
         raise ConfigError(f"[federation] min_devices {fed['min_devices']} exceeds the fleet "
                           f"({n_devices} devices)")
+    if fed.get("mode") == "async":  # "auto" settings that depend on the fleet, resolved for this one
+        settings = from_mapping(FederationSettings, {**fed, "credentials": "set-by-the-emulator"}, "[federation]")
+        known, blind = settings.resolve_async(n_devices)[0], settings.resolve_async()[0]
+        if known != blind:
+            fed["max_staleness"], fed["concurrency"] = known.max_staleness, known.concurrency
     return fed
 
 

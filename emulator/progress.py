@@ -24,12 +24,24 @@ class DeviceView:
     offline: int = 0
     crashes: int = 0
     restarts: int = 0
-    trained: list[int] = field(default_factory=list)
-    accepted: int = 0
+    trained: list[int] = field(default_factory=list)  # rounds (versions) whose local round reported its end
+    acked: set[int] = field(default_factory=set)  # rounds whose update the coordinator acknowledged as accepted
     final_acc: float | None = None
     cpu_s: float = 0.0
     waited_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> int:
+        """Updates the coordinator accepted: one per acknowledged round (a re-sent update's ``duplicate``
+        ack is the same update)."""
+        return len(self.acked)
+
+    def trained_rounds(self) -> list[int]:
+        """The rounds this device trained: those whose local round reported its end, and those whose update
+        was accepted -- an instance stopped (offline) between saving its upload and reporting the round
+        leaves no ``trained`` event, and the next instance re-sends the stored upload."""
+        return sorted(set(self.trained) | self.acked)
 
 
 class FleetProgress:
@@ -101,7 +113,7 @@ class FleetProgress:
             if ev.get("profile"):
                 d.profile = str(ev["profile"])
         elif kind == "ack" and ev.get("status") in ("accepted", "duplicate"):
-            d.accepted += 1
+            d.acked.add(int(ev["round"]))
         elif kind == "finished":
             d.final_acc = float(ev["acc"])
         elif kind == "compute":
@@ -128,7 +140,7 @@ class FleetProgress:
         devs = self.devices.values()
         return {"crashes": sum(d.crashes for d in devs), "restarts": sum(d.restarts for d in devs),
                 "offline_events": sum(d.offline for d in devs), "errors": sum(len(d.errors) for d in devs),
-                "trained_updates": sum(len(d.trained) for d in devs)}
+                "trained_updates": sum(len(d.trained_rounds()) for d in devs)}
 
 
 def round_row(r: int, rec: Mapping[str, Any], opened: Mapping[str, Any], online_close: int | None,

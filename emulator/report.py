@@ -5,8 +5,10 @@
 - ``rounds.jsonl``: per round, selected, reported (accepted), devices online when it opened and
   closed, accuracy, MB up and down over the devices' emulated links, the coordinator's MB in,
   rejections, wall time and why it closed;
-- ``devices.jsonl``: per device, profile, lifetimes, crashes, trained rounds, accepted updates, CPU
-  seconds of its local rounds and the seconds its profile's slowdown added, final personal accuracy;
+- ``devices.jsonl``: per device, profile, lifetimes, crashes, trained rounds (those it reported and those
+  whose update was accepted: :meth:`emulator.progress.DeviceView.trained_rounds`), accepted updates (one
+  per acknowledged round), CPU seconds of its local rounds and the seconds its profile's slowdown added,
+  final personal accuracy;
 - ``summary.json``: the fleet, the timings, totals and per-worker memory, threads and connections.
 """
 
@@ -48,7 +50,7 @@ def device_rows(result: FleetResult) -> list[dict[str, Any]]:
         d = prog.device(dev)
         rows.append({"device": dev, "profile": spec.profile_of[spec.devices.index(dev)], "online": d.online,
                      "offline": d.offline, "crashes": d.crashes, "restarts": d.restarts,
-                     "trained": sorted(set(d.trained)), "accepted": d.accepted, "cpu_s": round(d.cpu_s, 3),
+                     "trained": d.trained_rounds(), "accepted": d.accepted, "cpu_s": round(d.cpu_s, 3),
                      "waited_s": round(d.waited_s, 3), "final_acc": d.final_acc, "errors": d.errors})
     return rows
 

@@ -17,6 +17,7 @@ device-role user that only reads the round plan).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import urllib.parse
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 # what a previous emulator run leaves in its output folder (removed before a new run there)
 OWNED = ("fleet.json", "partition.npz", "federation.toml", "metrics.jsonl", "rounds.jsonl", "devices.jsonl",
          "summary.json", "accuracy.png", "bytes.png", "device_accuracy.png", "broker", "coordinator", "devices", "events",
-         "logs")
+         "logs", "models", "nginx")
 
 
 def monitor_id(shard: int) -> str:
@@ -164,6 +165,11 @@ def write_federation_toml(path: Path, fed: Mapping[str, Any], run: RunConfig, cr
     for name, opts in run.strategy_options.items():
         if opts:
             lines += ["", f"[strategy.{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in opts.items()]
+    if run.privacy.enabled or run.privacy.secure_aggregation:  # DP: the population defaults to the fleet
+        dp = {k: v for k, v in dataclasses.asdict(run.privacy).items() if v is not None}
+        if run.privacy.enabled:
+            dp.setdefault("population", run.data.clients)
+        lines += ["", "[privacy]"] + [f"{k} = {_toml_value(v)}" for k, v in dp.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -211,3 +217,26 @@ def clear_round_plan(coordinator: Any, timeout: float = 10.0) -> None:
         raise ConfigError(f"no answer from the broker at {coordinator.host}:{coordinator.port}") from None
     finally:
         link.stop(timeout=1.0)
+
+
+def raise_open_files(needed: int) -> int:
+    """Raise this process's open-file limit (inherited by the broker and the workers it starts) to the
+    hard limit; ConfigError when even that is below ``needed`` (a broker holds one descriptor per
+    connection, a worker one per device plus the shared network thread's). Returns the soft limit."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to raise
+        return needed
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, needed)
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, want, exc)
+    if soft < needed:
+        raise ConfigError(f"this fleet needs about {needed} open files per process (the broker holds one per "
+                          f"connection) but the limit is {soft} (hard {hard}): raise it, e.g. 'ulimit -n "
+                          f"{needed}' as root or LimitNOFILE in a service, or shard the fleet (--shard)")
+    return soft

@@ -11,6 +11,15 @@ it was given. Only time is simulated, from the device's profile and availability
 - a job is download (model bytes over ``down_mbps`` + latency), compute (``slowdown`` x the thread
   CPU time the local round took here, or ``slowdown x sample_cost_s x samples x epochs`` when a cost
   is given) and upload (the encoded update over ``up_mbps`` + latency);
+- what crosses the links is what the real stack sends (:class:`VirtualLinks`, given by
+  ``flayer emulate --virtual`` from the config: :class:`cli.thinsim.ThinLinks`): the update encoded
+  with the plan's value codec (and zstd), with error feedback when on, folded as the coordinator
+  decodes it; with ``[edge] upload = "fit"`` fitted to a byte budget computed as the edge client
+  computes it (:func:`edge_client.linkfit.upload_budget`: its uplink rate -- ``uplink_kbps``, else the
+  estimate from its own earlier uploads, :func:`edge_client.linkfit.rate_estimate` -- over the time
+  left until the plan's expected close, :func:`flayer.engine.versions.expected_close`, within ``max_update_bytes``); with
+  delta downloads, the delta chain from the model the device holds. Without links: fp32 uploads and
+  the whole model every time;
 - download and compute must fit in one online stretch: a device going offline or crashing loses
   them (as the emulator's devices do: their state is saved only after training). Synchronous rounds
   retry at the next online stretch while the round is open; an asynchronous slot is freed when its
@@ -32,7 +41,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -44,20 +53,20 @@ from flayer.engine import (
     assign_slots,
     check,
     client_round,
+    expected_close,
     initial_global_state,
     select_devices,
 )
 from flayer.simulation import weighted
 from flayer.strategies.base import ClientState, LocalResult, RoundContext, Strategy
 from flayer.train import ClientData, evaluate
-from flayer.update import Update
+from flayer.update import Update, state_numpy
 from protocol import update_sizer
-from flayer.update import state_numpy
 from protocol.blobs import encode_state
 
 from .profiles import DeviceProfile
 
-__all__ = ["FleetTiming", "VirtualResult", "online_intervals", "run_virtual"]
+__all__ = ["FleetTiming", "VirtualLinks", "VirtualResult", "online_intervals", "run_virtual"]
 
 log = logging.getLogger(__name__)
 INF = math.inf
@@ -106,12 +115,30 @@ class FleetTiming:
     budget_s: float = INF  # simulated seconds; the run also ends after ``rounds`` versions
     sample_cost_s: float | None = None  # compute seconds per sample at slowdown 1 (None: measure)
     asynchronous: AsyncSettings = field(default_factory=AsyncSettings)
+    uplink_kbps: float = 0.0  # [edge] uplink_kbps: the rate fitted uploads plan on (0: each device's estimate)
+    max_update_bytes: int = 0  # the smaller of [federation] and [edge] max_update_bytes (0: none)
+
+
+class VirtualLinks(Protocol):
+    """What crosses the simulated links (module docstring); ``fit``: uploads are fitted to a budget."""
+
+    fit: bool
+
+    def upload(self, r: int, client: int, update: Update, budget: int = 0,
+               unmeasured: bool = False) -> tuple[Update, int]: ...
+
+    def publish(self, r: int, old: Mapping[str, torch.Tensor],
+                new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def download(self, r: int, client: int, hold: bool = True) -> int: ...
 
 
 @dataclass
 class VirtualResult:
     rounds: list[dict[str, Any]]  # per version: round, t (simulated s), acc, accepted, staleness_mean
-    profiles: dict[str, dict[str, Any]]  # per profile: devices, trained, accepted, refused, lost
+    # per profile: devices, trained, accepted, refused, lost; bytes_down (the downloads of the updates
+    # trained), bytes_up (the uploads that arrived)
+    profiles: dict[str, dict[str, Any]]
     final_acc: float
     final_client_acc: list[float]
     digests: list[str]  # of every model version, the first included
@@ -128,14 +155,18 @@ class _Job:
     result: LocalResult
     trained_at: float
     arrive: float | None
+    update: Update  # as the coordinator decodes it
 
 
 class _Fleet:
     def __init__(self, strategy: Strategy, clients: Sequence[ClientData], profiles: Sequence[DeviceProfile],
                  ids: Sequence[str], intervals: Sequence[Sequence[Interval]], seed: int, timing: FleetTiming,
-                 sizer: Callable[[Update], int], device: torch.device) -> None:
+                 sizer: Callable[[Update], int], device: torch.device, links: VirtualLinks | None = None) -> None:
         self.strategy, self.clients, self.profiles, self.ids = strategy, clients, profiles, list(ids)
         self.intervals, self.seed, self.timing, self.sizer, self.device = intervals, seed, timing, sizer, device
+        self.links = links
+        self.rate: list[float | None] = [None] * len(clients)  # each device's uplink estimate, bytes/s
+        self.durations: list[float] = []  # the last rounds' (versions') lengths: the plans' close_by
         self.states: list[ClientState] = [strategy.initial_state() for _ in clients]
         self.free_at = [0.0] * len(clients)
         self.count: dict[str, Counter[str]] = {p.name: Counter() for p in profiles}
@@ -153,9 +184,10 @@ class _Fleet:
         """The next time any device comes online or goes offline after ``t``."""
         return min((b for iv in self.intervals for s, e in iv for b in (s, e) if b > t), default=INF)
 
-    def job(self, i: int, base: int, start: float, retry_until: float) -> _Job | None:
+    def job(self, i: int, base: int, start: float, retry_until: float, aim: float = INF) -> _Job | None:
         """Device ``i`` trains on the current model (version ``base``) from ``start``; None when it never
-        gets through download and compute (its state stays as it was)."""
+        gets through download and compute (its state stays as it was). ``aim``: when its update should
+        arrive (the plan's expected close), for fitted uploads."""
         p, data = self.profiles[i], self.clients[i]
         ctx = RoundContext(round=base, client=i, seed=self.seed, device=self.device)
         c0 = time.thread_time()
@@ -164,8 +196,8 @@ class _Fleet:
         cost = self.timing.sample_cost_s
         compute = p.slowdown * (time.thread_time() - c0 if cost is None else
                                 cost * data.num_train * int(self.strategy.train.local_epochs))
-        need = link_s(self.model_bytes, p.down_mbps, p.down_latency_ms) + compute
-        up = link_s(self.sizer(result.update), p.up_mbps, p.up_latency_ms)
+        down = self.links.download(base, i, hold=False) if self.links is not None else self.model_bytes
+        need = (link_s(down, p.down_mbps, p.down_latency_ms) if down else 0.0) + compute
         t, trained = start, None
         while (iv := _next_online(self.intervals[i], t)) is not None and iv[0] < retry_until:
             if iv[0] + need <= iv[1]:
@@ -177,6 +209,9 @@ class _Fleet:
             return None
         self.states[i] = result.state
         self.count[p.name]["trained"] += 1
+        self.count[p.name]["bytes_down"] += down
+        update, nbytes = self._upload(i, base, result.update, aim - trained)
+        up = link_s(nbytes, p.up_mbps, p.up_latency_ms)
         t, arrive = trained, None
         while (iv := _next_online(self.intervals[i], t)) is not None:
             if iv[0] + up <= iv[1]:
@@ -184,10 +219,36 @@ class _Fleet:
                 break
             t = iv[1]
         self.free_at[i] = INF if arrive is None else arrive
-        return _Job(i, base, result, trained, arrive)
+        if arrive is not None:
+            self.count[p.name]["bytes_up"] += nbytes
+        if arrive is not None and self.links is not None and self.links.fit:
+            from edge_client.linkfit import rate_estimate
+
+            self.rate[i] = rate_estimate(self.rate[i], nbytes, arrive - trained)  # publish to ack, re-sends included
+        return _Job(i, base, result, trained, arrive, update)
+
+    def _upload(self, i: int, base: int, update: Update, seconds_left: float) -> tuple[Update, int]:
+        """(the update as the coordinator decodes it, its bytes): fitted to the budget the edge client
+        would compute (module docstring) when uploads are fitted."""
+        if self.links is None:
+            return update, self.sizer(update)
+        budget, rate = 0, None
+        if self.links.fit:
+            from edge_client.linkfit import upload_budget
+
+            tm = self.timing
+            rate = tm.uplink_kbps * 1000 / 8 if tm.uplink_kbps > 0 else self.rate[i]
+            budget = upload_budget(rate, seconds_left)
+            if budget and tm.max_update_bytes:
+                budget = min(budget, tm.max_update_bytes)
+        self.links.download(base, i)  # the device holds the model it trained on
+        return self.links.upload(base, i, update, budget, unmeasured=self.links.fit and rate is None)
+
+    def round_length(self, seconds: float) -> None:
+        self.durations = [*self.durations[-4:], seconds]  # as the coordinator keeps them (coordinator.server)
 
     def fold(self, agg: OpenAggregate, job: _Job, staleness: int, bounds: Bounds) -> bool:
-        up = job.result.update
+        up = job.update
         verdict = admit(up, check(up, agg.shapes), bounds, staleness)
         name = self.profiles[job.device].name
         if not verdict.accepted:
@@ -198,7 +259,8 @@ class _Fleet:
         return True
 
     def publish(self, agg: OpenAggregate, t: float, extra: Mapping[str, Any]) -> None:
-        self.g = agg.result()
+        new = agg.result()
+        self.g = self.links.publish(len(self.digests), self.g, new) if self.links is not None else new
         self.digests.append(_digest(self.g))
         evals = [client_round(self.strategy, self.g, self.states[i], d,
                               RoundContext(round=len(self.digests), client=i, seed=self.seed, device=self.device),
@@ -233,14 +295,16 @@ def _run_sync(fleet: _Fleet, rounds: int) -> None:
         online = [fleet.ids[i] for i in fleet.online(t)]
         selected = [fleet.ids.index(d) for d in select_devices(online, tm.quorum, tm.over_selection, fleet.seed, r)]
         deadline = t + tm.deadline_s
-        jobs = [j for i in selected if (j := fleet.job(i, r, max(t, fleet.free_at[i]), deadline)) is not None]
+        expect = expected_close("sync", t, deadline, fleet.durations, 0)
+        aim = deadline if expect is None else expect
+        jobs = [j for i in selected if (j := fleet.job(i, r, max(t, fleet.free_at[i]), deadline, aim)) is not None]
         arrived = sorted((j for j in jobs if j.arrive is not None), key=lambda j: (j.arrive, j.device))
         quorum = max(1, min(tm.quorum, len(selected)))
         close = deadline
         if len(arrived) >= quorum:
             close = min(close, arrived[quorum - 1].arrive + tm.grace_s)  # type: ignore[operator]
         if arrived and len(arrived) == len(selected):
-            close = min(close, arrived[-1].arrive)  # type: ignore[arg-type]
+            close = min(close, max(j.arrive or 0.0 for j in arrived))
         agg = OpenAggregate(fleet.strategy, fleet.g)
         for j in arrived:
             if j.arrive <= close:  # type: ignore[operator]
@@ -251,6 +315,7 @@ def _run_sync(fleet: _Fleet, rounds: int) -> None:
             if j.arrive is None:
                 fleet.count[fleet.profiles[j.device].name]["lost"] += 1
         fleet.publish(agg, close, {"selected": len(selected)})
+        fleet.round_length(close - t)
         t = close
         if t >= tm.budget_s:
             return
@@ -271,7 +336,7 @@ def _run_async(fleet: _Fleet, rounds: int) -> None:
 def _async_loop(fleet: _Fleet, rounds: int, t: float, bounds: Bounds,
                 arrivals: list[tuple[float, int, int, _Job]]) -> None:
     tm, a = fleet.timing, fleet.timing.asynchronous
-    version, given, seq = 1, 0, 0
+    version, given, seq, opened_at = 1, 0, 0, t
     agg = OpenAggregate(fleet.strategy, fleet.g)
     folded: dict[int, set[int]] = {}
     held: dict[int, float] = {}  # device -> when its slot is freed (offline, expiry, or its update arriving)
@@ -285,7 +350,9 @@ def _async_loop(fleet: _Fleet, rounds: int, t: float, bounds: Bounds,
         for dev in assign_slots(idle, cap - len(held), fleet.seed, version, given):
             i = fleet.ids.index(dev)
             given += 1
-            job = fleet.job(i, version, t, t + 1e-9)
+            expect = expected_close("async", opened_at, opened_at + tm.deadline_s, fleet.durations, a.max_staleness)
+            aim = opened_at + tm.deadline_s if expect is None else expect
+            job = fleet.job(i, version, t, t + 1e-9, aim)
             iv = _next_online(fleet.intervals[i], t)
             offline_at = iv[1] if iv is not None else t
             if job is None:
@@ -310,16 +377,18 @@ def _async_loop(fleet: _Fleet, rounds: int, t: float, bounds: Bounds,
                 folded.setdefault(job.base, set()).add(i)
             if agg.tally.accepted >= a.buffer:
                 fleet.publish(agg, t, {"selected": len(held)})
-                version, given = version + 1, 0
+                fleet.round_length(t - opened_at)
+                version, given, opened_at = version + 1, 0, t
                 agg = OpenAggregate(fleet.strategy, fleet.g)
 
 
 def run_virtual(strategy: Strategy, clients: Sequence[ClientData], profiles: Sequence[DeviceProfile],
                 ids: Sequence[str], timelines: Sequence[Iterator[tuple[float, str]]], rounds: int, seed: int,
                 timing: FleetTiming, sizer: Callable[[Update], int] | None = None,
-                device: torch.device | None = None) -> VirtualResult:
+                device: torch.device | None = None, links: VirtualLinks | None = None) -> VirtualResult:
     """Run ``rounds`` model versions (or until ``timing.budget_s``) of ``strategy`` over ``clients``,
-    device ``i`` having ``profiles[i]`` and availability ``timelines[i]`` (module docstring)."""
+    device ``i`` having ``profiles[i]`` and availability ``timelines[i]`` (module docstring); ``links``:
+    what crosses them (None: fp32 uploads sized by ``sizer``, the whole model down)."""
     if strategy.needs_calibration():
         raise ValueError(f"strategy {strategy.name!r} calibrates in round 0; the virtual fleet does not run "
                          f"calibrations yet: use flayer emulate, or set the option the calibration decides")
@@ -327,7 +396,7 @@ def run_virtual(strategy: Strategy, clients: Sequence[ClientData], profiles: Seq
     horizon = timing.budget_s if math.isfinite(timing.budget_s) else 10 * 24 * 3600.0
     intervals = [online_intervals(tl, horizon) for tl in timelines]
     fleet = _Fleet(strategy, clients, profiles, ids, intervals, seed, timing, sizer or update_sizer(),
-                   device or torch.device("cpu"))
+                   device or torch.device("cpu"), links)
     (_run_async if timing.mode == "async" else _run_sync)(fleet, rounds)
     finals = []
     for i, data in enumerate(clients):

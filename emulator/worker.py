@@ -29,6 +29,7 @@ from .device import ByteCounter, EmulatedDevice
 from .events import EventLog
 from .fleet import FleetSpec
 from .host import FleetHost
+from .slots import ModelSlots
 
 __all__ = ["build_host", "main"]
 
@@ -59,20 +60,23 @@ def build_host(spec: FleetSpec, worker: int, *, dataset: Any = None, network: An
     events = EventLog(spec.events_file(worker))
     counter = ByteCounter()
     pool = ThreadPoolExecutor(pool_threads, thread_name_prefix=f"emu-ops-{worker}")
+    slots = ModelSlots(spec.model_slots) if spec.model_slots > 0 else None
     devices: list[EmulatedDevice] = []
     timelines: list[Iterator[tuple[float, str]]] = []
     for i in spec.of_worker(worker):
         dev_id = spec.devices[i]
         profile = spec.profiles[spec.profile_of[i]]
         devices.append(EmulatedDevice(i, dev_id, profile, spec.edge_settings(i), load_creds(spec, dev_id),
-                                      client_data(ds, part.clients[i]), events, counter, pool, network))
+                                      client_data(ds, part.clients[i]), events, counter, pool, network,
+                                      model_slots=slots))
         trace = spec.trace.get(dev_id) if spec.trace is not None and dev_id in spec.trace else None
         timelines.append(device_timeline(profile, spec.seed, dev_id, trace))
     from .host import process_memory
 
     events.write("worker", worker=f"{spec.shard}-{worker}", pid=os.getpid(), devices=[d.id for d in devices],
-                 network=spec.network, **{f"base_{k}": round(v, 1) for k, v in process_memory().items()})
-    return FleetHost(devices, timelines, events, counter, pool, name=f"{spec.shard}-{worker}"), events
+                 network=spec.network, model_slots=spec.model_slots,
+                 **{f"base_{k}": round(v, 1) for k, v in process_memory().items()})
+    return FleetHost(devices, timelines, events, counter, pool, name=f"{spec.shard}-{worker}", slots=slots), events
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,206 @@
+"""This device's part of a secure round (docs/explanation/secure-aggregation.md).
+
+The plan's ``secure`` mapping names the round's public parameters (:func:`flayer.engine.secure.secure_from_plan`).
+A selected device:
+
+1. sends its ``KeyAdvert`` on ``secagg/<id>`` as soon as it has the plan (beside its download and training);
+2. answers the ``KeyBundle`` it reads on ``secreq/<id>`` with its ``ShareBatch`` (its self-mask seed and mask
+   key, Shamir-shared and sealed for each neighbour);
+3. once it has trained and holds the shares addressed to it, lays its upload out on the round's common
+   positions, quantises it into the ring and masks it (:meth:`SecureSession.masked_blob`): that blob is its
+   update of the round, sent, stored and re-sent like any update;
+4. answers the ``UnmaskRequest`` with the shares it holds (one kind per neighbour: never both).
+
+The keys and the shares live in this object only, never on disk: a restarted device cannot finish the round
+and counts as dropped (its masked input, if it was sent, is unmasked with its neighbours' shares).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from flayer.engine.secure import PlannedSecure, device_vector, secure_from_plan
+from flayer.engine.secure_layout import layout_of
+from flayer.secagg import KeyBundle, SecAggClient, SecAggError, ShareBatch, UnmaskRequest, decode_message
+from flayer.update import Update
+from protocol import (
+    Envelope,
+    Kind,
+    Metrics,
+    WireError,
+    blob_digest,
+    chunk_blob,
+    decode_envelope,
+    encode_message,
+)
+
+from .download import Pending
+from .store import StoredState, UploadRecord
+
+__all__ = ["SecureRounds", "SecureSession"]
+
+log = logging.getLogger("edge_client.client")
+
+
+class SecureSession:
+    """One secure round's protocol state on this device (module docstring)."""
+
+    def __init__(self, planned: PlannedSecure, device: str) -> None:
+        self.planned, self.device = planned, device
+        self.client = SecAggClient(planned.params, device, os.urandom)
+        self.shares: ShareBatch | None = None
+        self.update: Update | None = None
+        self.masked_sent = False
+
+    @property
+    def round(self) -> int:
+        return self.planned.params.round
+
+    @property
+    def session(self) -> str:
+        return self.planned.params.session
+
+    def advert(self) -> bytes:
+        return self.client.advertise().to_bytes()
+
+    def on_message(self, body: bytes) -> list[bytes]:
+        """A message the coordinator addressed to this device; what to send back (SecAggError: refused)."""
+        msg = decode_message(body)
+        if isinstance(msg, KeyBundle):
+            return [self.client.share_keys(msg).to_bytes()]
+        if isinstance(msg, ShareBatch):
+            if msg.device != self.device:
+                raise SecAggError(f"shares addressed to {msg.device!r}, not to this device")
+            self.shares = msg
+            return []
+        if isinstance(msg, UnmaskRequest):
+            return [self.client.unmask(msg).to_bytes()]
+        raise SecAggError(f"a {type(msg).__name__} is not a message for a device")
+
+    def masked_blob(self) -> bytes | None:
+        """The masked input once the update and the shares are both here (None: not yet); SecAggError when
+        the update's layout is not the round's (it cannot join the sum)."""
+        if self.masked_sent or self.update is None or self.shares is None:
+            return None
+        lay = layout_of(self.update)
+        if lay.digest != self.planned.layout:
+            raise SecAggError("this device's upload positions are not the round's common layout (another strategy "
+                              "version or options?): it cannot join the secure sum")
+        rng = np.random.default_rng(int.from_bytes(os.urandom(16), "big"))  # the rounding: nobody can replay it
+        vector = device_vector(self.update, lay, self.planned.params, rng, self.planned.adaptive,
+                               self.planned.noise_std)
+        self.masked_sent = True
+        return self.client.masked_input(self.shares, vector).to_bytes()
+
+
+class SecureRounds:
+    """The edge client's secure rounds: a mixin of :class:`edge_client.client.EdgeClient` (module docstring)."""
+
+    id: str
+    creds: Any
+    topics: Any
+    link: Any
+    store: Any
+    stored: Any
+    limits: Any
+    clock: Any
+    plan: Any
+    rounds_trained: list[int]
+    _secure: SecureSession | None
+    _pending: Any
+    _busy: bool
+    _submit: Any  # edge_client.jobs (stubs here would shadow the mixins after this one)
+    _publish: Any
+    _update_items: Any
+    _progress: Any
+
+    def _secure_plan(self, plan: Any) -> None:
+        """A plan: open this device's session of a secure round it is selected for, and send its keys."""
+        try:
+            planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected))
+        except ValueError as exc:
+            log.warning("%s: ignoring the plan's secure round: %s", self.id, exc)
+            return
+        cur = self._secure
+        if planned is None or self.id not in plan.selected or plan.round <= self.stored.done_round:
+            if cur is not None and (planned is None or cur.round != plan.round):
+                self._secure = None  # that round is over
+            return
+        if cur is not None and cur.session == planned.params.session:
+            return  # the plan again (re-published, or the deadline extended)
+        self._secure = SecureSession(planned, self.id)
+        self._secure_publish([self._secure.advert()], plan.round)
+
+    def _secure_publish(self, bodies: list[bytes], round_: int) -> None:
+        for body in bodies:
+            env = Envelope(Kind.SECAGG, self.creds.federation, self.id, round_, 0, 1, len(body),
+                           hashlib.sha256(body).hexdigest(), body)
+            self.link.publish(self.topics.secagg(self.id), env.encode())
+
+    def _on_secreq(self, payload: bytes) -> None:
+        """A message the coordinator addressed to this device (``secreq/<id>``: only the coordinator may write
+        there, the broker's ACL)."""
+        sec = self._secure
+        env = decode_envelope(payload, self.limits)
+        if env.kind != Kind.SECAGG:
+            raise WireError(f"a {env.kind.name.lower()} envelope on this device's secure-round topic")
+        if sec is None or env.round != sec.round:
+            log.info("%s: a secure-round message of round %d, no such round here", self.id, env.round)
+            return
+        try:
+            self._secure_publish(sec.on_message(env.body), sec.round)
+        except SecAggError as exc:
+            log.warning("%s: secure round %d: refused a message: %s", self.id, sec.round, exc)
+            return
+        self._secure_send_masked()
+
+    def _secure_trained(self, up: Any, round_: int) -> None:
+        """The local round of a secure round is done: keep the state, mask the update once the shares are here."""
+        self.stored = StoredState(up.state, round_, None, False, self.stored.extra)
+        self.store.save(self.stored)
+        self.rounds_trained.append(round_)
+        sec = self._secure
+        if sec is None or sec.round != round_:
+            log.warning("%s: round %d trained, but its secure session is gone (the plan moved on); nothing sent",
+                        self.id, round_)
+            return
+        sec.update = up.update
+        metrics = {k: float(v) for k, v in up.update.info.items() if k in ("test_correct", "test_total")}
+        loss = (up.metrics or {}).get("train_loss")
+        if isinstance(loss, float) and math.isfinite(loss):
+            metrics["train_loss"] = loss
+        self.link.publish(self.topics.metrics(self.id), encode_message(Metrics(round_, self.clock(), metrics),
+                                                                       self.creds.federation, self.id))
+        self._progress("trained", round=round_, bytes=0, acc=up.eval.acc if up.eval else None, secure=True)
+        self._secure_send_masked()
+
+    def _secure_send_masked(self) -> None:
+        sec = self._secure
+        if sec is None or self._busy:
+            return
+        try:
+            blob = sec.masked_blob()
+        except SecAggError as exc:
+            log.error("%s: secure round %d: %s", self.id, sec.round, exc)
+            sec.masked_sent = True
+            return
+        if blob is None:
+            return
+        r = sec.round
+        digest = blob_digest(blob)
+        payloads = tuple(chunk_blob(blob, Kind.UPDATE_CHUNK, self.creds.federation, self.id, r,
+                                    self.creds.max_payload))
+        self.store.save_upload(blob)  # the masked input (nothing of the update readable), re-sent like an update
+        self.stored = StoredState(self.stored.state, r, UploadRecord(r, digest, len(blob)), False, self.stored.extra,
+                                  self.stored.on_disk)  # a released state stays the state file's
+        self.store.save(self.stored)
+        items = self._update_items(payloads, r)
+        self._pending = Pending("update", r, digest, items)
+        log.info("%s: round %d masked input sent (%d bytes)", self.id, r, len(blob))
+        self._submit("published", r, self._publish, items)
