@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 OUT ?= runs/demo-fleet
 
-.PHONY: demo test test-all test-loaded docs bench apt-data apt-broker apt-browser clean-venv
+.PHONY: demo test test-all test-loaded docs bench apt-data apt-broker apt-browser apt-service apt-http apt-cluster clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,13 +41,40 @@ apt-browser:
 	@command -v chromium >/dev/null 2>&1 || \
 	  ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium)
 
+# the service tests: systemd-analyze verify (units), promtool and a real Prometheus (metrics, alert rules);
+# installed without starting the package's own Prometheus service (deploy/apt-no-start.sh)
+apt-service:
+	@command -v systemd-analyze >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq systemd)
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || \
+	  ($(SUDO) apt-get update -qq && $(SUDO) sh deploy/apt-no-start.sh prometheus)
+
+# models over HTTP: Debian's nginx serves the model files in the tests and the emulator (flayer models serve);
+# installed without starting the package's own nginx on :80 (deploy/apt-no-start.sh)
+apt-http:
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || \
+	  ($(SUDO) apt-get update -qq && $(SUDO) sh deploy/apt-no-start.sh nginx)
+
+# the clustered broker (flayer broker start --cluster N; docs/howto/clustered-broker.md): Redis, installed without
+# starting Debian's own Redis service (deploy/apt-no-start.sh), Node.js 20+ and the Aedes packages pinned in
+# mqtt_broker/aedes/package-lock.json, installed into mqtt_broker/aedes/node_modules (npm ci, again only when the
+# lock file is newer). With an older Node.js the cluster tests skip, saying why.
+AEDES := mqtt_broker/aedes
+apt-cluster:
+	@command -v redis-server >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && $(SUDO) sh deploy/apt-no-start.sh redis-server)
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || \
+	  ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq nodejs npm)
+	@if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)'; then \
+	  echo "apt-cluster: Aedes needs Node.js 20 or newer, found $$(node --version): the cluster tests will skip" >&2; \
+	elif [ ! $(AEDES)/node_modules/.package-lock.json -nt $(AEDES)/package-lock.json ]; then \
+	  npm ci --prefix $(AEDES) --no-audit --no-fund --loglevel=error; fi
+
 # 20 emulated devices with mixed profiles over a real broker (mosquitto when installed, else the embedded one);
 # it prints the live dashboard's address (http://127.0.0.1:8765/ unless that port is taken): open it to watch
 demo: apt-data $(VENV)/.stamp-main
 	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT) --dashboard
 
 # --durations=10: the ten slowest tests show in every run (and so in every CI log)
-test: apt-data apt-broker apt-browser $(VENV)/.stamp-all docs
+test: apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all docs
 	@$(BIN)/python -m pytest --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
 
@@ -57,17 +84,17 @@ docs: $(VENV)/.stamp-all
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # slow and benchmark-like tests too
-test-all: apt-data apt-broker apt-browser $(VENV)/.stamp-all
+test-all: apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all
 	$(BIN)/python -m pytest -m ''
 
 # the default suite with one core kept busy by a bounded process of its own, beside an idle run
-test-loaded: apt-data apt-broker apt-browser $(VENV)/.stamp-all docs
+test-loaded: apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all docs
 	$(BIN)/python benchmarks/suite_under_load.py --log-dir runs/suite-under-load
 
-bench: apt-data apt-broker $(VENV)/.stamp-all
-	$(BIN)/python benchmarks/local_round.py
+bench: apt-data apt-broker apt-http $(VENV)/.stamp-all
+	$(BIN)/python benchmarks/local_round.py --repeats 21
 	$(BIN)/python benchmarks/codec.py
-	$(BIN)/python benchmarks/export_runtimes.py
+	$(BIN)/python benchmarks/export_runtimes.py --threads 1
 	$(BIN)/python benchmarks/transport.py
 
 clean-venv:

@@ -6,6 +6,13 @@ creates a device's credentials file (``--kit``: and its startup kit for another 
 a running broker reload its password file; ``revoke`` shuts a device out (password, certificate,
 live connection) and tells the coordinator to stop selecting it. Passwords are never printed:
 only the paths of the 0600 credentials files and kits are.
+
+Field gateway (:mod:`mqtt_broker.bridge`): on the central broker, ``add-device SITE --gateway-for
+DEV,...`` creates the credentials of a site's gateway, allowed exactly the topics of those devices;
+on the site, ``start --gateway-credentials FILE [--gateway-to HOST:PORT]`` bridges the site broker
+to the central one (stored: later starts keep the bridge; ``--no-gateway`` drops it). ``start --cluster N`` runs N Aedes nodes
+sharing one Redis instead of one Mosquitto (docs/howto/clustered-broker.md); ``stop``, ``status`` and
+the other actions handle the cluster recorded in the state folder.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cli.common import CliError
 
@@ -33,6 +40,15 @@ def _nonneg_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from exc
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _cluster_nodes(text: str) -> int:
+    from mqtt_broker.cluster import MAX_NODES
+
+    value = _nonneg_int(text)
+    if not 1 <= value <= MAX_NODES:
+        raise argparse.ArgumentTypeError(f"a node count in 1-{MAX_NODES}, got {value}")
     return value
 
 
@@ -72,11 +88,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-packet-size", type=_nonneg_int, metavar="BYTES", help="largest MQTT packet (default 1048576)")
     s.add_argument("--persistence", action=argparse.BooleanOptionalAction, default=None,
                    help="save retained messages and queues to disk (default: yes)")
+    g = s.add_argument_group("field gateway (bridge this site broker to the central one; docs/howto/field-gateway.md)")
+    g.add_argument("--gateway-credentials", metavar="FILE",
+                   help="a gateway's credentials file from the central broker ('flayer broker add-device SITE "
+                        "--gateway-for DEV,...' there); copied into the state folder, kept for later starts")
+    g.add_argument("--gateway-to", metavar="HOST:PORT",
+                   help="the central broker's address as this site reaches it (default: the credentials file's)")
+    g.add_argument("--gateway-keepalive", type=_nonneg_int, metavar="S",
+                   help="seconds of silence before the bridge pings the central broker (>= 5; default: stored, else 30)")
+    g.add_argument("--gateway-retry", metavar="BASE[,CAP]",
+                   help="reconnect back-off of the bridge in seconds (default: stored, else 2,30)")
+    g.add_argument("--no-gateway", action="store_true", help="drop the stored bridge (this broker stands alone)")
     kind = s.add_mutually_exclusive_group()
     kind.add_argument("--mosquitto", dest="kind", action="store_const", const="mosquitto", help="require mosquitto")
     kind.add_argument("--embedded", dest="kind", action="store_const", const="embedded",
                       help="run the embedded pure-Python broker (amqtt; loopback, no TLS, limits not enforced)")
-    s.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the broker")
+    kind.add_argument("--cluster", type=_cluster_nodes, metavar="N",
+                      help="run N Aedes nodes sharing one Redis (node 0 on --port, the others on free ports; "
+                           "retained messages and sessions on every node; no TLS); needs node, redis-server and "
+                           "'make apt-cluster'")
+    s.add_argument("--foreground", action="store_true",
+                   help="stay attached, copying the broker's log to stderr; Ctrl-C or SIGTERM stops the broker")
+    from cli.unit import add_unit_flags
+
+    add_unit_flags(s)
     s.set_defaults(func=run, kind="auto")
 
     t = actions.add_parser("stop", help="stop the broker recorded in the state folder (exactly that process)")
@@ -95,6 +130,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--kit", metavar="FILE.tar.gz",
                    help="also write the device's startup kit (credentials, TLS files, device.toml, start command; "
                         "mode 0600) for 'flayer edge --kit' on the device's machine")
+    a.add_argument("--gateway-for", action="append", default=[], metavar="DEV[,DEV...]",
+                   help="create a field gateway's credentials instead (ID = the site), allowed exactly the topics of "
+                        "these devices (their own credentials are on the site broker); repeatable; run again to "
+                        "change the list (the password stays unless --rotate)")
+    a.add_argument("--allow-entry-point", action="append", default=[], metavar="PKG.MODULE:FUNCTION",
+                   help="with --kit: model code the kit's device.toml accepts besides the built-ins ([edge] "
+                        "allow_entry_points), e.g. the federation's own model; repeatable")
     a.set_defaults(func=run)
 
     o = actions.add_parser("add-observer", help="create another read-only observer (one per watcher running at "
@@ -150,17 +192,40 @@ def _start(args: argparse.Namespace) -> int:
 
     files = BrokerFiles.at(args.state_dir)
     cfg = _config(args, files.config)
+    _gateway_flags(args, files.state_dir, cfg)
+    if args.print_unit:  # a service runs the broker in the foreground (cli.unit)
+        from cli.unit import print_unit
+
+        return print_unit(args, "broker", [files.state_dir], f"federation {cfg.federation}",
+                          [] if args.foreground else ["--foreground"])
     done = threading.Event()
     if args.foreground:  # before the start, so an early Ctrl-C still stops the broker below
         previous = {sig: signal.signal(sig, lambda *_: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    broker = start_broker(cfg, files.state_dir, kind=args.kind, detach=not args.foreground)
+    from mqtt_broker.cluster import ClusterFiles, recorded_cluster, start_cluster
+
+    if args.cluster:
+        broker: Any = start_cluster(cfg, files.state_dir, args.cluster, detach=not args.foreground)
+    else:
+        running = recorded_cluster(files.state_dir)
+        if running is not None:
+            raise CliError(f"a broker cluster runs for {files.state_dir}; stop it first (flayer broker stop)")
+        # a single broker over a folder that once held a cluster: credentials go back to one address
+        ClusterFiles.at(files.state_dir).layout.unlink(missing_ok=True)
+        broker = start_broker(cfg, files.state_dir, kind=args.kind, detach=not args.foreground)
     cfg = broker.config
     tls = f", TLS {cfg.tls_host or cfg.host}:{cfg.tls_port}" if cfg.tls else ""
     plain = f"plain {cfg.plain_host}:{cfg.port}" if cfg.plain else "plain listener off"
-    lines = [f"{broker.kind} broker running: pid {broker.pid}, federation {cfg.federation}, {plain}{tls}",
+    if args.cluster:
+        rec = broker.record
+        head = [(f"broker cluster running: {len(broker.ports)} aedes node(s), federation {cfg.federation}, redis pid "
+                 f"{rec.redis.pid} on 127.0.0.1:{rec.redis.port}")]
+        head += [f"  node {i}: pid {n.pid}, plain {cfg.plain_host}:{n.port}" for i, n in enumerate(rec.nodes)]
+    else:
+        head = [f"{broker.kind} broker running: pid {broker.pid}, federation {cfg.federation}, {plain}{tls}"]
+    lines = [*head,
              f"state folder:            {files.state_dir}",
              f"coordinator credentials: {files.credentials(cfg.coordinator_user)}",
-             f"log:                     {files.log}"]
+             f"log:                     {files.state_dir / 'cluster/node-*.log' if args.cluster else files.log}"]
     if cfg.warning:
         lines.append(f"WARNING: {cfg.warning}")
     if broker.kind == "embedded":
@@ -170,7 +235,9 @@ def _start(args: argparse.Namespace) -> int:
         return 0
     try:
         print("\n".join([*lines, "Ctrl-C stops it"]), flush=True)
+        follow = _LogFollower(files.state_dir / "cluster/node-0.log" if args.cluster else files.log)
         while not done.wait(0.5):
+            follow.copy()
             if not broker.is_running():
                 print("flayer broker: the broker exited on its own; see its log", file=sys.stderr)
                 return 1
@@ -182,11 +249,61 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway_flags(args: argparse.Namespace, state_dir: Path, cfg: BrokerConfig) -> None:
+    """Store, change or drop the site's bridge before the files are written (mqtt_broker.bridge)."""
+    from mqtt_broker.bridge import parse_restart, remove_gateway, set_gateway
+
+    given = [f for f, v in (("--gateway-credentials", args.gateway_credentials), ("--gateway-to", args.gateway_to),
+                            ("--gateway-keepalive", args.gateway_keepalive), ("--gateway-retry", args.gateway_retry))
+             if v is not None]
+    if args.no_gateway:
+        if given:
+            raise CliError(f"--no-gateway drops the bridge; it cannot go with {', '.join(given)}")
+        if remove_gateway(state_dir):
+            print(f"gateway dropped: {state_dir} is a stand-alone broker again")
+        return
+    if not given:
+        return
+    if args.kind == "embedded":
+        raise CliError("a field gateway's bridge needs mosquitto; --embedded has no bridges")
+    retry = parse_restart(args.gateway_retry) if args.gateway_retry is not None else None
+    gw = set_gateway(state_dir, cfg, Path(args.gateway_credentials) if args.gateway_credentials else None,
+                     args.gateway_to, args.gateway_keepalive, retry)
+    print(f"gateway: this site bridges to {gw.host}:{gw.port}{' over TLS' if gw.tls else ''}")
+
+
+class _LogFollower:
+    """``--foreground``: the broker's log lines, as they come, copied to stderr (the journal under systemd)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.at = path.stat().st_size if path.exists() else 0
+
+    def copy(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.at)
+                data = fh.read(1 << 20)
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # whole lines only
+        if end:
+            self.at += end
+            sys.stderr.write(data[:end].decode(errors="replace"))
+            sys.stderr.flush()
+
+
 def _stop(args: argparse.Namespace) -> int:
+    from mqtt_broker.cluster import stop_recorded_cluster
     from mqtt_broker.process import stop_recorded
 
     if args.timeout <= 0:
         raise CliError(f"--timeout must be > 0, got {args.timeout}")
+    cluster = stop_recorded_cluster(args.state_dir, timeout=args.timeout)
+    if cluster is not None:
+        pids = ", ".join(str(n.pid) for n in cluster.nodes)
+        print(f"stopped broker cluster: aedes node pid(s) {pids}, redis pid {cluster.redis.pid}")
+        return 0
     rec = stop_recorded(args.state_dir, timeout=args.timeout)
     if rec is None:
         print(f"no running broker recorded in {Path(args.state_dir)}")
@@ -202,9 +319,22 @@ def _status(args: argparse.Namespace) -> int:
 
     files = BrokerFiles.at(args.state_dir)
     cfg = BrokerConfig.load(files.config)
-    rec = recorded_process(files.state_dir)
-    state = f"running ({rec.kind}, pid {rec.pid})" if rec else "not running"
-    print(f"broker:     {state}")
+    from mqtt_broker.cluster import recorded_cluster
+    from mqtt_broker.process import _is_ours
+
+    cluster = recorded_cluster(files.state_dir)
+    rec: Any = recorded_process(files.state_dir)
+    if cluster is not None:
+        up = [_is_ours(n) for n in cluster.nodes]
+        whole = all(up) and _is_ours(cluster.redis)
+        print(f"broker:     {'running' if whole else 'DEGRADED'} (cluster of {len(up)} aedes node(s), "
+              f"{sum(up)} up; redis pid {cluster.redis.pid} {'up' if _is_ours(cluster.redis) else 'DOWN'})")
+        for i, n in enumerate(cluster.nodes):
+            print(f"  node {i}:   {cfg.plain_host}:{n.port} pid {n.pid} {'up' if up[i] else 'DOWN'}")
+        rec = cluster if whole else None
+    else:
+        state = f"running ({rec.kind}, pid {rec.pid})" if rec else "not running"
+        print(f"broker:     {state}")
     print(f"federation: {cfg.federation}")
     plain = f"{cfg.plain_host}:{cfg.port}" if cfg.plain else "plain off"
     print(f"listener:   {plain}" + (f", TLS {cfg.tls_host or cfg.host}:{cfg.tls_port}" if cfg.tls else ""))
@@ -214,14 +344,24 @@ def _status(args: argparse.Namespace) -> int:
     print(f"users:      {len(users)} ({sum(r == 'device' for _, r in users)} devices)")
     for user, role in users:
         print(f"  {role:<11} {user:<24} {files.credentials(user)}")
+    from mqtt_broker.bridge import describe
+
+    for line in describe(files.state_dir):
+        print(line)
     return 0 if rec else 3
 
 
 def _reload(state_dir: Path, note: str = "") -> bool:
     """Make the running broker recorded in ``state_dir`` re-read its passwords and ACL (says so); False when
     none is recorded."""
+    from mqtt_broker.cluster import ClusterFiles, reload_recorded_cluster
     from mqtt_broker.process import reload_recorded
 
+    if ClusterFiles.at(state_dir).layout.exists():  # a cluster's files are kept up to date even while it is down
+        cluster = reload_recorded_cluster(state_dir)
+        if cluster is not None:
+            print(f"reloaded the running broker cluster ({len(cluster.nodes)} aedes node(s)){note}")
+            return True
     rec = reload_recorded(state_dir)
     if rec is not None:
         print(f"reloaded the running {rec.kind} broker (pid {rec.pid}){note}")
@@ -243,14 +383,47 @@ def _add_device(args: argparse.Namespace) -> int:
     from mqtt_broker.state import BrokerFiles, add_device
 
     files = BrokerFiles.at(args.state_dir)
+    if args.gateway_for:
+        return _add_gateway(args, files)
+    if args.allow_entry_point and not args.kit:
+        raise CliError("--allow-entry-point goes into a startup kit's device.toml: give --kit FILE.tar.gz too (or "
+                       "list the entry point in the device's own device.toml, [edge] allow_entry_points)")
+    if args.kit:  # checked before the device is created
+        from flayer.spec import ENTRY_POINT
+
+        bad = [e for e in args.allow_entry_point if not ENTRY_POINT.fullmatch(e)]
+        if bad:
+            raise CliError(f"--allow-entry-point {bad[0]!r} is not an entry point \"package.module:function\" (the "
+                           f"built-in models are always allowed)")
     creds = add_device(files.state_dir, args.device_id, rotate=args.rotate)
+    from mqtt_broker.cluster import ClusterFiles, sync_cluster_files
+
+    if ClusterFiles.at(files.state_dir).layout.exists():  # its node and the failover nodes, before the kit
+        sync_cluster_files(files.state_dir)
     print(f"credentials of device {creds.username}: {files.credentials(creds.username)} (mode 0600, holds the password)")
     if args.kit:
         from mqtt_broker.kit import write_kit
 
-        kit = write_kit(files.state_dir, creds.username, args.kit)
+        kit = write_kit(files.state_dir, creds.username, args.kit, args.allow_entry_point)
         print(f"startup kit: {kit} (mode 0600, holds the password: copy it to the device privately, then run "
               f"'flayer edge --kit {kit.name} --data FOLDER' there)")
+    _reload(files.state_dir)
+    return 0
+
+
+def _add_gateway(args: argparse.Namespace, files: Any) -> int:
+    from mqtt_broker.bridge import add_gateway, read_gateways
+
+    if args.kit or args.allow_entry_point:
+        raise CliError("--gateway-for creates a gateway's credentials; --kit and --allow-entry-point are for devices "
+                       "(write the devices' kits on the site broker)")
+    devices = [d.strip() for item in args.gateway_for for d in item.split(",")]
+    creds = add_gateway(files.state_dir, args.device_id, devices, rotate=args.rotate)
+    served = read_gateways(files.state_dir)[creds.username]
+    print(f"credentials of gateway {creds.username}: {files.credentials(creds.username)} (mode 0600, holds the "
+          f"password); it serves {len(served)} device(s): {', '.join(served)}")
+    print(f"on the site: flayer broker start --state-dir SITE_DIR --gateway-credentials {creds.username}.toml "
+          f"[--gateway-to HOST:PORT]")
     _reload(files.state_dir)
     return 0
 

@@ -77,6 +77,8 @@ def parse_set(items: list[str]) -> dict[str, dict[str, Any]]:
 
 def run_config(args: argparse.Namespace) -> RunConfig:
     """Merge --config and the flags (flags win) into a validated RunConfig."""
+    from cli.privacy import privacy_overrides
+
     a = vars(args)
     overrides: dict[str, Any] = {
         "run": {"strategy": a.get("strategy"), "rounds": a.get("rounds"), "seed": a.get("seed"),
@@ -87,6 +89,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         "train": {"lr": a.get("lr"), "batch_size": a.get("batch_size"), "local_epochs": a.get("local_epochs"),
                   "device": a.get("device"), "threads": a.get("threads")},
         "strategy": parse_set(a.get("set") or []),
+        "privacy": privacy_overrides(a),
     }
     try:
         return load_run_config(a.get("config"), overrides)
@@ -142,10 +145,12 @@ def add_mode_flags(p: Any) -> None:
                    help="synchronous rounds, or asynchronous buffered ones (default: the config's, else sync)")
     p.add_argument("--buffer", type=int, metavar="K", help="async: accepted updates per new model version (8)")
     p.add_argument("--max-staleness", type=int, metavar="S",
-                   help="async: updates trained more versions ago are refused (8)")
+                   help="async: updates trained more versions ago are refused (default auto: ceil(24 x concurrency / "
+                        "buffer))")
     p.add_argument("--staleness", choices=("sqrt", "inverse", "constant"),
                    help="async: weight of a stale update's deltas: 1/sqrt(1+s) (default), 1/(1+s), or 1")
-    p.add_argument("--concurrency", type=int, metavar="N", help="async: devices training at once (0: all online)")
+    p.add_argument("--concurrency", type=int, metavar="N", help="async: devices training at once (default auto: "
+                                                                  "ceil(over_selection x buffer); 0: all online)")
 
 
 def mode_overrides(args: Any) -> dict[str, Any]:

@@ -197,15 +197,18 @@ def config_files() -> tuple[ConfigFile, ...]:
     from emulator.options import DEFAULT_EDGE, EmulatorSettings
     from emulator.profiles import DeviceProfile
     from flayer.config import DataConfig, RunConfig, TrainConfig
+    from flayer.privacy_config import PrivacySettings
     from flayer.spec import ModelSpec
     from flayer.strategies import STRATEGIES
     from mqtt_broker.config import BrokerConfig
     from transport.credentials import Credentials, TlsSettings
 
     run_tables = (
-        Table("[run]", RunConfig, exclude=("data", "train", "strategy_options")),
+        Table("[run]", RunConfig, exclude=("data", "train", "strategy_options", "privacy")),
         Table("[data]", DataConfig),
         Table("[train]", TrainConfig),
+        Table("[privacy]", PrivacySettings,
+              note="Client-level differential privacy, off unless `enabled`: docs/explanation/privacy.md."),
     )
     strategy_tables = tuple(
         Table(f"[strategy.{name}]", cls.options_type) for name, cls in STRATEGIES.items()

@@ -4,7 +4,11 @@ Shows each round as it closes (updates accepted of selected, MB up and down, the
 accuracy), ends with a summary table and writes checkpoint.safetensors, journal/, metrics.jsonl
 and global.safetensors under the state folder. Exit status: 0 after the last round; 130 after
 Ctrl-C (SIGINT) and 143 after SIGTERM -- both stop cleanly after the current event, and a restart
-with the same command resumes from the checkpoint and the journal; 2 for a configuration error.
+with the same command resumes from the checkpoint and the journal; 2 for a configuration error; 1 when
+the state folder cannot be written (a full disk, a file that cannot be written: the message names it;
+nothing acknowledged is lost, and the same command resumes once the cause is fixed).
+``--metrics-port`` serves Prometheus metrics (docs/reference/metrics.md); ``--print-unit`` prints a systemd
+unit that runs this command as a service (docs/howto/service.md).
 """
 
 from __future__ import annotations
@@ -15,10 +19,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.common import CliError
+from cli.common import CliError, add_mode_flags, mode_overrides
 from cli.logfile import add_log_file_flag
-from cli.common import add_mode_flags, mode_overrides
 from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
+from cli.unit import add_unit_flags
+
+
+def privacy_note(rec: dict[str, Any]) -> str:
+    """``, epsilon E`` for a private round's record (empty otherwise)."""
+    eps = rec.get("epsilon")
+    return "" if eps is None else f", epsilon {eps if isinstance(eps, str) else format(eps, '.3g')}"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,8 +43,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-devices", type=int, metavar="N")
     p.add_argument("--deadline", type=float, metavar="SECONDS", dest="deadline_s")
     add_mode_flags(p)
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; [federation] "
+                        "metrics_port)")
+    p.add_argument("--metrics-host", metavar="ADDR",
+                   help="address of the metrics endpoint (127.0.0.1; any other needs a token: --metrics-token-file, "
+                        "else one generated into the state folder's metrics.token)")
+    p.add_argument("--metrics-token-file", metavar="FILE", help="the token scrapers present (Authorization: Bearer)")
+    p.add_argument("--metrics-linger", type=float, metavar="SECONDS", dest="metrics_linger_s",
+                   help="after the last round, wait up to this long for a scrape of the final values (0)")
     add_log_file_flag(p)
     add_tensorboard_flag(p)
+    add_unit_flags(p)
     p.set_defaults(func=run)
 
 
@@ -65,7 +85,7 @@ class _Display:
         print(f"round {rec['round']}/{self.rounds}: {rec['accepted']}/{len(rec['selected'])} updates"
               f"{f', {rejected} rejected' if rejected else ''}, up {rec['bytes_in'] / 1e6:.2f} MB, "
               f"down {rec['model_bytes'] * len(rec['selected']) / 1e6:.2f} MB, acc {acc}, {rec['wall_s']:.1f}s "
-              f"({rec['closed']})", flush=True)
+              f"({rec['closed']})" + privacy_note(rec), flush=True)
 
 
 def _plots(cfg: Any, result: Any) -> list[str]:
@@ -88,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from coordinator.checkpoint import CheckpointError
     from coordinator.config import load_coordinator_config
     from coordinator.journal import JournalError
-    from coordinator.server import Coordinator, CoordinatorError
+    from coordinator.server import Coordinator, CoordinatorError, StateWriteError
     from flayer.config import ConfigError
     from transport import Credentials, CredentialsError
 
@@ -98,10 +118,18 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"federation": {"credentials": absolute(args.credentials), "state_dir": absolute(args.state_dir),
                                 "quorum": args.quorum,
                                 "min_devices": args.min_devices, "deadline_s": args.deadline_s,
-                                **mode_overrides(args)},
+                                "metrics_port": args.metrics_port, "metrics_host": args.metrics_host,
+                                "metrics_token_file": absolute(args.metrics_token_file),
+                                "metrics_linger_s": args.metrics_linger_s, **mode_overrides(args)},
                  "run": {"rounds": args.rounds}}
+    state_dir: Path | None = None
     try:
         cfg = load_coordinator_config(args.config, overrides)
+        state_dir = cfg.state_dir
+        if args.print_unit:  # the config is valid; nothing starts (cli.unit)
+            from cli.unit import print_unit
+
+            return print_unit(args, "coordinator", [cfg.state_dir], f"{Path(args.config).name}")
         creds = Credentials.load(cfg.credentials)
         display = _Display(cfg.run.rounds)
         tb = TensorBoardSink(args.tensorboard, cfg.state_dir / "metrics.jsonl") if args.tensorboard else None
@@ -114,6 +142,11 @@ def run(args: argparse.Namespace) -> int:
         coord = Coordinator(cfg, creds, on_round=on_round, on_progress=display.progress)
     except (ConfigError, CredentialsError, CoordinatorError, ValueError) as exc:
         raise CliError(str(exc)) from exc
+    except OSError as exc:  # a file of the config, or the state folder's metrics.jsonl, cannot be opened
+        if state_dir is None:
+            raise CliError(str(exc)) from exc
+        print(f"flayer coordinator: error: {StateWriteError.of(exc, state_dir)}", file=sys.stderr)
+        return 1
     got: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -124,8 +157,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"coordinator {creds.username} of federation {creds.federation} on {creds.host}:{creds.port}: "
           f"{cfg.run.strategy}, {cfg.run.rounds} rounds, quorum {cfg.federation.quorum}; state in {cfg.state_dir}",
           file=sys.stderr)
+    if coord.asynchronous:
+        fs = coord.fs
+        print(f"asynchronous rounds: buffer {fs.buffer}, max_staleness {fs.max_staleness}, concurrency "
+              f"{fs.concurrency}{''.join(f'; {k} auto: {v}' for k, v in coord.derived.items())}", file=sys.stderr)
     try:
         result = coord.run()
+    except StateWriteError as exc:
+        print(f"flayer coordinator: error: {exc}", file=sys.stderr)
+        return 1
     except (CoordinatorError, CheckpointError, JournalError) as exc:
         raise CliError(str(exc)) from exc
     finally:
@@ -142,6 +182,11 @@ def run(args: argparse.Namespace) -> int:
     counters = {k: v for k, v in sorted(result.counters.items()) if v}
     print(f"\n{result.rounds_done}/{cfg.run.rounds} rounds done; rejections and other counters: "
           f"{counters or 'none'}; final model {result.model_digest[:12]}")
+    if result.history and result.history[-1].get("epsilon") is not None:  # a private federation
+        last = result.history[-1]
+        print(f"privacy: epsilon {last['epsilon'] if isinstance(last['epsilon'], str) else format(last['epsilon'], '.4g')}"
+              f" spent at delta {last['delta']:.3g} over {last['round']} rounds ({cfg.run.privacy.mode} noise, "
+              f"z {cfg.run.privacy.noise_multiplier:g}); docs/explanation/privacy.md")
     plots = _plots(cfg, result)
     print(f"outputs in {cfg.state_dir}/ (metrics.jsonl, checkpoint.safetensors, journal/"
           f"{', global.safetensors' if result.finished else ''}{''.join(', ' + p for p in plots)})", file=sys.stderr)

@@ -42,9 +42,12 @@ def start_dashboard(creds: Any, metrics: Path | None, host: str, port: int, toke
     ``close()`` it and ``watch.stop()`` when done. CliError when the address cannot be bound."""
     from coordinator.dashboard.server import DashboardServer
     from coordinator.dashboard.watch import FleetWatch
+    from transport.access import token_for
 
-    if token is not None and len(token) < 16:
-        raise CliError("--token must be at least 16 characters")
+    try:
+        token_for(host, token)  # the access rule (transport.access): checked before anything starts
+    except ValueError as exc:
+        raise CliError(f"--token: {exc}") from exc
     watch = FleetWatch(creds, metrics, stale_after_s=stale_after_s, revoked_file=revoked_file).start()
     try:
         server = DashboardServer(watch, host, port, token)

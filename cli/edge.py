@@ -7,12 +7,14 @@ the global model, runs the local round, uploads, waits for the ack. Its state st
 folder, so a restarted device resumes. After the federation ends it saves its personal model
 (``personal.safetensors``, for ``flayer export``) and exits 0. Ctrl-C / SIGTERM stop it cleanly
 (exit 130 / 143); a configuration error, a refused connection or an update over the size limit
-exits 2 with one line saying why.
+exits 2 with one line saying why. ``--print-unit`` prints a systemd unit that runs this command as a
+service (docs/howto/service.md); ``[edge] label`` names the device's kind in the coordinator's metrics.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 from pathlib import Path
@@ -36,10 +38,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--client", type=int, metavar="K", help="this device's index in the partition")
     p.add_argument("--state-dir", metavar="DIR", help="where the device keeps its state (overrides the config)")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N or mps")
+    p.add_argument("--allow-entry-point", action="append", default=[], metavar="PKG.MODULE:FUNCTION",
+                   help="model code a plan may name besides the built-ins (added to [edge] allow_entry_points); "
+                        "repeatable. A plan naming any other entry point is refused before anything is imported")
     p.add_argument("--runtime", choices=("torch", "executorch"),
                    help="where the local SGD runs: torch (default) or the model's ExecuTorch training program "
                         "(CPU; cnn and fasttext; needs the 'executorch' extra)")
     add_log_file_flag(p)
+    from cli.unit import add_unit_flags
+
+    add_unit_flags(p)
     p.set_defaults(func=run)
 
 
@@ -73,9 +81,14 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"data": {"data_path": absolute(args.data), "partition_file": absolute(args.partition_file),
                           "client": args.client},
                  "edge": {"state_dir": absolute(args.state_dir), "device": args.device, "runtime": args.runtime}}
+    if args.print_unit:  # nothing is unpacked or started (cli.unit)
+        return _print_unit(args, overrides)
     try:
         config = unpack_kit(args.kit) if args.kit else args.config
         cfg = load_device_config(config, overrides)
+        if args.allow_entry_point:  # added to the file's list (validated as entry points by EdgeSettings)
+            allow = tuple(dict.fromkeys([*cfg.edge.allow_entry_points, *args.allow_entry_point]))
+            cfg = dataclasses.replace(cfg, edge=dataclasses.replace(cfg.edge, allow_entry_points=allow))
         creds = Credentials.load(cfg.credentials)
         data = load_device_data(cfg.data)
         if cfg.edge.threads > 0:
@@ -112,3 +125,19 @@ def run(args: argparse.Namespace) -> int:
     if got:
         return 128 + got[0]
     return 0
+
+
+def _print_unit(args: argparse.Namespace, overrides: dict[str, dict[str, Any]]) -> int:
+    """The unit's state folders: the kit's folder (its state is inside), or the config's [edge] state_dir."""
+    from cli.unit import print_unit
+    from edge_client.config import load_device_config
+    from flayer.config import ConfigError
+    from transport.kit import kit_folder
+
+    if args.kit:
+        return print_unit(args, "edge", [kit_folder(Path(args.kit).resolve())], Path(args.kit).name)
+    try:
+        cfg = load_device_config(args.config, overrides)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from exc
+    return print_unit(args, "edge", [Path(cfg.edge.state_dir)], Path(args.config).name)

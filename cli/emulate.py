@@ -5,8 +5,10 @@ Shows each round as it closes (devices reported of selected, devices online, MB 
 emulated links, accuracy), device crashes as they happen, then a table per round and per profile,
 and writes metrics.jsonl (the metrics schema, as the run goes), rounds.jsonl, devices.jsonl,
 summary.json and PNG plots under the output folder it names at the end; ``--dashboard`` serves the live
-dashboard meanwhile and prints its address. Exit status 0 when every round ran; 2 for a configuration
-error; 1 when a process of the fleet failed (its log is shown); 130 after Ctrl-C (everything it started
+dashboard meanwhile and prints its address. A flag that the chosen mode does not use is refused with
+a message naming the mode it needs (:func:`check_mode_flags`): ``--budget`` and ``--sample-cost`` need
+``--virtual``; the fleet's processes, broker, dashboard and wall-clock flags have no meaning with it.
+Exit status 0 when every round ran; 2 for a configuration error (or a refused flag); 1 when a process of the fleet failed (its log is shown); 130 after Ctrl-C (everything it started
 is stopped).
 """
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.common import CliError, add_common_flags, add_mode_flags, mode_overrides
+from cli.privacy import add_privacy_flags, privacy_overrides
 from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
 
 DASHBOARD_DEFAULT = "127.0.0.1:8765"
@@ -33,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_common_flags(p)
     add_log_file_flag(p)
     add_tensorboard_flag(p)
+    add_privacy_flags(p)
     v = p.add_argument_group("simulated clock (--virtual: the fleet in one process, no broker, in seconds)")
     v.add_argument("--virtual", action="store_true",
                    help="run the fleet on a simulated clock: the round engine, the profiles and their "
@@ -55,6 +59,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a paho thread per device, or one shared network thread per worker (auto: shared "
                         "above "
                         "250 devices per worker)")
+    g.add_argument("--model-slots", type=int, metavar="N",
+                   help="devices per worker holding a model at once, in the rounds and the final save (an idle "
+                        "device holds none; default 16, 0 = no bound)")
     g.add_argument("--shard", metavar="i/n", default="0/1",
                    help="host devices k with k %% n == i (shard 0 runs the broker and the coordinator)")
     g.add_argument("--broker", metavar="mqtt://HOST:PORT",
@@ -84,15 +91,59 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the codec devices upload with (the plan's; fp32)")
     g.add_argument("--delta-downloads", choices=DELTA_MODES,
                    help="publish the change from the previous model too; devices holding it fetch only that (off)")
+    g.add_argument("--http-models", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve the global model and its deltas over HTTP: nginx on the coordinator's models "
+                        "folder, devices fetch from it instead of the broker's chunks ([emulator] http_models)")
     g.add_argument("--upload", choices=("plan", "fit"),
                    help="plan: devices upload with the plan's codec; fit: codec and top-k share fitted to each "
                         "device's uplink and the round's expected close (plan)")
-    g.add_argument("--error-feedback", action="store_true", default=None,
-                   help="devices keep what their upload left out and add it to their next update")
+    g.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=None,
+                   help="devices keep what their upload left out and add it to their next update "
+                        "(--no-error-feedback: they do not; default: the config's [edge] error_feedback)")
     g.add_argument("--dashboard", nargs="?", const=DASHBOARD_DEFAULT, metavar="HOST:PORT",
                    help=f"serve the live dashboard while the fleet runs and print its address ({DASHBOARD_DEFAULT}, "
                         f"or a free port when that one is taken; see 'flayer dashboard')")
+    g.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="the coordinator serves Prometheus metrics on 127.0.0.1:PORT/metrics ([federation] "
+                        "metrics_port; docs/reference/metrics.md)")
     p.set_defaults(func=run)
+
+
+# flags of the real fleet that --virtual (one process, no broker, a simulated clock) has no use for
+NOT_VIRTUAL = {
+    "workers": "there are no worker processes on the simulated clock",
+    "network": "there are no network threads on the simulated clock",
+    "model_slots": "the simulated fleet runs no edge clients to bound",
+    "shard": "the simulated fleet runs in one process",
+    "broker": "the simulated fleet has no broker", "broker_state": "the simulated fleet has no broker",
+    "broker_kind": "the simulated fleet has no broker", "federation": "the simulated fleet has no broker",
+    "dashboard": "the dashboard watches a broker; read the run's rounds.jsonl and summary.json",
+    "metrics_port": "the simulated fleet has no coordinator process to scrape",
+    "tensorboard": "the simulated fleet writes no metrics.jsonl to follow",
+    "heartbeat": "availability on the simulated clock is exact, without status messages",
+    "timeout": "it bounds wall-clock seconds; bound simulated ones with --budget",
+    "http_models": "the simulated fleet has no broker and no downloads to move off it",
+}
+VIRTUAL_ONLY = ("budget", "sample_cost")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_mode_flags(args: argparse.Namespace) -> None:
+    """CliError for a flag the chosen mode does not use, naming the mode it needs (module docstring)."""
+    if not args.virtual:
+        given = [_flag(n) for n in VIRTUAL_ONLY if getattr(args, n, None) is not None]
+        if given:
+            raise CliError(f"{' and '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to --virtual only (the "
+                           f"simulated clock); the real fleet runs in wall-clock time (bound it with --timeout)")
+        return
+    for name, why in NOT_VIRTUAL.items():
+        value = getattr(args, name, None)
+        if value is not None and not (name == "shard" and value == "0/1"):
+            raise CliError(f"{_flag(name)} does not apply to --virtual: {why}; it needs the real fleet "
+                           f"(flayer emulate without --virtual)")
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -111,21 +162,48 @@ def _config(args: argparse.Namespace) -> Any:
                  "partition_file": args.partition_file},
         "train": {"lr": args.lr, "batch_size": args.batch_size, "local_epochs": args.local_epochs},
         "strategy": parse_set(args.set or []),
+        "privacy": privacy_overrides(vars(args)),
         "federation": {"quorum": args.quorum, "over_selection": args.over_selection,
                        "min_devices": args.min_devices, "deadline_s": args.deadline, "grace_s": args.grace,
                        "value_codec": args.value_codec, "delta_downloads": args.delta_downloads,
-                       **mode_overrides(args)},
+                       "metrics_port": args.metrics_port, **mode_overrides(args)},
         "edge": {"heartbeat_s": args.heartbeat, "device": args.device, "threads": args.threads,
                  "upload": args.upload, "error_feedback": args.error_feedback},
         "emulator": {"profiles": _abs(args.profiles), "mix": args.mix, "trace": _abs(args.trace),
                      "trace_scale": args.trace_scale, "workers": args.workers, "network": args.network,
+                     "model_slots": args.model_slots,
                      "federation": args.federation, "broker_kind": args.broker_kind,
-                     "timeout_s": args.timeout},
+                     "timeout_s": args.timeout, "http_models": args.http_models},
     }
     try:
         return load_emulate_config(args.config, overrides)
     except ConfigError as exc:
         raise CliError(str(exc)) from exc
+
+
+def _secure_line(metrics: Path) -> str:
+    """What the coordinator's round records say of a secure fleet's rounds."""
+    from protocol.metrics_schema import read_metrics
+
+    rounds = [r for r in read_metrics(metrics) if r.get("kind") == "round" and "secure_survivors" in r] \
+        if metrics.exists() else []
+    abandoned = [r["round"] for r in rounds if r.get("secure_abandoned")]
+    dropped = sum(len(r.get("secure_dropped") or []) for r in rounds)
+    return (f"secure aggregation: {len(rounds) - len(abandoned)} of {len(rounds)} rounds unmasked (only their sums "
+            f"seen), {len(abandoned)} abandoned{' ' + str(abandoned) if abandoned else ''}, {dropped} device(s) "
+            f"dropped out of a round's protocol (docs/explanation/secure-aggregation.md)")
+
+
+def _privacy_line(metrics: Path) -> str:
+    """The epsilon the coordinator's last round record states (a private fleet)."""
+    from protocol.metrics_schema import read_metrics
+
+    rounds = [r for r in read_metrics(metrics) if r["kind"] == "round" and r.get("epsilon") is not None]
+    if not rounds:
+        return "privacy: no private round closed"
+    r = rounds[-1]
+    eps = r["epsilon"] if isinstance(r["epsilon"], str) else f"{r['epsilon']:.4g}"
+    return f"privacy: epsilon {eps} spent at delta {r['delta']:.3g} over {r['round']} rounds (docs/explanation/privacy.md)"
 
 
 def _abs(path: str | None) -> str | None:
@@ -266,7 +344,22 @@ def run(args: argparse.Namespace) -> int:
     from flayer.partition import PartitionError
     from mqtt_broker import BrokerConfigError, BrokerError
 
+    check_mode_flags(args)
     cfg = _config(args)
+    if args.dp_plan:  # the coordinator's figures: N = the fleet, ceil(over-selection x quorum) asked, m = quorum
+        import math
+
+        from cli.privacy import plan_text
+        from emulator.options import federation_table
+
+        n, fed = cfg.run.data.clients, federation_table(cfg, cfg.run.data.clients)
+        asked = min(n, max(fed["quorum"], math.ceil(fed["over_selection"] * fed["quorum"] - 1e-9)))
+        print(plan_text(cfg.run.privacy, cfg.run.privacy.population or n, asked, cfg.run.rounds, fed["quorum"]))
+        return 0
+    if args.virtual and (cfg.run.privacy.enabled or cfg.run.privacy.secure_aggregation):
+        raise CliError("[privacy]: --virtual does not run private or secure rounds yet; plan them with flayer "
+                       "simulate (--dp-plan, --secure-drop: the same engine) or run the emulated fleet without "
+                       "--virtual")
     if args.virtual:
         from cli.virtual import run_virtual_fleet
 
@@ -338,6 +431,10 @@ def run(args: argparse.Namespace) -> int:
               f"{result.setup_s:.0f}s; shard 0 reports the rounds): {personal}")
     print(f"{t['crashes']} crashes, {t['offline_events']} times a device went offline, "
           f"{t['trained_updates']} updates trained, {t['errors']} device errors")
+    if shard == 0 and run_cfg.privacy.enabled:
+        print(_privacy_line(result.out / "coordinator" / "metrics.jsonl"))
+    if shard == 0 and run_cfg.privacy.secure_aggregation:
+        print(_secure_line(result.out / "coordinator" / "metrics.jsonl"))
     plots = _plots(result, devices)
     files = ["metrics.jsonl" if shard == 0 else "", "rounds.jsonl", "devices.jsonl", "summary.json", *plots,
              "coordinator/metrics.jsonl" if shard == 0 else "",

@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "status": "cli.status",
     "dashboard": "cli.dashboard",
     "export": "cli.export",
+    "models": "cli.models",
 }
 
 
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (cli.unit: --print-unit)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from cli.common import CliError

@@ -21,6 +21,7 @@ from cli.common import (
     write_json,
 )
 from cli.logfile import add_log_file_flag
+from cli.privacy import add_privacy_flags, plan_text
 from cli.progress import Progress
 from cli.report import table
 from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
@@ -41,6 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="stop the run as diverged when the mean training loss exceeds FACTOR x ln(classes), the "
                         "loss of a uniform guess (a non-finite loss or model always stops it); default: off")
     add_thin_flags(p)
+    add_privacy_flags(p)
+    p.add_argument("--secure-drop", type=float, default=0.0, metavar="P",
+                   help="secure rounds: each selected device drops out at a random protocol step with "
+                        "probability P (planning a fleet's dropouts; default 0)")
     p.set_defaults(func=run)
 
 
@@ -96,6 +101,22 @@ def training_runtime(runtime: str, strategy: Any, device: Any) -> Any:
         raise CliError(str(exc)) from exc
 
 
+def check_privacy(cfg: Any, strategy: Any, population: int) -> None:
+    """CliError naming what a private run cannot honour (the strategy's options, delta >= 1/N, ...)."""
+    if not (cfg.privacy.enabled or cfg.privacy.secure_aggregation):
+        return
+    from flayer.engine import select_clients
+    from flayer.engine.privacy import private_strategy
+
+    try:
+        private_strategy(strategy)
+        if not cfg.privacy.enabled:
+            return
+        cfg.privacy.resolve(population, len(select_clients(population, cfg.join_ratio, cfg.seed, 1)))
+    except ValueError as exc:
+        raise CliError(f"[privacy]: {exc}") from None
+
+
 def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:
     """A :class:`flayer.simulation.RoundRecord` as a ``round`` record of the metrics schema: every selected
     client reports (ids are client indices); bytes down: the model or delta blob each selected client received
@@ -115,7 +136,7 @@ def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:
 
 def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = None,
                    quiet: bool = False, save_models: bool = False, runtime: str = "torch",
-                   blowup: float | None = None, thin: Any = None) -> dict[str, Any]:
+                   blowup: float | None = None, thin: Any = None, secure_drop: float = 0.0) -> dict[str, Any]:
     """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary.
     ``thin``: :class:`cli.thinsim.ThinOptions` (what the links carry, both ways counted; None: no link hooks,
     the updates folded as trained and sized as fp32 blobs)."""
@@ -124,7 +145,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
     from flayer.strategies import make_strategy
     from flayer.train import client_data, pick_device, training_engine
     from protocol import update_sizer
-    from protocol.metrics_schema import MetricsFile, end_record, run_record
+    from protocol.metrics_schema import MetricsFile, end_record, epsilon_value, run_record
 
     try:
         device = pick_device(cfg.train.device)
@@ -135,7 +156,12 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
     if blowup is not None:
         check_blowup(blowup)
     engine = training_runtime(runtime, strategy, device)
+    private = cfg.privacy.enabled or cfg.privacy.secure_aggregation
+    if private and thin is not None and (thin.keep < 1 or thin.error_feedback):
+        raise CliError("[privacy]: --keep < 1 and --error-feedback choose what a device sends from its own update "
+                       "(its largest values, its residual); private rounds cannot honour them")
     clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
+    check_privacy(cfg, strategy, len(clients))
     metrics = MetricsFile(out / "metrics.jsonl", "w")
     metrics.write(run_record("simulate", time.time(), cfg.strategy, cfg.rounds, len(clients),
                              dataset=cfg.data.dataset, seed=cfg.seed))
@@ -160,10 +186,13 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         with training_engine(engine):
             result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device, global_state=g0,
                               on_round=on_round, on_client=on_client, sizer=update_sizer(), val=True,
-                              blowup=blowup, links=links)
+                              blowup=blowup, links=links, privacy=cfg.privacy, secure_drop=secure_drop)
+        if not result.rounds:
+            raise CliError(result.budget_stop or "no round ran")
         metrics.write(end_record("simulate", time.time(), len(result.rounds), result.diverged is None,
                                  result.rounds[-1].acc, final_personal_acc=result.final_acc,
-                                 final_client_acc=result.final_client_acc, diverged=result.diverged))
+                                 final_client_acc=result.final_client_acc, diverged=result.diverged,
+                                 epsilon=epsilon_value(result.epsilon), delta=result.delta, budget_stop=result.budget_stop))
     finally:
         metrics.close()
     if progress is not None:
@@ -191,6 +220,10 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "upload_bytes_total": sum(r.upload_bytes for r in result.rounds),
         "download_bytes_total": sum(r.download_bytes for r in result.rounds) if links is not None else None,
         "thin": dataclasses.asdict(thin) if thin is not None else None,
+        "privacy": dataclasses.asdict(cfg.privacy) if private else None,
+        "secure_dropped_total": sum(r.dropped for r in result.rounds),
+        "secure_abandoned_rounds": sum(r.abandoned is not None for r in result.rounds),
+        "epsilon": epsilon_value(result.epsilon), "delta": result.delta, "budget_stop": result.budget_stop,
     }
     write_json(out / "summary.json", summary)
     return summary
@@ -214,6 +247,12 @@ def run(args: argparse.Namespace) -> int:
     from cli.plots import bar_plot, line_plot
 
     cfg = run_config(args)
+    if args.dp_plan:
+        from flayer.engine import select_clients
+
+        asked = len(select_clients(cfg.data.clients, cfg.join_ratio, cfg.seed, 1))
+        print(plan_text(cfg.privacy, cfg.data.clients, asked, cfg.rounds))
+        return 0
     thin = thin_options(args)
     set_threads(cfg)
     prepared = load_data(cfg)
@@ -221,13 +260,21 @@ def run(args: argparse.Namespace) -> int:
     write_json(out / "config.json", dataclasses.asdict(cfg))
     write_json(out / "partition.json", prepared.partition.summary)
     s = run_simulation(cfg, prepared, out, save_models=args.save_models, runtime=args.runtime,
-                       blowup=args.blowup, thin=thin)
+                       blowup=args.blowup, thin=thin, secure_drop=args.secure_drop)
     if args.tensorboard:
         TensorBoardSink(args.tensorboard, out / "metrics.jsonl").close()
     rows = [(i + 1, a, "-" if v is None else v) for i, (a, v) in enumerate(zip(s["acc"], s["val_acc"]))]
     print(table(["round", "test acc", "val acc"], rows))
     if s["diverged"]:
         print(f"\nstopped after round {len(s['acc'])} of {cfg.rounds}: {s['diverged']}")
+    if s["budget_stop"]:
+        print(f"\n{s['budget_stop']}")
+    if s["epsilon"] is not None:  # a number, or "inf" without noise
+        print(f"\nprivacy: epsilon {s['epsilon']:.4} at delta {s['delta']:.3g} spent over {len(s['acc'])} rounds "
+              f"({cfg.privacy.mode} noise, z {cfg.privacy.noise_multiplier:g}, C {cfg.privacy.clip:g})")
+    if cfg.privacy.secure_aggregation:
+        print(f"\nsecure aggregation: the coordinator saw only each round's sum; {s['secure_dropped_total']} "
+              f"device(s) dropped out of the protocol, {s['secure_abandoned_rounds']} round(s) abandoned")
     print(f"\n{cfg.strategy} on {cfg.data.dataset} {s['partition']}, {s['clients']} clients, {cfg.rounds} rounds: "
           f"final-round acc {s['final_round_acc']:.4f}, best {s['best_acc']:.4f}, personal models after the "
           f"last round {s['final_personal_acc']:.4f}, upload fraction {s['mean_upload_fraction']:.3f}, "

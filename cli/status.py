@@ -103,6 +103,9 @@ def render(snap: dict[str, Any]) -> str:
         acc = "-" if r["acc"] is None else f"{r['acc']:.4f}"
         lines.append(f"last closed round {r['round']}: {r['reported']}/{r['selected']} reported, acc {acc}, "
                      f"{r['closed']}")
+        if r.get("epsilon") is not None:  # a private run: the budget spent so far
+            eps = r["epsilon"] if isinstance(r["epsilon"], str) else f"{r['epsilon']:.4g}"
+            lines.append(f"privacy: epsilon {eps} spent at delta {r['delta']:.3g} after round {r['round']}")
     counts = ", ".join(f"{n} {k}" for k, n in sorted(snap["states"].items()))
     lines.append(f"devices: {len(snap['devices'])}" + (f" ({counts})" if counts else ""))
     if src["metrics_error"]:

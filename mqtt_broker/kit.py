@@ -12,6 +12,12 @@ A kit is a gzip'd tar (mode 0600) holding, with paths relative to the folder it 
 and nothing else. ``flayer edge --kit KIT.tar.gz --data FOLDER`` unpacks it (checked first: no other
 member, no link, no path outside) into a folder beside it and runs from there.
 
+The kit's ``device.toml`` names the model code the device accepts: ``[edge] allow_entry_points``, the
+entry points given to :func:`write_kit` (``flayer broker add-device ID --kit KIT --allow-entry-point
+ENTRY``: the federation's own model), empty otherwise (the built-in models only). ``python_path`` only
+says where an allowed module is found (the kit's folder and the one it sits in); a plan naming any other
+entry point is refused on the device (docs/explanation/security.md).
+
 Revocation (:func:`revoke_device`) removes the device's password entry, credentials file and client
 certificate, regenerates the ACL, and records the device in ``revoked.json`` (which the coordinator
 reads: it stops selecting the device and drops what it sends). The caller reloads the broker
@@ -21,17 +27,18 @@ reads: it stops selecting the device and drops what it sends). The caller reload
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import tarfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from mqtt_broker.acl import render_acl
+from mqtt_broker.bridge import drop_gateway_device
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
-from mqtt_broker.fsutil import atomic_write
 from mqtt_broker.passwords import remove_passwd_entry
-from mqtt_broker.state import BrokerFiles, _locked, read_revoked, write_revoked
+from mqtt_broker.state import BrokerFiles, _locked, _write_acl, list_users, read_revoked, write_revoked
 from mqtt_broker.tls import client_cert_paths
 from protocol.topics import TopicError, validate_id
 from transport.credentials import Credentials, TlsSettings
@@ -42,7 +49,8 @@ __all__ = ["revoke_device", "write_kit"]
 log = logging.getLogger(__name__)
 
 
-def _device_toml(creds: Credentials) -> str:
+def _device_toml(creds: Credentials, allow_entry_points: Sequence[str]) -> str:
+    allow = ", ".join(json.dumps(e) for e in allow_entry_points)  # a JSON string is a TOML basic string
     return f"""# Device {creds.username} of federation {creds.federation}: complete [data], then run the command in START.
 credentials = "credentials.toml"
 python_path = [".", ".."]    # folders searched for the federation's model module: this one and the kit's
@@ -58,11 +66,14 @@ seed = 0
 [edge]
 state_dir = "state"          # personal state and final models
 device = "auto"
+allow_entry_points = [{allow}]   # model code a plan may name besides the built-ins ("package.module:function")
 """
 
 
-def write_kit(state_dir: str | Path, device_id: str, out: str | Path) -> Path:
-    """Write ``device_id``'s kit to ``out`` (0600; refuses to overwrite). The device must exist."""
+def write_kit(state_dir: str | Path, device_id: str, out: str | Path, allow_entry_points: Sequence[str] = ()) -> Path:
+    """Write ``device_id``'s kit to ``out`` (0600; refuses to overwrite). The device must exist.
+    ``allow_entry_points``: the model entry points its ``device.toml`` accepts besides the built-ins
+    (written as TOML strings; the device's loader checks that each is ``"package.module:function"``)."""
     files = BrokerFiles.at(state_dir)
     creds = Credentials.load(files.credentials(device_id))
     if creds.role != "device":
@@ -80,9 +91,9 @@ def write_kit(state_dir: str | Path, device_id: str, out: str | Path) -> Path:
         tls = TlsSettings(creds.tls.host, creds.tls.port, Path(KIT_TLS_FILES[0]), Path(KIT_TLS_FILES[1]),
                           Path(KIT_TLS_FILES[2]))
     kit_creds = Credentials(creds.federation, creds.role, creds.username, creds.password, creds.host, creds.port,
-                            creds.max_packet_size, tls)
+                            creds.max_packet_size, tls, creds.failover)
     members["credentials.toml"] = kit_creds.to_toml().encode()
-    members["device.toml"] = _device_toml(creds).encode()
+    members["device.toml"] = _device_toml(creds, list(dict.fromkeys(allow_entry_points))).encode()
     members["START"] = f"flayer edge --kit {out.name} --data ./data\n".encode()
     out.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -115,7 +126,8 @@ def revoke_device(state_dir: str | Path, device_id: str) -> bool:
     with _locked(files):
         revoked = read_revoked(files)
         path = files.credentials(device_id)
-        if not path.exists() and device_id not in revoked:
+        behind = drop_gateway_device(files.state_dir, device_id)  # a device of a field gateway's site
+        if not path.exists() and device_id not in revoked and behind is None:
             raise BrokerConfigError(f"no device {device_id!r} in {files.state_dir} (see 'flayer broker status')")
         if path.exists() and Credentials.load(path).role != "device":
             raise BrokerConfigError(f"{device_id!r} is not a device")
@@ -123,7 +135,7 @@ def revoke_device(state_dir: str | Path, device_id: str) -> bool:
         path.unlink(missing_ok=True)
         for f in client_cert_paths(files.tls_dir, device_id):
             f.unlink(missing_ok=True)
-        atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user), mode=0o600)
+        _write_acl(files, cfg, [u for u, r in list_users(files.state_dir) if r == "observer"])
         first = device_id not in revoked
         revoked.setdefault(device_id, time.time())
         write_revoked(files, revoked)

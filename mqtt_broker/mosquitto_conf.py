@@ -39,8 +39,10 @@ def _listener_auth(passwd: Path, acl: Path) -> list[str]:
 
 
 def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl: Path,
-                          tls: tuple[Path, Path, Path] | None) -> str:
-    """``tls`` is (ca cert, server cert, server key) when the TLS listener is on."""
+                          tls: tuple[Path, Path, Path] | None, include_dir: Path | None = None) -> str:
+    """``tls`` is (ca cert, server cert, server key) when the TLS listener is on; ``include_dir`` a folder of
+    further ``.conf`` files read last (a field gateway's bridge, :mod:`mqtt_broker.bridge`: it holds the
+    bridge's password, which must not be in this file)."""
     user = _run_as_user()
     lines = [
         f"# Mosquitto configuration of federation {cfg.federation!r}, written by FLAYER Edge (mqtt_broker).",
@@ -94,4 +96,7 @@ def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl:
         if cfg.use_identity_as_username:
             # the certificate's CN becomes the username (and so the client id); no password is asked
             lines.append("use_identity_as_username true")
+    if include_dir is not None:
+        lines += ["", "# the bridge to the central broker (mode 0600: it holds the gateway's password)",
+                  f"include_dir {include_dir}"]
     return "\n".join(lines) + "\n"

@@ -354,6 +354,13 @@ def start_broker(cfg: BrokerConfig, state_dir: str | Path, kind: str = "auto", d
     for), else the embedded one. Returns the started broker (use it as a context manager)."""
     if kind not in KINDS:
         raise BrokerConfigError(f"broker kind must be one of {KINDS}, got {kind!r}")
+    from mqtt_broker.bridge import gateway_configured
+
+    if kind != "mosquitto" and gateway_configured(BrokerFiles.at(state_dir).state_dir):
+        if kind == "embedded" or not mosquitto_available():
+            raise BrokerError("a field gateway's bridge needs mosquitto (the embedded broker has no bridges); "
+                              "install mosquitto, or drop the gateway with --no-gateway")
+        kind = "mosquitto"
     if kind == "auto":
         kind = "mosquitto" if mosquitto_available() else "embedded"
         if kind == "embedded":

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mqtt_broker.acl import render_acl
+from mqtt_broker.bridge import gateway_acl, read_gateways, write_bridge_files
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
 from mqtt_broker.fsutil import atomic_write, free_port, private_dir
 from mqtt_broker.mosquitto_conf import render_mosquitto_conf
@@ -132,8 +133,9 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
             hosts = list(dict.fromkeys([cfg.tls_connect_host, cfg.tls_host or cfg.host, cfg.host]))
             t = ensure_ca_and_server(files.tls_dir, cfg.federation, hosts)
             tls = (t.ca_cert, t.server_cert, t.server_key)
-        atomic_write(files.mosquitto_conf, render_mosquitto_conf(cfg, files.state_dir, files.passwd, files.acl, tls),
-                     mode=0o600)
+        bridge = write_bridge_files(files.state_dir, cfg)  # a field gateway's bridge, when one is set up
+        atomic_write(files.mosquitto_conf, render_mosquitto_conf(cfg, files.state_dir, files.passwd, files.acl, tls,
+                                                                 include_dir=bridge), mode=0o600)
         for user, role in list_users(files.state_dir):
             creds = Credentials.load(files.credentials(user))
             _write_credentials(files, cfg, user, role, creds.password)
@@ -146,9 +148,12 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
 
 
 def _write_acl(files: BrokerFiles, cfg: BrokerConfig, observers: list[str]) -> None:
-    """The ACL file, with a block for the default observer and every other observer user."""
+    """The ACL file, with a block for the default observer and every other observer user, and one per
+    gateway user (:mod:`mqtt_broker.bridge`)."""
     names = sorted({OBSERVER_USER, *observers})
-    atomic_write(files.acl, render_acl(cfg.federation, cfg.coordinator_user, names), mode=0o600)
+    text = render_acl(cfg.federation, cfg.coordinator_user, names)
+    text += gateway_acl(cfg.federation, read_gateways(files.state_dir))
+    atomic_write(files.acl, text, mode=0o600)
 
 
 def save_credentials(creds: Credentials, path: Path) -> None:
