@@ -71,10 +71,13 @@ def test_norm_history_bound_rules() -> None:
     assert h.bound(7.0, g) == 7.0  # explicit wins
     assert h.bound(None, g) == pytest.approx(40.0)  # warm-up: 10 x the model's norm
     h.add([1.0, float("nan")])
-    assert h.bound(None, g) == pytest.approx(40.0)  # one finite norm < warm-up of 2
-    h.add([3.0, 2.0, 100.0, 4.0, 5.0])
-    assert h.norms == [3.0, 2.0, 100.0, 4.0, 5.0]  # the window keeps the last 5
-    assert h.bound(None, g) == pytest.approx(40.0)  # 10 x median(2, 3, 4, 5, 100)
+    assert h.bound(None, g) == pytest.approx(40.0)  # one finite norm < warm-up of 2 (its median rule: 10)
+    h.add([3.0])
+    assert h.bound(None, g) == pytest.approx(20.0)  # warmed up: 10 x median(1, 3), no longer the model's norm
+    h.add([2.0, 100.0, 6.0, 7.0])
+    assert h.norms == [3.0, 2.0, 100.0, 6.0, 7.0]  # the window keeps the last 5
+    # 10 x median(2, 3, 6, 7, 100); the warm-up rule gives 40, a median over all six norms 45, the mean 236
+    assert h.bound(None, g) == pytest.approx(60.0)
     assert state_norm(g) == pytest.approx(4.0)
 
 

@@ -129,8 +129,8 @@ def test_close_by_follows_the_recent_rounds() -> None:
     p = Phases()
     p.durations, p.fs = [], SimpleNamespace(mode="sync", max_staleness=0)
     assert p._close_by(100.0, 160.0) == 0.0  # no history: devices use the deadline
-    p.durations = [10.0, 12.0, 30.0]
-    assert p._close_by(100.0, 160.0) == 112.0  # the median round length after the open
+    p.durations = [12.0, 10.0, 30.0]
+    assert p._close_by(100.0, 160.0) == 110.0  # the shortest recent round after the open (not the median, 12)
     assert p._close_by(100.0, 105.0) == 105.0  # never past the deadline
     p.fs = SimpleNamespace(mode="async", max_staleness=4)
     assert p._close_by(100.0, 160.0) == 100.0 + 12.0 * 5  # a version's length x (max_staleness + 1)

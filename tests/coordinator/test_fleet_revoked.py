@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from pathlib import Path
+
+import pytest
 
 from coordinator.dashboard.watch import FleetWatch
 from protocol import Status
@@ -20,7 +24,8 @@ def _wait(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
     return False
 
 
-def test_a_revoked_device_shows_as_revoked(tmp_path: Path) -> None:
+def test_a_revoked_device_shows_as_revoked(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="coordinator.revocations")
     revoked = tmp_path / "revoked.json"
     watch = FleetWatch(None, None, revoked_file=revoked)
     now = time.time()
@@ -33,8 +38,11 @@ def test_a_revoked_device_shows_as_revoked(tmp_path: Path) -> None:
         assert _wait(lambda: watch.view.state_of("dev-3", time.time()) == "revoked"), watch.view.revoked
         states = {r["id"]: r["state"] for r in watch.view.snapshot(time.time())["devices"]}
         assert states == {"dev-1": "idle", "dev-3": "revoked"}
+        good = revoked.stat().st_mtime_ns
         revoked.write_text("not json")  # a malformed list keeps the last good one
-        time.sleep(0.6)
-        assert watch.view.state_of("dev-3", time.time()) == "revoked"
+        os.utime(revoked, ns=(good + 2 * 10**9, good + 2 * 10**9))  # a change the mtime check sees
+        assert _wait(lambda: any("unreadable" in r.getMessage() and str(revoked) in r.getMessage()
+                                 for r in caplog.records)), "the changed list was not read again"
+        assert watch.view.state_of("dev-3", time.time()) == "revoked" and watch.view.revoked == {"dev-3"}
     finally:
         watch.stop()

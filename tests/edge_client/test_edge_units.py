@@ -14,16 +14,18 @@ from edge_client.config import load_device_config
 from edge_client.store import DeviceStore, StoredState, UploadRecord
 from edge_client.work import (
     EdgeError,
+    EntryPointRefused,
     StrategyCache,
     UpdateTooLarge,
     check_data_fits,
+    check_entry_point,
     decode_global,
     round_context,
     train_and_encode,
 )
 from flayer.config import ConfigError
-from flayer.partition import make_partition
 from flayer.engine import client_round, initial_global_state
+from flayer.partition import make_partition
 from flayer.strategies.base import ClientState
 from flayer.train import client_data
 from protocol import Plan, UpdateHeader, WireLimits, decode_update
@@ -121,3 +123,50 @@ def test_plan_the_device_cannot_follow(digits, shard) -> None:  # type: ignore[n
     other = model_blob({"x": torch.zeros(2)})
     with pytest.raises(EdgeError, match="does not fit"):
         decode_global(other.blob, strategy, WireLimits())
+
+
+def test_a_plan_naming_model_code_the_device_did_not_allow_is_refused_before_any_import(digits, tmp_path: Path,
+                                                                                         monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The plan picks the model; the device picks the code: an entry point neither built in nor listed in
+    [edge] allow_entry_points is refused, and its module is never imported."""
+    import sys
+
+    (tmp_path / "planted_model.py").write_text("import pathlib\npathlib.Path(__file__).with_name('ran').touch()\n"
+                                               "def build(**kw):\n    raise SystemExit('must not run')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = {**dataclasses.asdict(digits.model_spec()), "name": "planted_model:build"}
+    for allowed in ((), ("other.models:build",)):
+        with pytest.raises(EntryPointRefused) as err:
+            StrategyCache({"device": "cpu"}, allowed).get(_plan(spec, "ab" * 32))
+        msg = str(err.value)
+        assert "'planted_model:build'" in msg and "allow_entry_points" in msg and "--allow-entry-point" in msg, msg
+    assert "planted_model" not in sys.modules and not (tmp_path / "ran").exists()
+    with pytest.raises(EntryPointRefused, match="'os:system'"):  # a stdlib callable is model code like any other
+        StrategyCache({"device": "cpu"}).get(_plan({**spec, "name": "os:system"}, "ab" * 32))
+    # the built-ins are always allowed, by name or by their entry point
+    builtin = dataclasses.asdict(digits.model_spec())
+    assert StrategyCache({"device": "cpu"}).get(_plan(builtin, "ab" * 32)).spec.name == builtin["name"]
+    check_entry_point(_plan({**builtin, "name": "flayer.models:fedavg_cnn"}, "ab" * 32), ())
+
+
+def test_an_allowed_entry_point_is_built(digits, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "my_allowed_model.py").write_text(
+        "from torch import nn\n"
+        "def build(in_channels=1, num_classes=10, size=8):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * size * size, num_classes))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = {**dataclasses.asdict(digits.model_spec()), "name": "my_allowed_model:build", "args": '{"size":8}'}
+    strategy = StrategyCache({"device": "cpu"}, ["my_allowed_model:build"]).get(_plan(spec, "ab" * 32))
+    assert strategy.spec.name == "my_allowed_model:build" and strategy.new_model() is not None
+
+
+def test_device_config_allow_entry_points(tmp_path: Path) -> None:
+    p = tmp_path / "device.toml"
+    base = 'credentials = "c.toml"\n[data]\ndataset = "digits"\npartition_file = "p.npz"\nclient = 0\n[edge]\n'
+    p.write_text(base + 'allow_entry_points = ["mypkg.models:build", "other:net"]\n')
+    assert load_device_config(p).edge.allow_entry_points == ("mypkg.models:build", "other:net")
+    p.write_text(base)
+    assert load_device_config(p).edge.allow_entry_points == ()  # default: the built-ins only
+    p.write_text(base + 'allow_entry_points = ["mypkg.models"]\n')
+    with pytest.raises(ConfigError, match="'mypkg.models' is not an entry point"):
+        load_device_config(p)

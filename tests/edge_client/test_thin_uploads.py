@@ -127,9 +127,10 @@ def test_thin_uploads_follow_the_plan_cap_and_persist_the_rate(tmp_path: Path) -
                                   "fed", "dev")(update)
     assert options.values == "fp32" and thin.last.keep < 1  # the plan's cap: no lower codec, a smaller share
     unknown = ThinUploads(EdgeSettings(state_dir=str(tmp_path / "u"), upload="fit"), clock=lambda: 1000.0)
-    limit = _size_of(update, "fp16") + 100  # no rate known yet, but the plan's size limit: fp16 fits it
+    limit = _size_of(update, "int8") + 100  # no rate known yet: the plan's lowest codec, within the size limit
     _, options = unknown.prepare_for(dataclasses.replace(plan, max_update_bytes=limit), "fed", "dev")(update)
-    assert options.values == "fp16" and unknown.last is not None and unknown.last.budget == limit
+    assert options.values == "int8" and unknown.last is not None and unknown.last.budget == limit
+    assert unknown.last.keep == 1.0  # nothing cut: only the codec is chosen blind
     assert (tmp_path / "residual-3.safetensors").exists()
     fixed = ThinUploads(EdgeSettings(state_dir=str(tmp_path / "f"), uplink_kbps=8.0), clock=lambda: 1000.0)
     assert fixed.rate == 1000.0

@@ -73,9 +73,11 @@ def test_crashed_device_rejoins_and_resumes_from_disk(tmp_path: Path, digits: An
         wait_until(lambda: victim.state == "online" and victim.client is not None, 15, "the reboot")
         rebooted = victim.client
         assert rebooted is not None and rebooted.stored.done_round == 2
-        for k, v in saved.state.tensors.items():  # the new instance loaded exactly what was on disk
-            assert torch.equal(rebooted.stored.state.tensors[k], v), k  # type: ignore[union-attr]
-        assert rebooted.stored.state.scalars == saved.state.scalars  # type: ignore[union-attr]
+        resumed = rebooted.store.state_of(rebooted.stored)  # held, or (idle) read back from its state file
+        assert resumed is not None
+        for k, v in saved.state.tensors.items():  # the new instance resumes from exactly what was on disk
+            assert torch.equal(resumed.tensors[k], v), k
+        assert resumed.scalars == saved.state.scalars
         coord_thread.join(180)
         assert not coord_thread.is_alive(), "the federation did not finish"
         result = coord._thread_result

@@ -106,6 +106,12 @@ class Proc:
         os.kill(self.popen.pid, signal.SIGKILL)
         self.popen.wait(10)
 
+    def term(self, timeout: float = 120.0) -> int:
+        """SIGTERM (a resumed process if it was paused), then its exit status."""
+        os.kill(self.popen.pid, signal.SIGTERM)
+        os.kill(self.popen.pid, signal.SIGCONT)
+        return self.popen.wait(timeout)
+
     def pause(self) -> None:
         os.kill(self.popen.pid, signal.SIGSTOP)
 

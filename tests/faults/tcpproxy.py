@@ -17,6 +17,8 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
+from loopproxy import LoopbackProxy, ProxyConn
+
 __all__ = ["CutProxy", "MqttTap"]
 
 
@@ -61,39 +63,24 @@ class MqttTap:
 
 
 @dataclass
-class _Conn:
-    client: socket.socket
-    upstream: socket.socket
+class _Conn(ProxyConn):
     down: int = 0  # bytes broker -> client
     up: int = 0
-    closed: threading.Event = field(default_factory=threading.Event)
     cut: bool = False
     log: list[tuple] = field(default_factory=list)  # MQTT packets that went through, in order
 
     def __post_init__(self) -> None:
         self.down_tap, self.up_tap = MqttTap(self.log), MqttTap(self.log)
 
-    def close(self) -> None:
-        self.closed.set()
-        for s in (self.client, self.upstream):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
+class CutProxy(LoopbackProxy):
+    conn_type = _Conn
 
-class CutProxy:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
-        self.target = (target_host, target_port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.listener.getsockname()[1])
-        self.conns: list[_Conn] = []
         self.cut = threading.Event()
         self._cut_at: int | None = None
         self._lock = threading.Lock()
-        self._stop = False
-        threading.Thread(target=self._accept, name="cut-proxy", daemon=True).start()
+        super().__init__(target_port, target_host, name="cut-proxy")
 
     def cut_after(self, nbytes: int) -> None:
         """Cut the current (latest) connection once it carried ``nbytes`` towards the client in all."""
@@ -120,28 +107,9 @@ class CutProxy:
         """(topic, packet id, dup) of the QoS 1 messages the client received on connection ``conn``."""
         return [(e[1], e[2], e[3]) for e in list(self.conns[conn].log) if e[0] == "publish"]
 
-    def close(self) -> None:
-        self._stop = True
-        self.listener.close()
-        for c in self.conns:
-            c.close()
-
-    def _accept(self) -> None:
-        while not self._stop:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            conn = _Conn(client, upstream)
-            self.conns.append(conn)
-            threading.Thread(target=self._pump, args=(conn, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(conn, False), daemon=True).start()
+    def _serve(self, conn: _Conn) -> None:
+        threading.Thread(target=self._pump, args=(conn, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(conn, False), daemon=True).start()
 
     def _pump(self, conn: _Conn, downstream: bool) -> None:
         src, dst = (conn.upstream, conn.client) if downstream else (conn.client, conn.upstream)

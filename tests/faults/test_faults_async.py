@@ -6,6 +6,7 @@ their staleness weights, which must give the final model bit for bit."""
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from faultlib import proc_federation, wait_until
 
 from coordinator.journal import journal_path, read_journal
 from flayer.engine import Bounds, OpenAggregate, admit, check, initial_global_state
+from flayer.state import load_tensors
 from mqtt_broker import mosquitto_available
 from protocol import decode_update
 
@@ -31,7 +33,7 @@ MAX_STALENESS = 4
 def test_async_kills_lose_no_acknowledged_update(tmp_path: Path, digits: Any, faults_ledger: Any) -> None:
     rounds = 5
     fed = proc_federation(tmp_path, digits, DEVICES, rounds=rounds,
-                          fed={"mode": "async", "buffer": 2, "max_staleness": MAX_STALENESS, "quorum": 1,
+                          fed={"mode": "async", "buffer": 2, "max_staleness": MAX_STALENESS, "concurrency": 0, "quorum": 1,
                                "min_devices": 4, "deadline_s": 60.0})
     journals = fed.coord_state / "journal"
     try:
@@ -80,5 +82,39 @@ def test_async_kills_lose_no_acknowledged_update(tmp_path: Path, digits: Any, fa
         assert all(bool((final[k] == g[k]).all()) for k in g), "the final model is not the journals' fold"
         faults_ledger.fault("async: a device and the coordinator kill -9, restarted", 2, True, len(acked),
                             sum(per_version.values()))
+    finally:
+        fed.stop()
+
+
+def test_state_folder_write_error_stops_the_coordinator_cleanly_and_a_restart_resumes(tmp_path: Path,
+                                                                                     digits: Any) -> None:
+    """The journal of version 2 cannot be written (a directory stands where the file goes: the same error
+    path as a full disk or a read-only folder): ``flayer coordinator`` stops with exit status 1 and a
+    message naming the file -- no traceback --, version 1's checkpoint and journal stay readable, and the
+    same command resumes once the cause is gone."""
+    devices = DEVICES[:2]
+    fed = proc_federation(tmp_path, digits, devices, rounds=3,
+                          fed={"mode": "async", "buffer": 2, "max_staleness": MAX_STALENESS, "concurrency": 0,
+                               "quorum": 1, "min_devices": 2, "deadline_s": 60.0})
+    blocker = journal_path(fed.coord_state / "journal", 2)
+    blocker.mkdir(parents=True)
+    (blocker / "keep").write_text("a directory where the journal of version 2 must go")
+    try:
+        for d in devices:
+            fed.start_device(d)
+        first = fed.start_coordinator()
+        first.popen.wait(240)
+        out = first.text()
+        assert first.popen.returncode == 1, out[-3000:]
+        assert "round-000002.jnl" in out and "run the same command to resume" in out, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        assert fed.closed_rounds() == [1]
+        _, meta = load_tensors(fed.coord_state / "checkpoint.safetensors")  # whole: version 1 closed
+        assert meta["round"] == 1
+        assert len(read_journal(journal_path(fed.coord_state / "journal", 1)).updates) == 2
+        shutil.rmtree(blocker)
+        fed.start_coordinator()
+        fed.wait_all(300)
+        assert fed.closed_rounds() == [1, 2, 3]
     finally:
         fed.stop()

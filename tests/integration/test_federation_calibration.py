@@ -17,6 +17,7 @@ from coordinator.server import Coordinator
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
 from flayer import strategies
+from flayer.engine.calibration import robust_weights
 from flayer.partition import make_partition
 from flayer.strategies.fedavg import FedAvg
 from flayer.train import ClientData, client_data
@@ -71,7 +72,8 @@ def test_calibration_round(tmp_path: Path, digits, monkeypatch: pytest.MonkeyPat
         result = coord._thread_result
         assert not isinstance(result, BaseException) and result is not None and result.finished, result
         n = [float(s.num_train) for s in shards]
-        expected = sum(x * x for x in n) / sum(n)
+        w = robust_weights(n)  # the claimed sample counts, none above the runner-up's
+        expected = sum(x * y for x, y in zip(n, w)) / sum(w)
         assert coord.options == {"boost": pytest.approx(expected)}
         assert result.history[0]["accepted"] == 2
         for c in clients:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedtestlib import FedBroker, Recorder, federation_toml, finished, start_fed_broker
+from fedtestlib import FedBroker, Recorder, federation_toml, finished, iid_shards, mosquitto_fed
 
 from coordinator.config import load_coordinator_config
 from coordinator.deltas import DeltaChain
@@ -19,11 +19,17 @@ from coordinator.publish import ModelBlob, Publisher
 from coordinator.server import Coordinator
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
-from flayer.partition import make_partition
-from flayer.train import client_data
+from edge_client.work import SkipRound
 from flayer.update import state_numpy
 from protocol import UpdateHeader, blob_digest
 from protocol.model_delta import make_delta
+
+
+def held_digest(client: EdgeClient) -> str | None:
+    """The digest of the model a device holds: its global_model.bin (an idle client keeps none in memory)."""
+    held = client._held.load(client.limits)
+    return held[0] if held is not None else None
+
 
 pytestmark = [pytest.mark.integration]
 DEVICES = ["dev-a", "dev-b"]
@@ -31,19 +37,12 @@ DEVICES = ["dev-a", "dev-b"]
 
 @pytest.fixture
 def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    from mqtt_broker import mosquitto_available
-
-    if not mosquitto_available():
-        pytest.skip("mosquitto is not installed")
-    fb = start_fed_broker(tmp_path, "mosquitto", DEVICES)
-    yield fb
-    fb.broker.stop()
+    yield from mosquitto_fed(tmp_path, DEVICES)
 
 
 @pytest.fixture(scope="module")
 def shards(digits):  # type: ignore[no-untyped-def]
-    part = make_partition(digits.y, digits.num_classes, 2, "iid", 0)
-    return [client_data(digits, c) for c in part.clients]
+    return iid_shards(digits, 2)
 
 
 class TamperedChain(DeltaChain):
@@ -91,7 +90,7 @@ def _run(tmp: Path, fb: FedBroker, shards: list, mode: str, chain: type[DeltaCha
         result = finished(coord, thread, 120, 3)
         for c in clients:
             assert c.wait(60) and c.error is None and c.rounds_trained == [1, 2, 3]
-            assert c._model is not None and c._model[0] == result.model_digest  # the final model, bit for bit
+            assert held_digest(c) == result.model_digest  # the final model, bit for bit (on disk: idle, none in memory)
     finally:
         for c in clients:
             c.stop()
@@ -206,7 +205,54 @@ def test_a_rebooted_device_rebuilds_from_the_model_it_stored(tmp_path: Path, fed
         assert second.wait(60) and second.error is None and 3 in second.rounds_trained
         downloads = [i for k, i in after if k == "downloaded"]
         assert downloads and all("delta_bytes" in i for i in downloads), downloads
-        assert second._model is not None and second._model[0] == result.model_digest
+        assert held_digest(second) == result.model_digest
     finally:
         if second is not None:
             second.stop()
+
+
+class SkipsRound2(EdgeClient):
+    """A device that cannot train round 2 (edge_client.work.SkipRound: it reports why and sends nothing)."""
+
+    def _train_job(self, strategy: Any, plan: Any, *args: Any) -> Any:
+        if plan.round == 2:
+            raise SkipRound("this test's device skips round 2")
+        return super()._train_job(strategy, plan, *args)
+
+
+def test_a_round_that_folds_nothing_leaves_devices_a_bounded_fetch(tmp_path: Path, fed: FedBroker,
+                                                                   shards: list) -> None:
+    """int8 delta downloads, and round 2 closes at its deadline with 0 updates (both devices skip it):
+    the model keeps its digest, the chain gains no link from it to itself, and every device ends on the
+    final model with one fetch per model change -- the full model once, then one delta each."""
+    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
+                           tmp_path / "coord", strategy="fedavg", rounds=3, dataset="digits", quorum=2,
+                           min_devices=2, deadline_s=6.0, delta_downloads="int8")
+    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
+    events: dict[str, list[tuple[str, dict]]] = {d: [] for d in DEVICES}
+    clients: list[EdgeClient] = []
+    for i, d in enumerate(DEVICES):
+        def record(kind: str, info: dict, d: str = d) -> None:
+            events[d].append((kind, dict(info)))
+        settings = EdgeSettings(state_dir=str(tmp_path / d), client_index=i, device="cpu", heartbeat_s=1.0,
+                                download_stall_s=1.0, threads=1)
+        clients.append(SkipsRound2(settings, fed.devices[d], shards[i], on_progress=record))
+    thread = coord.start()
+    for c in clients:
+        c.start()
+    try:
+        result = finished(coord, thread, 120, 3)
+        for c in clients:
+            assert c.wait(60) and c.error is None, c.error
+            assert held_digest(c) == result.model_digest  # the final model, bit for bit (on disk: idle, none in memory)
+    finally:
+        for c in clients:
+            c.stop()
+    assert result.history[1]["accepted"] == 0 and "deadline" in result.history[1]["closed"], result.history[1]
+    assert all(link.base != link.target for link in coord.deltas.links)
+    assert len(coord.deltas.links) == 2  # rounds 1 and 3 changed the model; round 2 added nothing
+    for d, evs in events.items():
+        assert [e[1]["round"] for e in evs if e[0] == "skipped"] == [2], evs
+        fetches = [(kind, info) for kind, info in evs if kind in ("downloaded", "delta_step", "delta_refused")]
+        assert [kind for kind, _ in fetches] == ["downloaded"] * 3, (d, fetches)  # round 1, round 2, final
+        assert "delta_bytes" not in fetches[0][1] and all("delta_bytes" in info for _, info in fetches[1:]), fetches

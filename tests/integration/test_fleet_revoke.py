@@ -49,7 +49,7 @@ def test_a_revoked_device_is_shut_out_and_the_others_finish(tmp_path: Path, caps
         for i, dev in enumerate(DEVICES):
             images = write_images(tmp_path / dev / "images", {"cat": 6, "dog": 6, "owl": 6}, 8, seed=i)
             settings = EdgeSettings(state_dir=str(tmp_path / dev / "state"), device="cpu", threads=1, heartbeat_s=1.0,
-                                    ack_timeout_s=10.0)
+                                    ack_timeout_s=10.0, allow_entry_points=("fleetmodel:build",))
             clients.append(EdgeClient(settings, fb.devices[dev], DeviceSource(SourceConfig("folder", str(images)))))
             clients[-1].start()
         assert first_round.wait(120), "round 1 did not close"

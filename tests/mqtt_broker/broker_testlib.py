@@ -126,7 +126,7 @@ def matrix_topics(federation: str, ids: list[str]) -> list[str]:
     t, other = Topics(federation), Topics(federation + "-other")
     topics = [t.round(), t.model_chunk("ab" * 16, 0)]
     for who in ids:
-        topics += [t.update_chunk(who, 1, 0), t.ack(who), t.status(who), t.metrics(who)]
+        topics += [t.update_chunk(who, 1, 0), t.ack(who), t.status(who), t.metrics(who), t.secagg(who), t.secreq(who)]
     return topics + [other.round(), other.update_chunk(ids[0], 1, 0), other.ack(ids[0])]
 
 

@@ -182,3 +182,31 @@ def test_state_files_are_private_and_hold_no_plaintext_secret(any_broker) -> Non
         for path in public:
             assert secret not in path.read_text(), f"a password appears in {path.name}"
     assert any_broker.creds["dev-a"].password in files.credentials("dev-a").read_text()
+
+
+@pytest.mark.faults
+def test_a_secure_rounds_messages_reach_only_the_device_they_are_addressed_to(any_broker, faults_ledger) -> None:  # type: ignore[no-untyped-def]
+    """secreq/<b>: the shares the coordinator relays to b; secagg/<b>: b's keys and shares. Neither may be read
+    by another device, nor written in b's name, nor forged into secreq/ by a device."""
+    c = any_broker.creds
+    coord, a, b = connect_probe(c["coordinator"]), connect_probe(c["dev-a"]), connect_probe(c["dev-b"])
+    try:
+        coord.subscribe(T.all_secagg())
+        b.subscribe(T.secreq("dev-b"))
+        a.subscribe(T.secreq("dev-b"), T.secagg("dev-b"), f"{T.prefix}/#")
+        b.publish(T.secagg("dev-b"), b"b's keys")
+        a.publish(T.secagg("dev-b"), b"keys in b's name")
+        a.publish(T.secreq("dev-b"), b"forged shares for b")
+        coord.publish(T.secreq("dev-b"), b"shares for b")
+        assert coord.wait_for(lambda ms: any(p == b"b's keys" for _, p, _ in ms))
+        assert b.wait_for(lambda ms: any(p == b"shares for b" for _, p, _ in ms))
+        for p in (a, b, coord):
+            p.wait_for(lambda ms: False, timeout=NEGATIVE_WINDOW_S)
+        assert [m for _, m, _ in b.messages] == [b"shares for b"]
+        assert [m for _, m, _ in coord.messages] == [b"b's keys"]
+        assert not [t for t in a.topics() if "/secagg/" in t or "/secreq/" in t], a.topics()
+        faults_ledger.unauthorised(f"secure-round topics: read, write in another's name, forge ({any_broker.kind})",
+                                   4, 0)
+    finally:
+        for p in (coord, a, b):
+            p.close()

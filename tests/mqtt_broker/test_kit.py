@@ -59,3 +59,47 @@ def test_revocation_removes_the_device_and_a_new_kit_lets_it_back(tmp_path: Path
     add_device(state, "dev-1")
     assert json.loads((state / "revoked.json").read_text()) == {}
     assert "dev-1" in read_passwd(state / "passwd")
+
+
+def test_a_kit_names_the_model_code_its_device_accepts(tmp_path: Path) -> None:
+    from edge_client.config import load_device_config
+    from flayer.config import ConfigError
+
+    state = tmp_path / "broker"
+    write_broker_files(BrokerConfig(federation="f1", port=1883), state)
+    add_device(state, "dev-1")
+    add_device(state, "dev-2")
+    toml = unpack_kit(write_kit(state, "dev-1", tmp_path / "dev-1.tar.gz", ["fedmodel:build", "fedmodel:build"]))
+    text = toml.read_text().replace('path = "data"', f'path = "{tmp_path}"')
+    toml.write_text(text)
+    assert load_device_config(toml).edge.allow_entry_points == ("fedmodel:build",)
+    plain = unpack_kit(write_kit(state, "dev-2", tmp_path / "dev-2.tar.gz"))
+    plain.write_text(plain.read_text().replace('path = "data"', f'path = "{tmp_path}"'))
+    assert load_device_config(plain).edge.allow_entry_points == ()  # the built-ins only
+    add_device(state, "dev-3")  # a name that could break out of its TOML string stays a string, and is refused
+    odd = unpack_kit(write_kit(state, "dev-3", tmp_path / "dev-3.tar.gz", ['x:y"]\nexit_when_finished = false #']))
+    odd.write_text(odd.read_text().replace('path = "data"', f'path = "{tmp_path}"'))
+    with pytest.raises(ConfigError, match="is not an entry point"):
+        load_device_config(odd)
+
+
+def test_add_device_allow_entry_point_goes_into_the_kit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.common import CliError
+    from cli.main import main
+
+    state = tmp_path / "broker"
+    write_broker_files(BrokerConfig(federation="f1", port=1883), state)
+    kit = tmp_path / "dev-3.tar.gz"
+    assert main(["broker", "add-device", "dev-3", "--state-dir", str(state), "--kit", str(kit),
+                 "--allow-entry-point", "fedmodel:build"]) == 0
+    assert 'allow_entry_points = ["fedmodel:build"]' in unpack_kit(kit).read_text()
+    for argv in (["--allow-entry-point", "fedmodel:build"],
+                 ["--kit", str(tmp_path / "dev-4.tar.gz"), "--allow-entry-point", "no-colon"]):
+        try:
+            rc = main(["broker", "add-device", "dev-4", "--state-dir", str(state), *argv])
+        except CliError as exc:
+            rc, msg = 2, str(exc)
+        else:
+            msg = capsys.readouterr().err
+        assert rc != 0 and "allow-entry-point" in msg, msg
+    assert not (state / "credentials/dev-4.toml").exists()  # refused before the device was created

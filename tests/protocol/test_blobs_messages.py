@@ -217,7 +217,7 @@ _PLAN_OBJ = json.loads(decode_envelope(encode_message(PLAN, "fed", "coord")).bod
         (Kind.PLAN, b"[]", "not a JSON object"),
         (
             Kind.ACK,
-            {"round": 4, "client": "c1", "update_digest": "ab" * 32, "status": "maybe", "reason": ""},
+            {"round": 4, "client": "c1", "update_digest": "ab" * 32, "status": "maybe", "reason": "", "version": 0},
             "status",
         ),
         (Kind.STATUS, {"round": 4, "state": "online", "time": "now", "info": {}}, "time"),

@@ -166,11 +166,51 @@ def test_reassembler_and_collector_bound_memory() -> None:
         for e in envs:
             c.add(e)
     assert c.pending_bytes <= 2000
-    c = ChunkCollector(max_pending_blobs=2)
-    c.add(_chunks(_blob(900, 1))[0])
-    c.add(_chunks(_blob(900, 2))[0])
-    with pytest.raises(WireError, match="too many"):
-        c.add(_chunks(_blob(900, 3))[0])
+    dropped: list[tuple[str, str]] = []
+    c = ChunkCollector(max_pending_blobs=2, on_drop=lambda key, held, count, why: dropped.append((key[4], why)))
+    firsts = [_chunks(_blob(900, i), sender=s)[0] for i, s in ((1, "c1"), (2, "c1"), (3, "c2"))]
+    for e in firsts:
+        c.add(e)
+    # the count is full: the sender holding the most blobs loses its oldest, the newcomer is not refused
+    assert [k[4] for k in c.keys()] == [firsts[1].digest, firsts[2].digest]
+    assert dropped == [(firsts[0].digest, dropped[0][1])] and "max_pending_blobs" in dropped[0][1]
+
+
+def _first_chunks(sender: str, n: int, seed: int) -> list[Envelope]:
+    """The first chunk (900 of 1000 bytes) of ``n`` blobs of ``sender``, which never finish."""
+    return [_chunks(_blob(1000, seed + i), size=900 + header_size("fed", sender), sender=sender)[0]
+            for i in range(n)]
+
+
+def test_a_flood_of_unfinished_blobs_does_not_starve_another_sender() -> None:
+    """One sender fills the whole budget (alone, its share is all of it); another sender's chunks are still
+    taken -- the flooder's oldest blobs make room -- and never refused; the flooder is held to its share."""
+    dropped: list[tuple[str, str]] = []
+    c = ChunkCollector(max_pending_bytes=3000, min_share=1000,
+                       on_drop=lambda key, held, count, why: dropped.append((key[2], why)))
+    for e in _first_chunks("evil", 3, 0):
+        c.add(e)
+    assert c.pending_bytes == 2700 and c.share("evil") == 3000 and c.share("good") == 1500
+    blob = _blob(1000, 99)
+    first, second = _chunks(blob, size=900 + header_size("fed", "good"), sender="good")
+    assert c.add(first) is None  # 3600 > 3000: room is made by dropping evil's oldest, not by refusing good
+    assert dropped == [("evil", dropped[0][1])] and "evil holds the most" in dropped[0][1]
+    for e in _first_chunks("evil", 3, 10):  # more flood while good's blob is unfinished
+        c.add(e)
+        assert c.held_by("evil") <= c.share("evil") == 1500
+    assert c.missing(first.blob_key) == [1] and {s for s, _ in dropped} == {"evil"}
+    assert any("over its share" in why for _, why in dropped)
+    assert c.add(second) == blob and c.pending_bytes == c.held_by("evil") <= 1500
+
+
+def test_a_blob_over_its_senders_share_is_refused() -> None:
+    c = ChunkCollector(max_pending_bytes=3000, min_share=1000)
+    c.add(_first_chunks("good", 1, 0)[0])
+    big = _chunks(_blob(2000, 5), size=900 + header_size("fed", "evil"), sender="evil")
+    c.add(big[0])
+    with pytest.raises(WireError, match="its share of max_pending_bytes"):
+        c.add(big[1])  # 1800 > its share of 1500 (two senders)
+    assert c.held_by("good") == 900 and c.held_by("evil") == 900
 
 
 def test_collector_routes_interleaved_blobs() -> None:

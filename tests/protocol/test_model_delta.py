@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import numpy as np
@@ -19,8 +21,8 @@ from protocol import (
     blob_digest,
     decode_envelope,
     decode_message,
-    encode_message,
     decode_state,
+    encode_message,
     encode_state,
 )
 from protocol.model_delta import DeltaRef, apply_delta, delta_ref, make_delta
@@ -170,9 +172,14 @@ def test_a_device_some_versions_behind_rebuilds_through_the_chain() -> None:
             link.chunks = link.chunks or 1  # as if published
         held.append((model.digest, state))
     assert len(chain.links) == CHAIN
-    plan = Plan(9, ("d",), 1.0, "fedavg", {}, {"name": "cnn"}, model.digest, 1, model.size,
+    walk = sum(link.blob.size for link in chain.links)
+    # a model larger than the whole walk, so the device takes every step (with this small model's own size
+    # the eight deltas cost more than the model, and a device that far behind takes the model: rule 4)
+    plan = Plan(9, ("d",), 1.0, "fedavg", {}, {"name": "cnn"}, model.digest, 1, max(model.size, walk + 1),
                 delta=chain.plan_field(model.digest), delta_chain=chain.chain_field(model.digest))
     assert len(plan.delta_chain) == CHAIN - 1
+    real = dataclasses.replace(plan, model_size=model.size)
+    assert (delta_source(real, held[-1 - CHAIN]) is None) == (walk >= model.size)
     blobs = {link.blob.digest: link.blob.blob for link in chain.links}
     device = held[-1 - CHAIN]  # CHAIN versions behind: the oldest link starts there
     steps = 0
@@ -188,3 +195,27 @@ def test_a_device_some_versions_behind_rebuilds_through_the_chain() -> None:
         from protocol.model_delta import chain_refs
 
         chain_refs(["ab" * 32 + ":" + "cd" * 32 + ":" + "ef" * 32 + ":0:5"])
+
+
+def test_make_delta_refuses_a_change_the_lossy_codec_cannot_hold_naming_the_tensor() -> None:
+    """fp16 holds changes up to 65504 (65519 rounds to it) and none from 65520; int8 needs a positive,
+    finite scale; no lossy mode takes a change float32 cannot hold. Exact takes them all."""
+    v0 = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    held = {k: v.copy() for k, v in v0.items()}
+    held["fc.bias"][2] = 65504.0
+    blob = make_delta(v0, held, "fp16", _header(v0))
+    assert apply_delta(v0, blob, _header(v0).base_digest)["fc.bias"][2] == 65504.0
+    cases = [("fp16", "fc.bias", 65520.0, "fp16"), ("fp16", "conv.bias", -1e6, "fp16"),
+             ("int8", "fc.weight", 1e-44, "int8 scale"), ("int8", "fc.bias", np.finfo(np.float32).max, "int8 scale")]
+    for mode, name, value, why in cases:
+        target = {k: v.copy() for k, v in v0.items()}
+        target[name].reshape(-1)[1] = value
+        with pytest.raises(EncodeError, match=f"tensor '{name}'.*{why}"):
+            make_delta(v0, target, mode, _header(v0))
+        exact = make_delta(v0, target, "exact", _header(v0))
+        assert apply_delta(v0, exact, _header(v0).base_digest)[name].reshape(-1)[1] == np.float32(value)
+    far = {k: v.copy() for k, v in v0.items()}
+    far["fc.bias"][0], v0["fc.bias"][0] = 3e38, -3e38  # the change is +inf in float32
+    for mode in ("fp16", "int8"):
+        with pytest.raises(EncodeError, match="'fc.bias' changes by more than float32 can hold"):
+            make_delta(v0, far, mode, _header(v0))

@@ -1,0 +1,92 @@
+"""The privacy flags and the places epsilon is shown: ``flayer simulate --dp-plan`` (numbers from the accountant),
+a private ``flayer simulate`` (records, summary, the stop at target_epsilon), refusals with the reason,
+``flayer emulate``'s federation.toml carrying [privacy], and ``flayer status`` / the dashboard's fleet view."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from flayer.engine.accountant import epsilon_for, noise_for_target, rounds_for_target
+from protocol.metrics_schema import read_metrics
+
+COMMON = ["--dataset", "digits", "--clients", "10", "--rounds", "3", "--seed", "1", "--threads", "1",
+          "--samples", "300", "--join-ratio", "0.5"]
+
+
+def test_dp_plan_prints_the_accountants_numbers(capsys):
+    assert main(["simulate", *COMMON, "--dp", "central", "--dp-noise", "1.1", "--target-epsilon", "5",
+                 "--rounds", "20", "--dp-plan"]) == 0
+    out = capsys.readouterr().out
+    q, delta = 0.5, 10 ** -1.1
+    assert "q = 0.5" in out and f"delta = {delta:.3g}" in out
+    assert f"epsilon after 20 rounds = {epsilon_for([(1.1, q, 20)], delta):.3f}" in out
+    assert f"need z >= {noise_for_target(5.0, delta, q, 20):.3f}" in out
+    assert f"allows {rounds_for_target(5.0, delta, q, 1.1)} rounds" in out
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--dp", "central", "--dp-delta", "0.2"], "delta must be in (0, 1/N)"),
+    (["--dp", "central", "--dp-clip", "0"], "clip (C) must be"),
+    (["--dp", "local", "--dp-noise", "0", "--target-epsilon", "2"], "target_epsilon needs noise"),
+    (["--dp", "central", "--set", "flayer.positions=topk"], "positions = \"topk\""),
+    (["--dp", "central", "--keep", "0.5"], "--keep < 1"),
+])
+def test_private_simulate_refuses_what_it_cannot_honour(tmp_path, capsys, flags, needle):
+    assert main(["simulate", *COMMON, *flags, "--out", str(tmp_path / "x")]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_private_simulate_records_epsilon_and_stops_at_the_target(tmp_path, capsys):
+    out = tmp_path / "sim"
+    assert main(["simulate", *COMMON, "--rounds", "6", "--dp", "central", "--dp-noise", "1.0",
+                 "--target-epsilon", "2.2", "--strategy", "fedavg", "--out", str(out)]) == 0
+    q, delta = 0.5, 10 ** -1.1
+    expected = rounds_for_target(2.2, delta, q, 1.0)
+    assert 1 <= expected < 6
+    recs = read_metrics(out / "metrics.jsonl")
+    rounds = [r for r in recs if r["kind"] == "round"]
+    assert [r["epsilon"] for r in rounds] == pytest.approx([epsilon_for([(1.0, q, t)], delta)
+                                                            for t in range(1, expected + 1)])
+    assert recs[-1]["kind"] == "end" and recs[-1]["epsilon"] == pytest.approx(rounds[-1]["epsilon"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["epsilon"] == pytest.approx(rounds[-1]["epsilon"]) and "target_epsilon 2.2" in summary["budget_stop"]
+    text = capsys.readouterr().out
+    assert f"privacy: epsilon {rounds[-1]['epsilon']:.4}" in text and f"round {expected + 1} would bring" in text
+
+
+def test_emulate_writes_privacy_into_the_coordinators_config(tmp_path):
+    from coordinator.config import load_coordinator_config
+    from emulator.options import load_emulate_config
+    from emulator.setup import write_federation_toml
+
+    cfg = load_emulate_config(None, {"data": {"dataset": "digits", "clients": 8},
+                                     "privacy": {"enabled": True, "noise_multiplier": 0.7, "mode": "local"}})
+    path = write_federation_toml(tmp_path / "federation.toml", {"quorum": 2, "min_devices": 2}, cfg.run,
+                                 tmp_path / "creds.toml", tmp_path / "state")
+    dp = load_coordinator_config(path).run.privacy
+    assert dp.enabled and dp.mode == "local" and dp.noise_multiplier == 0.7 and dp.population == 8
+
+
+@pytest.mark.parametrize("flag", [["--dp", "central"], ["--secure-agg"]])
+def test_emulate_virtual_refuses_private_and_secure_rounds(capsys, flag):
+    assert main(["emulate", "--dataset", "digits", "--clients", "4", "--virtual", *flag]) == 2
+    assert "--virtual does not run private or secure rounds" in capsys.readouterr().err
+
+
+def test_status_and_the_fleet_view_show_epsilon():
+    from cli.status import render
+    from coordinator.dashboard.fleet import FleetView
+    from protocol.metrics_schema import round_record
+
+    view = FleetView()
+    view.on_record(round_record("coordinator", 10.0, round=4, wall_s=1.0, selected=["a"],
+                                devices=[{"id": "a", "result": "accepted", "acc": 0.5}], refused={}, bytes_up=1,
+                                bytes_down=1, acc=0.5, train_loss=1.0, closed="quorum", epsilon=1.2345, delta=1e-3))
+    snap = view.snapshot(11.0)
+    assert snap["last_round"]["epsilon"] == 1.2345
+    snap["source"] = {"federation": "f", "broker": "b", "metrics": "m.jsonl", "metrics_error": None}
+    assert "privacy: epsilon 1.234 spent at delta 0.001 after round 4" in render(snap)

@@ -1,0 +1,79 @@
+"""The coordinator's secure-round stages (coordinator.secure_round) without a broker: every stage's message
+in its stage only, from its own sender; stage ends by completion or time; abandonment below t; the sum."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coordinator.secure_round import SecureRound
+from flayer.engine.secure import PlannedSecure, device_vector, round_params
+from flayer.engine.secure_layout import layout_of
+from flayer.privacy_config import PrivacySettings
+from flayer.secagg import SecAggClient, decode_message
+from flayer.update import TensorDelta, Update
+
+IDS = ("a", "b", "c", "d")
+
+
+def _update(seed: int) -> Update:
+    rng = np.random.default_rng(seed)
+    return Update({"w": TensorDelta((8,), rng.normal(0, 0.01, 3).astype(np.float32), np.array([1, 4, 6]))}, 10)
+
+
+def _round(stage_s: float = 5.0) -> tuple[SecureRound, dict[str, SecAggClient], dict[str, Update]]:
+    ups = {d: _update(i) for i, d in enumerate(IDS)}
+    lay = layout_of(ups["a"])
+    params, _ = round_params(PrivacySettings(secure_aggregation=True), "fed.1.x", 1, IDS, lay, 0)
+    sec = SecureRound(PlannedSecure(params, lay.digest, False, stage_s), lay, None, stage_end=100.0 + stage_s)
+    return sec, {d: SecAggClient(params, d) for d in IDS}, ups
+
+
+def _deliver(out: list[tuple[str, bytes]]) -> dict[str, object]:
+    return {d: decode_message(b) for d, b in out}
+
+
+def test_a_whole_round_gives_the_sum_and_each_stage_takes_only_its_message():
+    sec, clients, ups = _round()
+    advert_a = clients["a"].advertise().to_bytes()
+    assert sec.receive("a", advert_a) is None
+    assert "stage 1" in (sec.masked("a", b"x") or "")  # no masked input before the shares
+    forged = SecAggClient(sec.planned.params, "b").advertise().to_bytes()
+    assert "naming 'b', sent by 'c'" in (sec.receive("c", forged) or "")
+    assert "malformed" in (sec.receive("c", b"garbage") or "")
+    for d in IDS[1:]:
+        assert sec.receive(d, clients[d].advertise().to_bytes()) is None
+    bundles = _deliver(sec.advance(101.0))  # every selected device advertised: stage 1 ends at once
+    assert sec.stage == 2 and set(bundles) == set(IDS)
+    assert "KeyAdvert in stage 2" in (sec.receive("a", advert_a) or "")
+    for d in IDS:
+        assert sec.receive(d, clients[d].share_keys(bundles[d]).to_bytes()) is None
+    shares = _deliver(sec.advance(101.0))
+    assert sec.stage == 3
+    lay, params = sec.layout, sec.planned.params
+    blobs = {d: clients[d].masked_input(shares[d], device_vector(ups[d], lay, params, np.random.default_rng(0)))
+             .to_bytes() for d in IDS}
+    assert "masked input" in (sec.masked("a", blobs["b"]) or "")  # b's, sent in a's name: refused
+    for d in ("a", "c", "d"):
+        assert sec.masked(d, blobs[d]) is None
+    assert sec.masked("a", blobs["a"]) is not None  # a second one
+    requests = _deliver(sec.advance(102.0, masked_done=True))
+    assert sec.stage == 4 and set(requests) == {"a", "c", "d"}
+    assert not sec.unmask_done(102.0)
+    for d, req in requests.items():
+        assert sec.receive(d, clients[d].unmask(req).to_bytes()) is None
+    assert sec.unmask_done(102.0)
+    out = sec.finish()
+    assert out.reason is None and out.survivors == ("a", "c", "d") and out.dropped == ("b",)
+    plain = sum(ups[d].deltas["w"].values.astype(np.float64) for d in ("a", "c", "d"))
+    assert out.update is not None and np.abs(out.update.deltas["w"].values - plain).max() < 1e-5
+
+
+def test_a_stage_ends_by_its_time_and_too_few_devices_abandon_the_round():
+    from flayer.secagg import SecAggAbandoned
+
+    sec, clients, _ = _round()
+    sec.receive("a", clients["a"].advertise().to_bytes())
+    assert sec.advance(101.0) == [] and sec.stage == 1  # waiting for the others
+    with pytest.raises(SecAggAbandoned, match="1 devices advertised keys, fewer than t"):
+        sec.advance(106.0)  # its time is up with one advert

@@ -1,0 +1,63 @@
+"""A private federation over a real broker equals the private simulation for the same seeds: one coordinator
+and 5 edge devices (threads of this process) run 3 central-DP rounds on Fashion-MNIST shards; the devices
+clip with the real edge code, the coordinator re-clips and adds the noise from its (run seed, round)
+generator, and the final global model and the epsilon of every round are those of ``flayer simulate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fedtestlib import device_toml, federation_toml, finished, start_fed_broker
+
+from coordinator.config import load_coordinator_config
+from coordinator.server import Coordinator
+from edge_client.client import EdgeClient
+from edge_client.config import load_device_config
+from flayer.config import TrainConfig
+from flayer.privacy_config import PrivacySettings
+from flayer.simulation import simulate
+from flayer.strategies import make_strategy
+from mqtt_broker import mosquitto_available
+from protocol.metrics_schema import read_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # about 25 s beyond the shared fixture
+DEVICES = [f"dev-{i}" for i in range(5)]
+PRIVACY: dict[str, Any] = {"enabled": True, "clip": 0.5, "noise_multiplier": 0.8, "population": 5}
+
+
+def test_private_rounds_over_the_broker_equal_the_simulator(tmp_path: Path, fmnist_run: Any) -> None:
+    run = fmnist_run
+    strategy = make_strategy(run.strategy, run.dataset.model_spec(), TrainConfig(lr=run.lr, batch_size=10), {})
+    reference = simulate(strategy, run.clients, run.rounds, run.seed, privacy=PrivacySettings(**PRIVACY))
+    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", DEVICES)
+    clients: list[EdgeClient] = []
+    try:
+        fed = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
+                              tmp_path / "coord", strategy=run.strategy, rounds=run.rounds, dataset="fmnist",
+                              seed=run.seed, lr=run.lr, quorum=5, min_devices=5, deadline_s=300.0)
+        fed.write_text(fed.read_text() + "[privacy]\n" + "".join(
+            f"{k} = {str(v).lower() if isinstance(v, bool) else v}\n" for k, v in PRIVACY.items()))
+        coord = Coordinator(load_coordinator_config(fed), fb.coordinator)
+        thread = coord.start()
+        for i, d in enumerate(DEVICES):
+            dc = load_device_config(device_toml(tmp_path / f"{d}.toml", fb.state_dir / f"credentials/{d}.toml",
+                                                dataset="fmnist", partition_file=run.partition_file, client=i,
+                                                state_dir=tmp_path / d))
+            clients.append(EdgeClient(dc.edge, fb.devices[d], run.clients[i]))
+            clients[-1].start()
+        result = finished(coord, thread, 300, rounds=run.rounds)
+        for c in clients:
+            assert c.wait(60) and c.error is None and c.rounds_trained == [1, 2, 3]
+        worst = max(float((result.global_state[k] - reference.global_state[k]).abs().max()) for k in result.global_state)
+        assert worst <= 1e-6, f"the private MQTT run differs from flayer simulate by {worst:.3g}"
+        plain = simulate(strategy, run.clients, run.rounds, run.seed).global_state
+        assert max(float((plain[k] - reference.global_state[k]).abs().max()) for k in plain) > 1e-3  # DP did act
+        rounds = [r for r in read_metrics(tmp_path / "coord/metrics.jsonl") if r["kind"] == "round"]
+        assert [r["epsilon"] for r in rounds] == pytest.approx([r.epsilon for r in reference.rounds])
+        assert all(r["dp_clip"] == 0.5 and r["accepted"] == 5 for r in rounds)
+    finally:
+        for c in clients:
+            c.stop()
+        fb.broker.stop()
