@@ -2,7 +2,8 @@
 
 Runs ``flayer emulate --config configs/emulate-demo.toml --virtual`` for each mode and seed (the fleet's
 profiles and availability timelines, the real local rounds, simulated time; a fixed compute cost per
-sample so runs repeat exactly), skipping runs whose summary.json exists (resumable), then writes the
+sample so runs repeat exactly), skipping runs that finished with the same settings (resumable: each run
+folder records its command and a digest of the config files in ``bench-settings.json``), then writes the
 comparison -- per profile the share of trained updates accepted, time to a target accuracy, final
 personal-model accuracy, mean ± std over seeds -- as Markdown and a plot into the output folder:
 
@@ -29,39 +30,70 @@ CONFIG = ROOT / "configs/emulate-demo.toml"
 # the learning rate the published results were measured at (the demo config had it before the tuning
 # raised the config's default to FLAYER's tuned 0.05): kept, so that the recorded tables reproduce
 LR = ["--lr", "0.005"]
+# and the links they were measured with (fp32 uploads as planned, full downloads), named so the tables do
+# not change when the shipped config turns the thin-link settings on (--virtual honours them)
+PLAIN = ["--upload", "plan", "--no-error-feedback", "--delta-downloads", "off", "--value-codec", "fp32"]
 MODES = {"sync": [], "async": ["--mode", "async", "--buffer", "8", "--max-staleness", "32", "--concurrency", "11"]}
 
 
+SETTINGS_FILE = "bench-settings.json"  # in each run folder: the command (and config digest) it was made with
+
+
+def _key(cmd: list[str]) -> dict[str, Any]:
+    """Everything that changes a run's result: its arguments (the output folder left out) and the bytes
+    of the config and profiles files it reads."""
+    import hashlib
+
+    args = cmd[3:]
+    if "--out" in args:
+        i = args.index("--out")
+        args = args[:i] + args[i + 2:]
+    h = hashlib.sha256()
+    for f in (CONFIG, CONFIG.parent / "profiles.toml"):
+        h.update(f.read_bytes() if f.exists() else b"")
+    return {"args": args, "config_sha256": h.hexdigest()}
+
+
+def done(folder: Path, cmd: list[str]) -> bool:
+    """The run in ``folder`` finished with exactly these settings (reused, not run again)."""
+    try:
+        return (folder / "summary.json").exists() and json.loads((folder / SETTINGS_FILE).read_text()) == _key(cmd)
+    except (FileNotFoundError, ValueError):
+        return False
+
+
 def run(cmd: list[str], log: Path) -> None:
+    """Run ``cmd`` (its ``--out`` folder), unless that folder holds a finished run of the same settings."""
+    folder = Path(cmd[cmd.index("--out") + 1])
+    if done(folder, cmd):
+        return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
     with open(log, "w") as fh:
         rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {log}")
+    (folder / SETTINGS_FILE).write_text(json.dumps(_key(cmd), indent=1) + "\n")
     print(f"  done in {time.perf_counter() - t0:.0f}s: {' '.join(cmd[3:])}", file=sys.stderr)
 
 
 def virtual(out: Path, mode: str, seed: int, budget: float, cost: float) -> dict[str, Any]:
     folder = out / f"virtual-{mode}-s{seed}"
-    if not (folder / "summary.json").exists():
-        run([sys.executable, "-m", "cli.main", "emulate", "--config", str(CONFIG), *LR, "--virtual", "--seed", str(seed),
-             "--rounds", "100000", "--budget", str(budget), "--sample-cost", str(cost), "--out", str(folder),
-             *MODES[mode]], out / f"virtual-{mode}-s{seed}.log")
+    run([sys.executable, "-m", "cli.main", "emulate", "--config", str(CONFIG), *LR, *PLAIN, "--virtual",
+         "--seed", str(seed), "--rounds", "100000", "--budget", str(budget), "--sample-cost", str(cost),
+         "--out", str(folder), *MODES[mode]], out / f"virtual-{mode}-s{seed}.log")
     return json.loads((folder / "summary.json").read_text())
 
 
 def emulated(out: Path, mode: str, rounds: int, cost: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """The real emulator and the simulated clock on the same number of model versions, seed 0."""
     folder = out / f"emulator-{mode}-r{rounds}"
-    if not (folder / "summary.json").exists():
-        run([sys.executable, "-m", "cli.main", "emulate", "--config", str(CONFIG), *LR, "--seed", "0", "--rounds",
-             str(rounds), "--out", str(folder), *MODES[mode]], out / f"emulator-{mode}-r{rounds}.log")
+    run([sys.executable, "-m", "cli.main", "emulate", "--config", str(CONFIG), *LR, *PLAIN, "--seed", "0",
+         "--rounds", str(rounds), "--out", str(folder), *MODES[mode]], out / f"emulator-{mode}-r{rounds}.log")
     sim = out / f"virtual-{mode}-r{rounds}"
-    if not (sim / "summary.json").exists():
-        run([sys.executable, "-m", "cli.main", "emulate", "--config", str(CONFIG), *LR, "--virtual", "--seed", "0",
-             "--rounds", str(rounds), "--sample-cost", str(cost), "--out", str(sim), *MODES[mode]],
-            out / f"virtual-{mode}-r{rounds}.log")
+    run([sys.executable, "-m", "cli.main", "emulate", "--config", str(CONFIG), *LR, *PLAIN, "--virtual",
+         "--seed", "0", "--rounds", str(rounds), "--sample-cost", str(cost), "--out", str(sim), *MODES[mode]],
+        out / f"virtual-{mode}-r{rounds}.log")
     return json.loads((folder / "summary.json").read_text()), json.loads((sim / "summary.json").read_text())
 
 

@@ -1,7 +1,8 @@
 """Emulated fleets at scale on this machine: how many devices, how many of them training per round.
 
 Runs ``flayer emulate`` (FedAvg, FedAvgCNN on Fashion-MNIST, an iid partition of ``--samples-per-device``
-samples per device, every device always on and unshaped, so the host's speed is all that limits it)
+samples per device, every device always on and unshaped, so the host's speed is all that limits it;
+a 120 s MQTT keep-alive, so a busy shared machine does not drop connections while thousands connect)
 for each ``DEVICES:SELECTED`` of ``--configs``, and prints per fleet: round wall time, devices that
 reported per round, peak memory per worker process and per device (above the worker's memory before
 its devices started, up to the end of the last round; "end" includes every device saving its personal
@@ -12,8 +13,15 @@ Then, unless ``--skip-limit``, the connection limit of one process: N bare devic
 paho's own thread each (``loop_start``) vs one shared network thread (:class:`emulator.netloop.
 SharedNetwork`), counted 20 s after they start.
 
+``--model-slots N``: devices per worker holding a model at once (the emulator's default without it).
+Each fleet's row is written to ``OUT/fleet.json`` as soon as it is measured, and ``--resume`` skips the
+fleets already there (the big ones take long on 2 cores). Without ``--keep``, a device's saved models
+(``personal.safetensors``, ``global.safetensors``, ``global_model.bin``: about 7 MB) are deleted once it
+saved them after the federation, so 10,000 devices do not fill the disk; the devices write them all the same.
+
     python benchmarks/fleet.py                                  # 100:100, 200:100, 1000:100
     python benchmarks/fleet.py --configs 100:100 --rounds 2     # one fleet
+    python benchmarks/fleet.py --configs 5000:100,10000:100 --skip-limit --resume
 """
 
 from __future__ import annotations
@@ -61,8 +69,34 @@ class ConnectionSampler(threading.Thread):
                 self.peak = max(self.peak, established(self.port))
 
 
+class Reaper(threading.Thread):
+    """Deletes the models a device saved after the federation (both files there: it is done with them)."""
+
+    FILES = ("personal.safetensors", "global.safetensors", "global_model.bin")
+
+    def __init__(self, devices: Path) -> None:
+        super().__init__(daemon=True)
+        self.devices, self.stop, self.reaped = devices, threading.Event(), 0
+
+    def run(self) -> None:
+        while not self.stop.wait(2.0):
+            self.sweep()
+
+    def sweep(self) -> None:
+        try:
+            folders = list(os.scandir(self.devices))
+        except OSError:
+            return
+        for d in folders:
+            folder = Path(d.path)
+            if (folder / "personal.safetensors").exists() and (folder / "global.safetensors").exists():
+                for name in self.FILES:
+                    (folder / name).unlink(missing_ok=True)
+                self.reaped += 1
+
+
 def run_fleet_once(devices: int, selected: int, rounds: int, per_device: int, workers: int, network: str,
-                   out: Path) -> dict[str, Any]:
+                   out: Path, model_slots: int | None = None, reap: bool = True) -> dict[str, Any]:
     from emulator.launcher import EmulatorError, LaunchOptions, run_fleet
     from emulator.options import load_emulate_config
 
@@ -75,12 +109,15 @@ def run_fleet_once(devices: int, selected: int, rounds: int, per_device: int, wo
         "train": {"lr": 0.01},
         "federation": {"quorum": selected, "over_selection": 1.0, "min_devices": devices, "deadline_s": 600.0,
                        "grace_s": 0.0, "stale_after_s": 300.0},
-        "edge": {"heartbeat_s": 30.0, "ack_timeout_s": 120.0, "publish_timeout_s": 300.0},
+        "edge": {"heartbeat_s": 30.0, "ack_timeout_s": 120.0, "publish_timeout_s": 300.0, "keepalive_s": 120},
         "emulator": {"profiles": str(profiles), "workers": workers, "network": network, "federation": "bench",
-                     "timeout_s": 1800.0},
+                     "timeout_s": 5400.0, **({} if model_slots is None else {"model_slots": model_slots})},
     })
     sampler = ConnectionSampler()
     sampler.start()
+    reaper = Reaper(out / "devices")
+    if reap:
+        reaper.start()
 
     def on_event(kind: str, info: dict[str, Any]) -> None:
         if kind == "setup":
@@ -100,8 +137,10 @@ def run_fleet_once(devices: int, selected: int, rounds: int, per_device: int, wo
     except EmulatorError as exc:
         result, error = None, str(exc).splitlines()[0]
     sampler.stop.set()
+    reaper.stop.set()
     row: dict[str, Any] = {"devices": devices, "selected": selected, "rounds_asked": rounds, "error": error,
-                           "wall_s": time.monotonic() - t0, "connections_peak": sampler.peak}
+                           "wall_s": time.monotonic() - t0, "connections_peak": sampler.peak,
+                           "model_slots": cfg.emulator.model_slots}
     if result is None:
         return row
     prog = result.progress
@@ -118,8 +157,23 @@ def run_fleet_once(devices: int, selected: int, rounds: int, per_device: int, wo
         "per_device_mb": sum(rounds_peak[w] - base.get(w, 0.0) for w in rounds_peak) / max(1, hosted),
         "max_connected": sum(prog.max_connected.values()),
         "coordinator_mb_in": [round(r["coordinator_mb_in"], 1) for r in result.rows],
+        "slots_peak": slots_peak(out),
     })
     return row
+
+
+def slots_peak(out: Path) -> dict[str, int]:
+    """The most model slots each worker had held at once (its last ``stats`` event)."""
+    peak: dict[str, int] = {}
+    for f in sorted((out / "events").glob("worker-*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("kind") == "stats" and "slots_peak" in ev:
+                peak[str(ev.get("worker"))] = int(ev["slots_peak"])
+    return peak
 
 
 def connection_limit(n: int, mode: str, state: Path) -> tuple[int, float]:
@@ -168,6 +222,9 @@ def main() -> int:
     p.add_argument("--network", default="auto", choices=("auto", "thread", "shared"))
     p.add_argument("--out", default="runs/bench-fleet")
     p.add_argument("--skip-limit", action="store_true", help="skip the per-process connection limit")
+    p.add_argument("--model-slots", type=int, help="devices per worker holding a model at once (default: "
+                                                     "the emulator's)")
+    p.add_argument("--resume", action="store_true", help="keep the fleets already in OUT/fleet.json")
     p.add_argument("--limit-n", type=int, default=600)
     p.add_argument("--keep", action="store_true",
                    help="keep the devices' and the coordinator's state folders (about 4.6 MB per device: "
@@ -178,16 +235,23 @@ def main() -> int:
     logging.basicConfig(level=logging.ERROR)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    done: dict[tuple[int, int], dict[str, Any]] = {}
+    if args.resume and (out / "fleet.json").exists():
+        done = {(r["devices"], r["selected"]): r for r in json.loads((out / "fleet.json").read_text())}
     rows = []
     for item in args.configs.split(","):
         devices, selected = (int(x) for x in item.split(":"))
+        if (devices, selected) in done:
+            print(f"fleet of {devices}, {selected} selected per round: in {out / 'fleet.json'}", file=sys.stderr)
+            rows.append(done[(devices, selected)])
+            continue
         print(f"fleet of {devices}, {selected} selected per round:", file=sys.stderr, flush=True)
         rows.append(run_fleet_once(devices, selected, args.rounds, args.samples_per_device, args.workers,
-                                   args.network, out / f"fleet-{devices}"))
+                                   args.network, out / f"fleet-{devices}", args.model_slots, not args.keep))
         if not args.keep:
             for heavy in ("devices", "coordinator"):
                 shutil.rmtree(out / f"fleet-{devices}" / heavy, ignore_errors=True)
-    (out / "fleet.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (out / "fleet.json").write_text(json.dumps(rows, indent=2) + "\n")  # after each fleet: resumable
     print(f"\nFedAvg, FedAvgCNN (582,026 parameters, 2.3 MB at 28x28) on Fashion-MNIST iid, "
           f"{args.samples_per_device} samples per device, {args.rounds} rounds, every device always on and "
           f"unshaped; {os.cpu_count()} cores\n")

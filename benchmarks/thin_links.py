@@ -11,8 +11,11 @@ It also writes what one round costs on each of the emulator's built-in link prof
 send one update and to receive the model (or its delta) at the profile's rate, from the measured
 mean bytes per upload and per download (transfer time only: latency and the local round excluded).
 
-Resumable: each run lives in ``OUT/runs/<setting>-<delta>-s<seed>/`` and one that finished (its
-``summary.json`` there, for the same rounds and samples) is not run again. Writes ``OUT/results.json``,
+Resumable: each run lives in ``OUT/runs/<setting>-<delta>-s<seed>/`` and one that finished is not run
+again when its ``bench-settings.json`` records the same ``flayer simulate`` arguments
+(:func:`simulate_args`: every setting that changes the result -- clients, samples, rounds, seed,
+learning rate, top-k share, codecs -- with the learning rate always named, so a changed default is a new
+run); a run made with other settings is run again in its place. Writes ``OUT/results.json``,
 ``OUT/results.md`` (the table), ``OUT/links.md`` (the per-link costs) and ``OUT/thin_links.png`` (accuracy against MB up and MB down per client).
 
     python benchmarks/thin_links.py [--seeds 0,1,2] [--rounds 30] [--samples 12000] [--clients 20]
@@ -45,28 +48,42 @@ def run_name(setting: str, delta: bool, seed: int) -> str:
     return f"{setting}-{'delta' if delta else 'full'}-s{seed}"
 
 
-def _finished(folder: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+SETTINGS_FILE = "bench-settings.json"  # in each run folder: the simulate arguments it was made with
+
+
+def simulate_args(setting: str, delta: bool, seed: int, args: argparse.Namespace) -> list[str]:
+    """The ``flayer simulate`` arguments of one run, ``--out`` and ``--data-dir`` left out: every setting
+    that changes its result, the reuse key (module docstring)."""
+    from flayer.config import DEFAULT_LRS
+
+    flags, mode = SETTINGS[setting]
+    lr = args.lr if args.lr is not None else DEFAULT_LRS["flayer"]
+    return ["simulate", "--strategy", "flayer", "--dataset", "fmnist", "--partition", "dir0.1",
+            "--clients", str(args.clients), "--samples", str(args.samples), "--rounds", str(args.rounds),
+            "--seed", str(seed), "--threads", "1", "--lr", repr(float(lr)),
+            *[f.format(keep=args.keep) for f in flags], "--delta-downloads", mode if delta else "off"]
+
+
+def finished(folder: Path, wanted: list[str]) -> dict[str, Any] | None:
+    """The summary of the run in ``folder`` when it finished, did not diverge and was made with the
+    arguments ``wanted`` (its settings file says so); else None (run it)."""
     try:
         s = json.loads((folder / "summary.json").read_text())
-        cfg = json.loads((folder / "config.json").read_text())
+        recorded = json.loads((folder / SETTINGS_FILE).read_text())
     except (FileNotFoundError, ValueError):
         return None
-    same = s.get("rounds") == args.rounds and cfg.get("data", {}).get("samples") == args.samples
+    same = isinstance(recorded, dict) and recorded.get("simulate") == wanted
     return s if same and not s.get("diverged") else None
 
 
 def run_one(setting: str, delta: bool, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     folder = args.out / "runs" / run_name(setting, delta, seed)
-    done = _finished(folder, args)
+    wanted = simulate_args(setting, delta, seed, args)
+    done = finished(folder, wanted)
     if done is not None:
         return done
-    flags, mode = SETTINGS[setting]
-    cmd = [sys.executable, "-m", "cli.main", "simulate", "--strategy", "flayer", "--dataset", "fmnist",
-           "--partition", "dir0.1", "--clients", str(args.clients), "--samples", str(args.samples),
-           "--rounds", str(args.rounds), "--seed", str(seed), "--threads", "1", "--out", str(folder),
-           *[f.format(keep=args.keep) for f in flags], "--delta-downloads", mode if delta else "off"]
-    if args.lr is not None:
-        cmd += ["--lr", str(args.lr)]
+    (folder / SETTINGS_FILE).unlink(missing_ok=True)  # a run with other settings is replaced
+    cmd = [sys.executable, "-m", "cli.main", *wanted, "--out", str(folder)]
     if args.data_dir:
         cmd += ["--data-dir", args.data_dir]
     t0 = time.perf_counter()
@@ -76,6 +93,7 @@ def run_one(setting: str, delta: bool, seed: int, args: argparse.Namespace) -> d
     (folder / "log.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    (folder / SETTINGS_FILE).write_text(json.dumps({"simulate": wanted}, indent=1) + "\n")
     print(f"{run_name(setting, delta, seed)}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return json.loads((folder / "summary.json").read_text())
 

@@ -1,0 +1,172 @@
+"""Accuracy against epsilon: private FLAYER and FedAvg on Fashion-MNIST Dir(0.1) with a sampled population.
+
+Per method and target epsilon, the noise multiplier z that spends exactly the target over the planned
+rounds is taken from the accountant (``flayer.engine.accountant.noise_for_target``: the same figure
+``flayer simulate --dp-plan`` prints); the run is ``flayer simulate --dp central --dp-noise z
+--target-epsilon EPS``. ``none`` is the run without ``[privacy]``; ``public`` is FLAYER without noise but
+with the private runs' data-independent positions (``--set flayer.positions=public``), against its top-k.
+Every run's folder is keyed by a digest of its whole command line (reused only under the same settings:
+resumable), and ``--jobs`` runs go side by side, one torch thread each::
+
+    python benchmarks/dp.py --out docs/results/privacy-fmnist
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def noise_for(eps: float, clients: int, join_ratio: float, rounds: int, seed: int) -> tuple[float, float, float]:
+    """(z, q, delta) for ``eps`` over ``rounds`` rounds at the simulator's sampling rate."""
+    from flayer.engine import select_clients
+    from flayer.engine.accountant import noise_for_target
+    from flayer.privacy_config import default_delta
+
+    q = len(select_clients(clients, join_ratio, seed, 1)) / clients
+    delta = default_delta(clients)
+    return noise_for_target(eps, delta, q, rounds), q, delta
+
+
+def command(a: argparse.Namespace, method: str, variant: str, seed: int) -> list[str]:
+    cmd = ["simulate", "--dataset", "fmnist", "--partition", "dir0.1", "--clients", str(a.clients),
+           "--samples", str(a.samples), "--join-ratio", str(a.join_ratio), "--rounds", str(a.rounds),
+           "--seed", str(seed), "--strategy", method, "--threads", "1"]
+    if variant == "public":
+        return [*cmd, "--set", "flayer.positions=public"]
+    if variant != "none":
+        z, _, _ = noise_for(float(variant), a.clients, a.join_ratio, a.rounds, seed)
+        cmd += ["--dp", a.dp_mode, "--dp-clip", str(a.clip), "--dp-noise", f"{z:.4f}", "--target-epsilon", variant]
+    return cmd
+
+
+def run_one(out: Path, cmd: list[str], name: str) -> dict[str, Any]:
+    key = hashlib.sha256("\0".join(cmd).encode()).hexdigest()[:12]
+    folder = out / f"{name}-{key}"
+    if not (folder / "summary.json").exists():
+        t0 = time.perf_counter()
+        with open(out / f"{name}-{key}.log", "w") as fh:
+            subprocess.run([sys.executable, "-m", "cli.main", *cmd, "--out", str(folder)], cwd=ROOT, check=True,
+                           stdout=fh, stderr=subprocess.STDOUT)
+        print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    (folder / "command.txt").write_text("flayer " + " ".join(cmd) + "\n")
+    return {"cmd": cmd, **json.loads((folder / "summary.json").read_text())}
+
+
+def _flag(cmd: list[str], name: str, default: str | None = None) -> str | None:
+    return cmd[cmd.index(name) + 1] if name in cmd else default
+
+
+def summarize(out: Path, table: str) -> list[dict[str, Any]]:
+    """Every finished run under ``out`` grouped by (method, privacy, noise mode) over its seeds: mean and
+    standard deviation (n - 1) of the accuracies, the epsilon spent, the rounds run and how many diverged."""
+    import statistics
+
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for summary in sorted(out.glob("*/summary.json")):
+        cmd = (summary.parent / "command.txt").read_text().split()[1:]
+        s = json.loads(summary.read_text())
+        variant = "public" if "flayer.positions=public" in cmd else _flag(cmd, "--target-epsilon", "none")
+        mode = _flag(cmd, "--dp", "-") or "-"
+        groups.setdefault((str(_flag(cmd, "--strategy")), str(variant), mode), []).append(s)
+    order = {"none": 0, "public": 1, "8": 2, "4": 3, "1": 4}
+    rows = []
+    for (method, variant, mode), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9),
+                                                                                 kv[0][2])):
+        def stat(key: str) -> tuple[float, float]:
+            xs = [float(r[key]) for r in runs]
+            return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+        eps = [r["epsilon"] for r in runs if isinstance(r["epsilon"], (int, float))]
+        rows.append({"method": method, "variant": variant, "mode": mode, "seeds": sorted(r["seed"] for r in runs),
+                     "best_acc": stat("best_acc"), "final_round_acc": stat("final_round_acc"),
+                     "final_personal_acc": stat("final_personal_acc"),
+                     "epsilon": statistics.mean(eps) if eps else None,
+                     "rounds": [len(r["acc"]) for r in runs], "diverged": sum(bool(r["diverged"]) for r in runs),
+                     "upload_kb": statistics.mean(r["upload_bytes_total"] / max(1, r["uploads"]) / 1e3 for r in runs)})
+    lines = ["| method | privacy | noise | seeds | epsilon spent (mean) | rounds run | best acc | final-round acc "
+             "| personal acc | upload KB per update |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        priv = {"none": "none" + (" (top-k)" if r["method"] == "flayer" else ""),
+                "public": "none, public positions"}.get(r["variant"], f"target {r['variant']}")
+        eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
+        rounds = "/".join(str(x) for x in r["rounds"]) + (f" ({r['diverged']} diverged)" if r["diverged"] else "")
+        acc = " | ".join(f"{m:.4f} ± {sd:.4f}" for m, sd in (r["best_acc"], r["final_round_acc"],
+                                                             r["final_personal_acc"]))
+        lines.append(f"| {r['method']} | {priv} | {r['mode']} | {len(r['seeds'])} | {eps} | {rounds} | {acc} "
+                     f"| {r['upload_kb']:.1f} |")
+    (out / table).parent.mkdir(parents=True, exist_ok=True)
+    (out / f"{table}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / f"{table}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "docs/results/privacy-fmnist")
+    p.add_argument("--methods", default="flayer,fedavg")
+    p.add_argument("--epsilons", default="none,8,4,1")
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--join-ratio", type=float, default=0.2)
+    p.add_argument("--samples", type=int, default=40000)  # Dir(0.1) over 100 clients needs >= 40 each
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--dp-mode", choices=("central", "local"), default="central",
+                   help="who adds the noise: the coordinator (central) or each device its share (local)")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--table", default="results", help="the table files written, relative to --out (NAME.md, NAME.json)")
+    p.add_argument("--no-public", action="store_true", help="leave out FLAYER's public positions without noise")
+    p.add_argument("--summary", action="store_true",
+                   help="run nothing: tabulate every finished run under --out over its seeds (mean ± std)")
+    a = p.parse_args()
+    if a.summary:
+        summarize(a.out, a.table)
+        return 0
+    a.out.mkdir(parents=True, exist_ok=True)
+    jobs = [(m, v, s) for s in (int(x) for x in a.seeds.split(",")) for m in a.methods.split(",")
+            for v in a.epsilons.split(",")]
+    if "flayer" in a.methods.split(",") and not a.no_public:
+        jobs += [("flayer", "public", s) for s in (int(x) for x in a.seeds.split(","))]
+    with ThreadPoolExecutor(a.jobs) as pool:
+        results = list(pool.map(lambda j: (j, run_one(a.out, command(a, *j), f"{j[0]}-{j[1]}-s{j[2]}")), jobs))
+    rows = []
+    for (method, variant, seed), s in results:
+        z = None if variant in ("none", "public") else noise_for(float(variant), a.clients, a.join_ratio, a.rounds,
+                                                                  seed)[0]
+        rows.append({"method": method, "variant": variant, "seed": seed, "z": z, "epsilon": s["epsilon"],
+                     "delta": s["delta"], "rounds_run": len(s["acc"]), "best_acc": s["best_acc"],
+                     "final_round_acc": s["final_round_acc"], "final_personal_acc": s["final_personal_acc"],
+                     "upload_bytes_per_upload": s["upload_bytes_total"] / max(1, s["uploads"]),
+                     "wall_s": s["wall_seconds"], "diverged": s["diverged"], "command": "flayer " + " ".join(s["cmd"])})
+    (a.out / a.table).parent.mkdir(parents=True, exist_ok=True)
+    (a.out / f"{a.table}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    header = ("| method | privacy | z | epsilon spent | rounds | best acc | final-round acc | personal acc "
+              "| upload KB per update | wall s |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        none = "none (top-k)" if r["method"] == "flayer" else "none"
+        priv = {"none": none, "public": "none, public positions"}.get(r["variant"],
+                                                                       f"target {r['variant']} ({a.dp_mode})")
+        eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.3f}" if isinstance(r["epsilon"], float) else r["epsilon"]
+        lines.append(f"| {r['method']} | {priv} | {'-' if r['z'] is None else format(r['z'], '.3f')} | {eps} "
+                     f"| {r['rounds_run']}{' (diverged)' if r['diverged'] else ''} | {r['best_acc']:.4f} | {r['final_round_acc']:.4f} "
+                     f"| {r['final_personal_acc']:.4f} | {r['upload_bytes_per_upload'] / 1e3:.1f} | {r['wall_s']:.0f} |")
+    (a.out / f"{a.table}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
