@@ -201,6 +201,16 @@ def main() -> None:
         print(f"{r['devices']:>7} {'HTTP' if r['http_models'] else 'broker':>10} {_mean(rows, 'broker_cpu_s'):>12.2f} "
               f"{_mean(rows, 'broker_wrote_mb'):>15.1f} {_mean(rows, 'broker_read_mb'):>14.1f} "
               f"{_mean(rows, 'nginx_cpu_s'):>11.2f} {_mean(rows, 'nginx_sent_mb'):>13.1f} {_mean(rows, 'wall_s'):>8.1f}")
+    by_n: dict[int, dict[bool, dict[str, Any]]] = {}
+    for r in results:
+        by_n.setdefault(r["devices"], {})[r["http_models"]] = r
+    for n, pair in by_n.items():
+        if True in pair and False in pair:
+            ratio = {k: _mean(pair[True]["rounds"], k) / max(_mean(pair[False]["rounds"], k), 1e-9)
+                     for k in ("broker_cpu_s", "broker_wrote_mb", "broker_read_mb", "wall_s")}
+            print(f"{n:>7} HTTP/broker: broker CPU x{ratio['broker_cpu_s']:.3f}, broker wrote "
+                  f"x{ratio['broker_wrote_mb']:.3f}, broker read x{ratio['broker_read_mb']:.3f}, "
+                  f"round time x{ratio['wall_s']:.3f}")
     (out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
