@@ -27,6 +27,17 @@ class CliError(Exception):
     """A user error the CLI reports in one line (exit code 2)."""
 
 
+def port_arg(text: str) -> int:
+    """argparse type of every port flag: an integer in [0, 65535] (0: a free one)."""
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from exc
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535] (0: a free one), got {value}")
+    return value
+
+
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, PartitionError)
 
 

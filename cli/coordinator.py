@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.common import CliError, add_mode_flags, mode_overrides
+from cli.common import CliError, add_mode_flags, mode_overrides, port_arg
 from cli.logfile import add_log_file_flag
 from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
 from cli.unit import add_unit_flags
@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-devices", type=int, metavar="N")
     p.add_argument("--deadline", type=float, metavar="SECONDS", dest="deadline_s")
     add_mode_flags(p)
-    p.add_argument("--metrics-port", type=int, metavar="PORT",
+    p.add_argument("--metrics-port", type=port_arg, metavar="PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; [federation] "
                         "metrics_port)")
     p.add_argument("--metrics-host", metavar="ADDR",

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.common import CliError
+from cli.common import CliError, port_arg
 from cli.logfile import add_log_file_flag
 from cli.status import add_source_flags, resolve_source
 
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_source_flags(p)
     p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                    help="address to listen on (127.0.0.1; any other address requires a token)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="PORT", help=f"port ({DEFAULT_PORT}; 0: any free)")
+    p.add_argument("--port", type=port_arg, default=DEFAULT_PORT, metavar="PORT", help=f"port ({DEFAULT_PORT}; 0: any free)")
     p.add_argument("--token", metavar="TOKEN", help="access token (generated when bound beyond loopback)")
     p.add_argument("--stale-after", type=float, default=30.0, metavar="SECONDS",
                    help="a device silent this long counts as offline (30)")

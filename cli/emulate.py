@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.common import CliError, add_common_flags, add_mode_flags, mode_overrides
+from cli.common import CliError, add_common_flags, add_mode_flags, mode_overrides, port_arg
 from cli.privacy import add_privacy_flags, privacy_overrides
 from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
 
@@ -103,7 +103,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--dashboard", nargs="?", const=DASHBOARD_DEFAULT, metavar="HOST:PORT",
                    help=f"serve the live dashboard while the fleet runs and print its address ({DASHBOARD_DEFAULT}, "
                         f"or a free port when that one is taken; see 'flayer dashboard')")
-    g.add_argument("--metrics-port", type=int, metavar="PORT",
+    g.add_argument("--metrics-port", type=port_arg, metavar="PORT",
                    help="the coordinator serves Prometheus metrics on 127.0.0.1:PORT/metrics ([federation] "
                         "metrics_port; docs/reference/metrics.md)")
     p.set_defaults(func=run)

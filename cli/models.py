@@ -16,17 +16,8 @@ import sys
 import threading
 from pathlib import Path
 
-from cli.common import CliError
+from cli.common import CliError, port_arg
 
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from exc
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in [0, 65535] (0: a free one), got {value}")
-    return value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     actions.required = True
     s = actions.add_parser("serve", help="run nginx serving a models folder until Ctrl-C")
     s.add_argument("--dir", required=True, metavar="DIR", help="the coordinator's [federation] models_dir")
-    s.add_argument("--port", type=_port, default=8080, metavar="P", help="port to listen on (default 8080; 0: a free one)")
+    s.add_argument("--port", type=port_arg, default=8080, metavar="P", help="port to listen on (default 8080; 0: a free one)")
     s.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                    help="listen address (default 127.0.0.1; 0.0.0.0 for every interface)")
     s.add_argument("--state-dir", metavar="DIR",

@@ -86,3 +86,16 @@ def test_simulate_fedavg_end_to_end(tmp_path):
     assert summary["best_acc"] > 0.5
     assert (out / "models" / "global.safetensors").is_file()
     assert len(list((out / "models").glob("client_*.safetensors"))) == 4
+
+
+@pytest.mark.parametrize("argv", [
+    ["broker", "start", "--port", "65536"], ["broker", "start", "--tls-port", "-1"],
+    ["models", "serve", "--port", "70000"], ["dashboard", "--port", "99999"],
+    ["coordinator", "--metrics-port", "65536"], ["emulate", "--metrics-port", "x"],
+])
+def test_every_port_flag_is_checked_by_one_rule(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "port" in err and ("[0, 65535]" in err or "expected a port number" in err), err
