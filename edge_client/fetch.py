@@ -75,6 +75,7 @@ class ModelFetch:
     shaper: Callable[[int, str], float] | None
     _download: ModelDownload | None
     _http: HttpDownload | None = None  # models over HTTP: a fetch under way
+    on_http_bytes: Callable[[int], None] | None = None  # body bytes as they come over HTTP (the emulator counts them)
     _http_failed: set[str]  # digests whose HTTP fetch failed: the broker's chunks instead
     settings: Any
     creds: Any
@@ -140,6 +141,8 @@ class ModelFetch:
         timeout = self.settings.http_timeout_s
 
         def on_bytes(n: int) -> None:
+            if self.on_http_bytes is not None:
+                self.on_http_bytes(n)
             if self.shaper is not None:  # the emulator's link: HTTP bytes cross it as chunks do
                 self.sleep(self.shaper(n, "down"))
 

@@ -129,6 +129,7 @@ class EmulatedDevice:
             self.state = "finished"  # the store says the federation is over for this device
             return
         count_wire_bytes(client.link.client, self._count)  # every byte, retransmissions and MQTT framing included
+        client.on_http_bytes = lambda n: self._count(n, "down")  # models over HTTP: the body bytes (headers not)
         self.client = client
         self.instances += 1
         client.start()
