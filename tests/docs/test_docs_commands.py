@@ -71,6 +71,9 @@ def found() -> list[tuple[str, str]]:
 CASES = found()
 
 
+SHELL_OPERATORS = frozenset({">", ">>", "<", "|", "&&", "||", ";", "2>&1", "&"})
+
+
 class _Refused(Exception):
     pass
 
@@ -78,6 +81,8 @@ class _Refused(Exception):
 def parse(parser: argparse.ArgumentParser, command: str) -> argparse.Namespace:
     words = shlex.split(command, comments=True)
     assert words[0] == "flayer"
+    cut = [i for i, w in enumerate(words) if w in SHELL_OPERATORS]  # `flayer ... > FILE`, `| tee`, `&& ...`
+    words = words[:cut[0]] if cut else words
     try:
         return parser.parse_args(words[1:])
     except SystemExit as exc:
