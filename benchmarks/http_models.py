@@ -191,7 +191,8 @@ def main() -> None:
     results = []
     for n in (int(x) for x in args.devices.split(",")):
         for http in (False, True):
-            results.append(run_one(args, n, http, out / f"{n}-{'http' if http else 'broker'}"))
+            folder = out / f"{n}-{'http' if http else 'broker'}"
+            results.append({**run_one(args, n, http, folder), "out": str(folder)})
     print(f"per round, mean over {args.rounds} rounds, {args.selected} selected of each fleet "
           f"(broker: Mosquitto's /proc/<pid> stat and io)")
     print(f"{'devices':>7} {'models':>10} {'broker CPU s':>12} {'broker wrote MB':>15} {'broker read MB':>14} "
@@ -204,6 +205,14 @@ def main() -> None:
     by_n: dict[int, dict[bool, dict[str, Any]]] = {}
     for r in results:
         by_n.setdefault(r["devices"], {})[r["http_models"]] = r
+    print("whole run (the final plan's downloads by every device included):")
+    for r in results:
+        log = Path(r["out"]) / "nginx/access.log" if "out" in r else None
+        sent = [int(m.group(1)) for line in (log.read_text().splitlines() if log and log.exists() else [])
+                if (m := re.search(r"\" \d{3} (\d+) ", line))]
+        print(f"{r['devices']:>7} {'HTTP' if r['http_models'] else 'broker':>10}: broker CPU {r['broker_cpu_s_total']:.1f} s, "
+              f"broker wrote {r['broker_wrote_mb_total']:.0f} MB, nginx {len(sent)} responses {sum(sent) / 1e6:.0f} MB, "
+              f"run {r['run_s']:.0f} s")
     for n, pair in by_n.items():
         if True in pair and False in pair:
             ratio = {k: _mean(pair[True]["rounds"], k) / max(_mean(pair[False]["rounds"], k), 1e-9)
