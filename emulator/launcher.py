@@ -30,7 +30,7 @@ from .events import JsonlTail
 from .fleet import THREAD_MODE_LIMIT, FleetSpec, device_ids
 from .options import EmulateConfig, federation_table
 from .procs import Child
-from .profiles import assign_profiles, load_profiles, parse_mix
+from .profiles import assign_profiles, load_profiles, parse_mix, secure_dropout_for
 from .progress import FleetProgress
 from .report import emulate_round_record
 from .setup import (
@@ -169,13 +169,29 @@ class _Launch:
             fed = federation_table(cfg, n)
             if emu.http_models:  # models over HTTP: nginx serves the coordinator's model files for the run
                 fed.update(self._model_server())
-            write_federation_toml(self.out / "federation.toml", fed, cfg.run,
+            run = self._secure_dropout(cfg.run, profiles.profiles, assigned, float(fed["deadline_s"]), trace)
+            write_federation_toml(self.out / "federation.toml", fed, run,
                                   state / "credentials/coordinator.toml",
                                   self.out / "coordinator")
             from coordinator.config import load_coordinator_config
 
             load_coordinator_config(self.out / "federation.toml")  # a bad config fails before anything starts
         return spec
+
+    def _secure_dropout(self, run: Any, profiles: Any, assigned: list[str], deadline_s: float, trace: Any) -> Any:
+        """Secure rounds: unless ``[privacy] secure_dropout`` is set, the threshold and the neighbour graph are
+        chosen for the dropouts this fleet's profiles predict within a round's deadline."""
+        if not run.privacy.secure_aggregation or self.cfg.extra.get("secure_dropout_given"):
+            return run
+        if trace is not None:
+            self.note(f"secure aggregation: availability comes from a trace, so the threshold is chosen for "
+                      f"secure_dropout = {run.privacy.secure_dropout:g} ([privacy] secure_dropout to change it)")
+            return run
+        rate = secure_dropout_for(profiles, assigned, deadline_s)
+        self.note(f"secure aggregation: threshold chosen for a dropout rate of {rate:g}, the profiles' chance "
+                  f"that a device goes off or crashes within the {deadline_s:g} s deadline ([privacy] "
+                  f"secure_dropout to set it)")
+        return dataclasses.replace(run, privacy=dataclasses.replace(run.privacy, secure_dropout=rate))
 
     def _model_server(self) -> dict[str, str]:
         from coordinator.model_server import NginxServer

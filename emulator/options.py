@@ -137,7 +137,9 @@ def load_emulate_config(path: str | Path | None, overrides: Mapping[str, Mapping
                                                           if v is not None}:
             emu_values[key] = _relative(base, raw["emulator"][key])
     emu = from_mapping(EmulatorSettings, emu_values, f"{src} [emulator]")
-    return EmulateConfig(run, fed, edge, emu, src)
+    # secure rounds: an unset secure_dropout is chosen from the fleet's profiles (emulator.launcher)
+    given = "secure_dropout" in run_tables["privacy"]
+    return EmulateConfig(run, fed, edge, emu, src, extra={"secure_dropout_given": given})
 
 
 def federation_table(cfg: EmulateConfig, n_devices: int) -> dict[str, Any]:

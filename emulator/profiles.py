@@ -42,11 +42,13 @@ __all__ = [
     "BUILTIN_PROFILES",
     "DEFAULT_MIX",
     "DeviceProfile",
+    "MAX_SECURE_DROPOUT",
     "ProfileSet",
     "assign_profiles",
     "load_profiles",
     "mix_counts",
     "parse_mix",
+    "secure_dropout_for",
 ]
 
 
@@ -91,6 +93,12 @@ class DeviceProfile:
     def online_share(self) -> float:
         """The Markov chain's stationary probability of being online."""
         return 1.0 if self.p_off == 0 else self.p_on / (self.p_on + self.p_off)
+
+    def gone_within(self, window_s: float) -> float:
+        """The chance that a device of this profile, online now, is off or crashed ``window_s`` seconds later
+        at least once (its Markov steps: 1 - ((1 - p_off)(1 - crash_prob))^(window_s / step_s))."""
+        stay = (1.0 - self.p_off) * (1.0 - self.crash_prob)
+        return 1.0 - stay ** (max(0.0, window_s) / self.step_s)
 
     def describe(self) -> str:
         def rate(mbps: float) -> str:
@@ -153,6 +161,20 @@ def check_mix(mix: Mapping[str, float], profiles: Mapping[str, DeviceProfile], w
             raise ConfigError(f"{where}: the share of {name!r} must be a number >= 0, got {share!r}")
     if sum(mix.values()) <= 0:
         raise ConfigError(f"{where}: the shares add up to 0")
+
+
+MAX_SECURE_DROPOUT = 0.45  # [privacy] secure_dropout must stay below 0.5
+
+
+def secure_dropout_for(profiles: Mapping[str, DeviceProfile], assigned: Sequence[str], window_s: float) -> float:
+    """The dropout rate a secure round's threshold is chosen to survive on this fleet: the mean over its
+    devices (``assigned``: each device's profile) of the chance of going off or crashing within
+    ``window_s`` (the round's deadline: the protocol runs from the key adverts to the unmasking inside
+    it), rounded up to 0.01 and at most MAX_SECURE_DROPOUT."""
+    if not assigned:
+        return 0.0
+    mean = sum(profiles[name].gone_within(window_s) for name in assigned) / len(assigned)
+    return min(MAX_SECURE_DROPOUT, math.ceil(mean * 100 - 1e-9) / 100)
 
 
 def load_profiles(path: str | Path | None = None) -> ProfileSet:

@@ -193,3 +193,35 @@ def test_link_shaper_adds_latency_and_counts_bytes() -> None:
     assert seen == [(125_000, "up"), (10_000_000, "down")]
     with pytest.raises(ValueError):
         shaper(1, "sideways")
+
+
+def test_gone_within_matches_the_emulated_timelines() -> None:
+    """The secure-round dropout the emulator predicts from a profile is what its availability chain does:
+    the share of devices that go off or crash within the window after coming online."""
+    from emulator.profiles import BUILTIN_PROFILES
+
+    window = 60.0
+    for name in ("laptop", "phone-4g", "flaky-field"):
+        p = BUILTIN_PROFILES[name]
+        gone = 0
+        trials = 1500
+        for k in range(trials):
+            events = iter(device_timeline(p, 3, f"dev-{k}"))
+            start = next(t for t, e in events if e == "online")
+            t_next, e_next = next(events, (math.inf, ""))
+            gone += t_next <= start + window and e_next in ("offline", "crash")
+        assert gone / trials == pytest.approx(p.gone_within(window), abs=0.04), name
+    assert BUILTIN_PROFILES["jetson-orin"].gone_within(window) == 0.0
+
+
+def test_secure_dropout_for_a_fleet_is_its_mean_rounded_up_and_bounded() -> None:
+    from emulator.profiles import BUILTIN_PROFILES, MAX_SECURE_DROPOUT, secure_dropout_for
+
+    flaky = BUILTIN_PROFILES["flaky-field"]
+    expect = 1 - (0.9 * 0.95) ** 3  # 30 s = 3 steps of 10 s
+    assert flaky.gone_within(30.0) == pytest.approx(expect)
+    fleet = ["jetson-orin"] * 3 + ["flaky-field"]
+    assert secure_dropout_for(BUILTIN_PROFILES, fleet, 30.0) == math.ceil(expect / 4 * 100) / 100
+    assert secure_dropout_for(BUILTIN_PROFILES, ["jetson-orin"] * 5, 600.0) == 0.0
+    assert secure_dropout_for(BUILTIN_PROFILES, ["flaky-field"] * 5, 600.0) == MAX_SECURE_DROPOUT
+    assert secure_dropout_for(BUILTIN_PROFILES, [], 60.0) == 0.0
