@@ -19,7 +19,6 @@ from pathlib import Path
 from cli.common import CliError, port_arg
 
 
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="serve the federation's model files over HTTP(S) with nginx",
                        description=__doc__.splitlines()[0])

@@ -41,8 +41,8 @@ from flayer.strategies.base import derive_seed
 __all__ = [
     "BUILTIN_PROFILES",
     "DEFAULT_MIX",
-    "DeviceProfile",
     "MAX_SECURE_DROPOUT",
+    "DeviceProfile",
     "ProfileSet",
     "assign_profiles",
     "load_profiles",

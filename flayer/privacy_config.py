@@ -40,7 +40,7 @@ class PrivacySettings:
     # round's sum; with or without the DP above (``enabled``)
     secure_aggregation: bool = False
     secure_clip_range: float | None = None  # R: each sent value is clipped to [-R, R]; default C with DP, else 8
-    secure_dropout: float = 0.1  # the dropout rate the neighbour graph and threshold t are chosen to survive
+    secure_dropout: float = 0.1  # the dropout rate k and t are chosen to survive (emulate: from the profiles if unset)
     secure_stage_s: float = 10.0  # coordinator: how long the key, share and unmask stages each wait for devices
 
     def __post_init__(self) -> None:

@@ -35,5 +35,6 @@ def test_emulate_over_http_models_counts_the_http_downloads(tmp_path: Path) -> N
     served = [line for line in (out / "nginx/access.log").read_text().splitlines() if '" 200 ' in line
               or '" 206 ' in line]
     assert len(served) >= 6, served
-    model_mb = [m for m in read_metrics(out / "coordinator/metrics.jsonl") if m["kind"] == "round"][0]["model_bytes"] / 1e6
+    first = next(m for m in read_metrics(out / "coordinator/metrics.jsonl") if m["kind"] == "round")
+    model_mb = first["model_bytes"] / 1e6
     assert all(r["mb_down"] >= 3 * model_mb for r in rows), ([r["mb_down"] for r in rows], model_mb)
