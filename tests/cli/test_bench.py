@@ -15,6 +15,7 @@ ARGS = ["bench", "--dataset", "digits", "--samples", "450", "--clients", "3", "-
         "--methods", "fedavg,local,flayer", "--jobs", "2", "--lr", "0.05"]
 
 
+@pytest.mark.slow  # ~18 s; the resume rule stays in the default run through test_ablate_takes_the_runs_a_bench_already_ran
 def test_bench_runs_then_resumes_without_rerunning(tmp_path, capsys):
     out = tmp_path / "bench"
     assert main(ARGS + ["--out", str(out)]) == 0

@@ -73,6 +73,7 @@ def test_ten_devices_run_two_rounds(tmp_path: Path) -> None:
     assert summary["finished"] and summary["devices"] == 10 and summary["network"] == "thread"
 
 
+@pytest.mark.slow  # ~18 s; selection of online devices is unit-tested in tests/coordinator
 def test_devices_marked_offline_are_never_selected(tmp_path: Path) -> None:
     ids = [f"dev-{i:03d}" for i in range(10)]
     trace = tmp_path / "trace.csv"
@@ -107,6 +108,7 @@ def test_devices_marked_offline_are_never_selected(tmp_path: Path) -> None:
         r["selected"] for r in read_jsonl(out / "rounds.jsonl"))
 
 
+@pytest.mark.slow  # ~21 s; the default run keeps test_ten_devices_run_two_rounds
 def test_two_shards_on_one_machine_form_one_fleet(tmp_path: Path) -> None:
     args = [*COMMON, "--clients", "6", "--rounds", "2", "--mix", "jetson-orin", "--quorum", "6",
             "--over-selection",

@@ -47,8 +47,10 @@ def _run(name: str, fleet: tuple[Any, list[Any]], engine: Any) -> Any:
 
 
 # flayer covers plain SGD steps, per-layer groups and a frozen body; fedavg and fedbabu add no path of
-# their own to the default run
-@pytest.mark.parametrize("name", [pytest.param("fedavg", marks=pytest.mark.slow), "flayer",
+# their own; all three are slow (~20 s each): the default run keeps FLAYER through ExecuTorch in
+# tests/integration/test_federation_executorch.py (an ExecuTorch device beside a torch device)
+@pytest.mark.parametrize("name", [pytest.param("fedavg", marks=pytest.mark.slow),
+                                  pytest.param("flayer", marks=pytest.mark.slow),
                                   pytest.param("fedbabu", marks=pytest.mark.slow)])
 def test_a_federation_through_executorch_matches_torch(name: str, fleet: Any, engine: Any) -> None:
     """fedavg: plain SGD; flayer: Eq. 4's per-layer rates every step and the head-only epoch with the

@@ -92,6 +92,7 @@ def test_three_rounds_separate_processes_match_the_simulator(tmp_path: Path, fmn
         fb.broker.stop()
 
 
+@pytest.mark.slow  # ~9 s; the same rounds over Mosquitto stay in the default run
 def test_three_rounds_embedded_broker_match_the_simulator(tmp_path: Path, fmnist_run) -> None:  # type: ignore[no-untyped-def]
     fb = start_fed_broker(tmp_path, "embedded", DEVICES)
     clients: list[EdgeClient] = []
