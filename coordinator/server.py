@@ -225,9 +225,18 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
     def _next_event(self) -> Any:
         self.inbox.count_dropped(self.events.take_dropped())
         now = self.clock()
-        timer = self.open.timer if self.open is not None else None
-        wake = timer.next_wakeup() if timer is not None else now + 1.0
-        return self.events.get(timeout=min(1.0, max(0.0, wake - now)))
+        return self.events.get(timeout=min(1.0, max(0.0, self._wake_at(now) - now)))
+
+    def _wake_at(self, now: float) -> float:
+        """When the open round's state may change without an event: its timer, or in a secure round's key,
+        share and unmask stages the stage's end (the round timer's quorum + grace has passed by the unmask
+        stage: waking at it would spin the loop until the survivors answer)."""
+        rnd = self.open
+        if rnd is None or rnd.timer is None:
+            return now + 1.0
+        if rnd.secure is not None and rnd.secure.stage != 3:
+            return rnd.secure.stage_end
+        return rnd.timer.next_wakeup()
 
     def _handle(self, ev: Any) -> None:
         if isinstance(ev, Received):

@@ -77,3 +77,38 @@ def test_a_stage_ends_by_its_time_and_too_few_devices_abandon_the_round():
     assert sec.advance(101.0) == [] and sec.stage == 1  # waiting for the others
     with pytest.raises(SecAggAbandoned, match="1 devices advertised keys, fewer than t"):
         sec.advance(106.0)  # its time is up with one advert
+
+
+def test_the_loop_sleeps_until_the_unmask_stage_ends_instead_of_spinning():
+    """In the unmask stage the round timer's quorum + grace has passed; the coordinator's loop waits for the
+    stage's end (or an event), not for a wake-up time in the past (a busy loop: ~10 CPU s a round measured
+    on an emulated fleet of 100 before the fix)."""
+    import types
+
+    from coordinator.rounds import RoundTimer
+    from coordinator.server import Coordinator
+
+    sec, clients, ups = _round(stage_s=5.0)
+    for d in IDS:
+        sec.receive(d, clients[d].advertise().to_bytes())
+    bundles = _deliver(sec.advance(101.0))
+    for d in IDS:
+        sec.receive(d, clients[d].share_keys(bundles[d]).to_bytes())
+    shares = _deliver(sec.advance(101.0))
+    for d in IDS:
+        vec = device_vector(ups[d], sec.layout, sec.planned.params, np.random.default_rng(0))
+        sec.masked(d, clients[d].masked_input(shares[d], vec).to_bytes())
+    sec.advance(102.0, masked_done=True)
+    assert sec.stage == 4 and sec.stage_end == 107.0
+    timer = RoundTimer(opened_at=90.0, deadline=150.0, selected=4, quorum=3, grace_s=1.0, quorum_at=100.0)
+    waits: list[float] = []
+    fake = types.SimpleNamespace(
+        open=types.SimpleNamespace(timer=timer, secure=sec), clock=lambda: 103.0,
+        inbox=types.SimpleNamespace(count_dropped=lambda n: None), events=types.SimpleNamespace(
+            take_dropped=lambda: 0, get=lambda timeout: waits.append(timeout)))
+    fake._wake_at = types.MethodType(Coordinator._wake_at, fake)
+    Coordinator._next_event(fake)  # type: ignore[arg-type]
+    assert waits == [1.0]  # the stage ends at 107: the loop sleeps its longest step, not 0 s
+    sec.stage = 3  # the masked inputs' stage: the round timer decides
+    Coordinator._next_event(fake)  # type: ignore[arg-type]
+    assert waits[-1] == 0.0  # quorum at 100 + grace 1 s: the tick closes the stage now
