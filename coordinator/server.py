@@ -228,14 +228,17 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
         return self.events.get(timeout=min(1.0, max(0.0, self._wake_at(now) - now)))
 
     def _wake_at(self, now: float) -> float:
-        """When the open round's state may change without an event: its timer, or in a secure round's key,
-        share and unmask stages the stage's end (the round timer's quorum + grace has passed by the unmask
-        stage: waking at it would spin the loop until the survivors answer)."""
+        """When the open round's state may change without an event: its timer; in a secure round's key,
+        share and unmask stages the stage's end; in asynchronous rounds the version's deadline. (A round
+        timer's quorum + grace has passed by the unmask stage, and in an asynchronous version once the
+        quorum's updates are in: waking at it would spin the loop.)"""
         rnd = self.open
         if rnd is None or rnd.timer is None:
             return now + 1.0
         if rnd.secure is not None and rnd.secure.stage != 3:
             return rnd.secure.stage_end
+        if self.asynchronous:  # a version closes at its buffer or its deadline, never at quorum + grace
+            return rnd.timer.deadline
         return rnd.timer.next_wakeup()
 
     def _handle(self, ev: Any) -> None:

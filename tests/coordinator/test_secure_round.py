@@ -103,7 +103,7 @@ def test_the_loop_sleeps_until_the_unmask_stage_ends_instead_of_spinning():
     timer = RoundTimer(opened_at=90.0, deadline=150.0, selected=4, quorum=3, grace_s=1.0, quorum_at=100.0)
     waits: list[float] = []
     fake = types.SimpleNamespace(
-        open=types.SimpleNamespace(timer=timer, secure=sec), clock=lambda: 103.0,
+        open=types.SimpleNamespace(timer=timer, secure=sec), asynchronous=False, clock=lambda: 103.0,
         inbox=types.SimpleNamespace(count_dropped=lambda n: None), events=types.SimpleNamespace(
             take_dropped=lambda: 0, get=lambda timeout: waits.append(timeout)))
     fake._wake_at = types.MethodType(Coordinator._wake_at, fake)
@@ -112,3 +112,18 @@ def test_the_loop_sleeps_until_the_unmask_stage_ends_instead_of_spinning():
     sec.stage = 3  # the masked inputs' stage: the round timer decides
     Coordinator._next_event(fake)  # type: ignore[arg-type]
     assert waits[-1] == 0.0  # quorum at 100 + grace 1 s: the tick closes the stage now
+
+
+def test_an_asynchronous_version_waits_for_its_deadline_not_a_past_quorum():
+    """An asynchronous version closes at its buffer or its deadline; once ``quorum`` updates are in, the
+    round timer's quorum + grace lies in the past and waking at it spun the loop until the buffer filled."""
+    import types
+
+    from coordinator.rounds import RoundTimer
+    from coordinator.server import Coordinator
+
+    timer = RoundTimer(opened_at=90.0, deadline=150.0, selected=10, quorum=2, grace_s=5.0, quorum_at=91.0)
+    fake = types.SimpleNamespace(open=types.SimpleNamespace(timer=timer, secure=None), asynchronous=True)
+    assert Coordinator._wake_at(fake, 100.0) == 150.0  # type: ignore[arg-type]
+    fake.asynchronous = False
+    assert Coordinator._wake_at(fake, 100.0) == 96.0  # type: ignore[arg-type]  # synchronous: quorum + grace
