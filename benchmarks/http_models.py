@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,25 @@ def _log_time(text: str) -> float:
     return datetime.strptime(text, "%d/%b/%Y:%H:%M:%S %z").timestamp()
 
 
+def run_emulate(cmd: list[str], out: Path, watch: Callable[[str], None], stop: threading.Event) -> str:
+    """Run ``cmd`` (a ``flayer emulate``) from the repository root, hand each output line to ``watch`` as it
+    comes, then set ``stop`` (the sampler's) and keep the output beside ``out`` as ``<out>.log``; its text,
+    or SystemExit naming the log when the run failed."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        watch(line)
+    rc = proc.wait()
+    stop.set()
+    log = out.parent / f"{out.name}.log"
+    log.write_text("".join(lines))
+    if rc != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {log}")
+    return "".join(lines)
+
+
 def run_one(args: argparse.Namespace, devices: int, http: bool, out: Path) -> dict[str, Any]:
     done = out / "measure.json"
     if done.exists():
@@ -133,20 +153,16 @@ def run_one(args: argparse.Namespace, devices: int, http: bool, out: Path) -> di
         cmd.append("--http-models")
     sampler = Sampler()
     t0 = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
+
+    def watch(line: str) -> None:
         if m := re.search(r"mosquitto broker pid (\d+)", line):
             sampler.broker = int(m.group(1))
         if m := re.search(r"nginx pid (\d+)", line):
             sampler.nginx = int(m.group(1))
-    rc = proc.wait()
-    sampler.stop.set()
-    (out.parent / f"{out.name}.log").write_text("".join(lines))
-    if rc != 0 or not sampler.samples:
-        raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {out.parent / (out.name + '.log')}")
+
+    run_emulate(cmd, out, watch, sampler.stop)
+    if not sampler.samples:
+        raise SystemExit(f"no broker samples for {' '.join(cmd)}; see {out.parent / (out.name + '.log')}")
     closes = {r["round"]: r["time"] for r in map(json.loads, (out / "coordinator/metrics.jsonl").read_text().splitlines())
               if r.get("kind") == "round"}
     walls = {r["round"]: r["wall_s"] for r in map(json.loads, (out / "rounds.jsonl").read_text().splitlines())}

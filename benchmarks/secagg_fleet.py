@@ -23,15 +23,12 @@ import argparse
 import json
 import math
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from http_models import Sampler, _cpu_s
-
-ROOT = Path(__file__).resolve().parent.parent
+from http_models import Sampler, _cpu_s, run_emulate
 
 
 class CpuSampler(Sampler):
@@ -76,19 +73,13 @@ def run_one(args: argparse.Namespace, devices: int, secure: bool, out: Path) -> 
     cmd += ["--secure-agg"] if secure else ["--set", "flayer.positions=public"]
     sampler = CpuSampler()
     t0 = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
+
+    def watch(line: str) -> None:
         if m := re.search(r"coordinator pid (\d+), worker pids ([\d, ]+)", line):
             sampler.coordinator = int(m.group(1))
             sampler.workers = [int(p) for p in m.group(2).split(",")]
-    rc = proc.wait()
-    sampler.stop.set()
-    (out.parent / f"{out.name}.log").write_text("".join(lines))
-    if rc != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {out.parent / (out.name + '.log')}")
+
+    text = run_emulate(cmd, out, watch, sampler.stop)
     coord = {r["round"]: r for r in map(json.loads, (out / "coordinator/metrics.jsonl").read_text().splitlines())
              if r.get("kind") == "round"}
     emu = {r["round"]: r for r in map(json.loads, (out / "rounds.jsonl").read_text().splitlines())}
@@ -103,7 +94,7 @@ def run_one(args: argparse.Namespace, devices: int, secure: bool, out: Path) -> 
                        "dropped": len(c.get("secure_dropped") or []),
                        "coordinator_cpu_s": round(b[1] - a[1], 3), "workers_cpu_s": round(b[2] - a[2], 3),
                        "acc": c.get("acc")})
-    chosen = re.search(r"dropout rate of ([\d.]+)", "".join(lines))
+    chosen = re.search(r"dropout rate of ([\d.]+)", text)
     result = {"devices": devices, "secure": secure, "rounds": rounds, "run_s": round(time.time() - t0, 1),
               "secure_dropout": float(chosen.group(1)) if chosen else None, "command": " ".join(cmd[1:])}
     done.write_text(json.dumps(result, indent=1) + "\n")
