@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--secure-drop", type=float, default=0.0, metavar="P",
                    help="secure rounds: each selected device drops out at a random protocol step with "
                         "probability P (planning a fleet's dropouts; default 0)")
+    p.add_argument("--dp-seeded-noise", action="store_true",
+                   help="draw the privacy noise from --seed instead of the operating system's CSPRNG: a "
+                        "reproducible run that is NOT private (anyone who knows the seed subtracts the noise)")
     p.set_defaults(func=run)
 
 
@@ -136,7 +139,8 @@ def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:
 
 def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = None,
                    quiet: bool = False, save_models: bool = False, runtime: str = "torch",
-                   blowup: float | None = None, thin: Any = None, secure_drop: float = 0.0) -> dict[str, Any]:
+                   blowup: float | None = None, thin: Any = None, secure_drop: float = 0.0,
+                   seeded_noise: bool = False) -> dict[str, Any]:
     """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary.
     ``thin``: :class:`cli.thinsim.ThinOptions` (what the links carry, both ways counted; None: no link hooks,
     the updates folded as trained and sized as fp32 blobs)."""
@@ -186,7 +190,8 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         with training_engine(engine):
             result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device, global_state=g0,
                               on_round=on_round, on_client=on_client, sizer=update_sizer(), val=True,
-                              blowup=blowup, links=links, privacy=cfg.privacy, secure_drop=secure_drop)
+                              blowup=blowup, links=links, privacy=cfg.privacy, secure_drop=secure_drop,
+                              seeded_noise=seeded_noise)
         if not result.rounds:
             raise CliError(result.budget_stop or "no round ran")
         metrics.write(end_record("simulate", time.time(), len(result.rounds), result.diverged is None,
@@ -224,6 +229,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "secure_dropped_total": sum(r.dropped for r in result.rounds),
         "secure_abandoned_rounds": sum(r.abandoned is not None for r in result.rounds),
         "epsilon": epsilon_value(result.epsilon), "delta": result.delta, "budget_stop": result.budget_stop,
+        "dp_noise": None if not private else "seeded: not private" if seeded_noise else "csprng",
     }
     write_json(out / "summary.json", summary)
     return summary
@@ -260,7 +266,8 @@ def run(args: argparse.Namespace) -> int:
     write_json(out / "config.json", dataclasses.asdict(cfg))
     write_json(out / "partition.json", prepared.partition.summary)
     s = run_simulation(cfg, prepared, out, save_models=args.save_models, runtime=args.runtime,
-                       blowup=args.blowup, thin=thin, secure_drop=args.secure_drop)
+                       blowup=args.blowup, thin=thin, secure_drop=args.secure_drop,
+                       seeded_noise=args.dp_seeded_noise)
     if args.tensorboard:
         TensorBoardSink(args.tensorboard, out / "metrics.jsonl").close()
     rows = [(i + 1, a, "-" if v is None else v) for i, (a, v) in enumerate(zip(s["acc"], s["val_acc"]))]
@@ -269,6 +276,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nstopped after round {len(s['acc'])} of {cfg.rounds}: {s['diverged']}")
     if s["budget_stop"]:
         print(f"\n{s['budget_stop']}")
+    if s["dp_noise"] == "seeded: not private":
+        print(f"\nNOT PRIVATE: --dp-seeded-noise drew the noise from seed {cfg.seed}; anyone who knows it regenerates "
+              f"the noise and subtracts it, so the epsilon below describes the noise's scale, not a guarantee")
     if s["epsilon"] is not None:  # a number, or "inf" without noise
         print(f"\nprivacy: epsilon {s['epsilon']:.4} at delta {s['delta']:.3g} spent over {len(s['acc'])} rounds "
               f"({cfg.privacy.mode} noise, z {cfg.privacy.noise_multiplier:g}, C {cfg.privacy.clip:g})")

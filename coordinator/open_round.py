@@ -61,11 +61,12 @@ class OpenRound:
               global_state: Mapping[str, torch.Tensor], model_digest: str, fs: FederationSettings, federation: str,
               limits: WireLimits, now: float, norm_bound: float | None = None,
               bases: Mapping[int, str] | None = None, privacy: RoundPrivacy | None = None,
-              noise_seed: int = 0) -> OpenRound:
+              noise_seed: int | None = None) -> OpenRound:
         """``norm_bound``: the round's bound (explicit or automatic, :class:`coordinator.guard.NormHistory`);
         ``bases``: the model digests of the versions updates may be trained from (asynchronous rounds;
         synchronous: this round's model only); ``privacy``: a private round, every update clipped to the
-        server bound (device clipping is not trusted) and the sum noised from ``noise_seed``."""
+        server bound (device clipping is not trusted) and the sum noised from the operating system's CSPRNG
+        (``noise_seed``: tests only; a seed a plan reader knows makes the noise replayable)."""
         agg = OpenAggregate(strategy, global_state, privacy, noise_seed)
         sel = frozenset(selected)
         staleness = fs.async_settings.max_staleness if fs.mode == "async" else 0

@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 from flayer.engine import VersionWindow, expected_close, initial_global_state
-from flayer.engine.round import noise_seed
 from flayer.state import load_initial_model, save_model
 from flayer.strategies import make_strategy
 from protocol import Plan, encode_message
@@ -157,8 +156,7 @@ class Phases:
             bases = dict(self.window.digests)
         rnd = OpenRound.begin(number, selected, self.strategy, self.global_state, self.model.digest, self.fs,
                               self.creds.federation, self.limits, self.clock(), bound, bases,
-                              self.privacy.round(len(selected)) if self.privacy else None,
-                              noise_seed(self.cfg.run.seed, number))
+                              self.privacy.round(len(selected)) if self.privacy else None)
         if self.window is not None:
             rnd.on_fold = self.window.fold
             rnd.stats.mode = "async"

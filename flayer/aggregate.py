@@ -37,6 +37,7 @@ value elsewhere. One device changes that sum by at most its clip bound C, whoeve
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -266,15 +267,17 @@ class RobustAggregator:
 
 class DPSumAggregator:
     """The fixed-denominator noised sum of private rounds (module docstring). ``noise_std``: std of the
-    noise on each summed coordinate (0 in local mode: the devices added it); ``seed``: the generator's
-    seed (the run seed and the round: the coordinator's seeded generator); ``bit_std`` > 0: adaptive
+    noise on each summed coordinate (0 in local mode: the devices added it); ``seed``: None (every
+    driver that publishes a model) draws the noise from a generator keyed by the operating system's
+    CSPRNG, so no party can regenerate it; an int seeds it, for ``flayer simulate --dp-seeded-noise``
+    alone (reproducible, and not private: anyone who knows the seed subtracts the noise); ``bit_std`` > 0: adaptive
     clipping, the clip bits the updates report (``info[bit_key]``, read as 0 or 1) are summed and noised
     too (:meth:`noised_bits`). The noise is drawn in one fixed order -- the bit count first, then each
     tensor in the global model's order, at the sorted positions the uploads carried -- so two drivers
     folding the same uploads publish the same model."""
 
     def __init__(self, global_state: Mapping[str, torch.Tensor], contributions: int, noise_std: float,
-                 seed: int, bit_std: float = 0.0, bit_key: str = "dp_unclipped") -> None:
+                 seed: int | None = None, bit_std: float = 0.0, bit_key: str = "dp_unclipped") -> None:
         if contributions < 1 or not (noise_std >= 0 and math.isfinite(noise_std)):
             raise ValueError(f"need contributions >= 1 and a finite noise std >= 0, got {contributions}, {noise_std}")
         self._prev = {k: v.detach().cpu() for k, v in global_state.items()}
@@ -320,7 +323,7 @@ class DPSumAggregator:
                    for n, s in self.shapes.items())
 
     def _draw(self) -> tuple[dict[str, torch.Tensor], float]:
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(secrets.randbits(256) if self.seed is None else self.seed)
         noised_bits = self.bits + (float(rng.normal(0.0, self.bit_std)) if self.bit_std > 0 else 0.0)
         out: dict[str, torch.Tensor] = {}
         for name, prev in self._prev.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -90,7 +91,8 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
              on_client: Callable[[int, int], None] | None = None,
              sizer: Callable[[Update], int] | None = None, val: bool = False,
              blowup: float | None = None, links: LinkHooks | None = None,
-             privacy: PrivacySettings | None = None, secure_drop: float = 0.0) -> SimulationResult:
+             privacy: PrivacySettings | None = None, secure_drop: float = 0.0,
+             seeded_noise: bool = False) -> SimulationResult:
     """Run ``rounds`` federated rounds of ``strategy`` over ``clients``.
 
     ``on_round(record)`` after each round, ``on_client(round, done)`` after each client (progress);
@@ -107,7 +109,9 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     (``SimulationResult.budget_stop``). ``privacy.secure_aggregation``: secure rounds
     (:mod:`flayer.engine.secure`): the uploads are masked and only their sum is unmasked and folded, by the
     same protocol code the coordinator runs; ``secure_drop``: each selected device drops out at a random
-    protocol step with this probability (planning a fleet's dropouts).
+    protocol step with this probability (planning a fleet's dropouts). The privacy noise (central, the
+    devices' local shares, the secure rounds' entropy) comes from the operating system's CSPRNG;
+    ``seeded_noise`` draws it from the run seed instead, for a reproducible run that protects nothing.
     """
     g = dict(global_state) if global_state is not None else initial_global_state(strategy, seed)
     resolved: dict[str, Any] = {}
@@ -133,7 +137,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         if private is not None and (budget_stop := private.over_budget(r)) is not None:
             log.warning("%s", budget_stop)
             break
-        agg = OpenAggregate(strategy, g, rp, noise_seed(seed, r))
+        agg = OpenAggregate(strategy, g, rp, noise_seed(seed, r) if seeded_noise else None)
         bounds = Bounds(server_bound(rp, agg.coordinates), "clip") if rp is not None else Bounds()
         evals: list[ClientEval] = []
         losses: list[float] = []
@@ -143,7 +147,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         for i, data in enumerate(clients):
             ctx = RoundContext(round=r, client=i, seed=seed, device=device)
             ev, result = client_round(strategy, g, states[i], data, ctx, train=i in selected, val=val, privacy=rp,
-                                      noise_rng=np.random.default_rng(derive_seed(seed, r, i, "dp-local"))
+                                      noise_rng=_noise_rng(seeded_noise, seed, r, i)
                                       if rp is not None and i in selected else None)
             evals.append(ev)
             if result is not None and diverged is None:
@@ -168,7 +172,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         dropped, abandoned = 0, None
         if secure is not None and uploads and diverged is None:
             out = secure_sum(secure, "simulate", r, seed, uploads, bounds.norm_bound,
-                             drops_for(tuple(uploads), secure_drop, seed, r), rp)
+                             drops_for(tuple(uploads), secure_drop, seed, r), rp, seeded_noise)
             dropped, abandoned = len(out.dropped), out.reason
             if out.update is None:
                 log.warning("round %d: secure round abandoned: %s; the model stays as it was", r, out.reason)
@@ -208,6 +212,11 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
                             weighted(final_vals)[0] if final_vals else None,
                             private.ledger.epsilon(private.delta) if private is not None else None,
                             private.delta if private is not None else None, budget_stop)
+
+
+def _noise_rng(seeded: bool, seed: int, round_: int, client: int) -> np.random.Generator:
+    """A device's generator for its local noise share: keyed by the CSPRNG, or (``seeded``) by the run seed."""
+    return np.random.default_rng(derive_seed(seed, round_, client, "dp-local") if seeded else secrets.randbits(256))
 
 
 class _Private:

@@ -28,8 +28,9 @@ __all__ = ["OpenAggregate", "RoundRecord", "RoundTally", "initial_global_state",
 
 
 def noise_seed(seed: int, round_: int) -> int:
-    """The seed of the central noise of round (or model version) ``round_``: the coordinator's run seed and
-    the round, so ``flayer simulate`` draws the same noise as the coordinator for the same seeds."""
+    """The seed of round ``round_``'s noise in ``flayer simulate --dp-seeded-noise`` only (reproducible runs,
+    labelled not private). Nothing that publishes a model uses it: the run seed travels in every plan, so
+    noise drawn from it can be regenerated and subtracted by any device or observer."""
     return derive_seed(seed, round_, "dp-central-noise")
 
 
@@ -106,11 +107,11 @@ class RoundTally:
 
 class OpenAggregate:
     """A round's (or buffer's) aggregator over ``global_state`` and its tally. ``privacy``: a private round,
-    folded by :class:`flayer.aggregate.DPSumAggregator` with its noise drawn from ``seed``
-    (:func:`noise_seed`)."""
+    folded by :class:`flayer.aggregate.DPSumAggregator` with its noise from the operating system's CSPRNG
+    (``seed`` None) or, for ``flayer simulate --dp-seeded-noise`` alone, from ``seed`` (:func:`noise_seed`)."""
 
     def __init__(self, strategy: Strategy, global_state: Mapping[str, torch.Tensor],
-                 privacy: RoundPrivacy | None = None, seed: int = 0) -> None:
+                 privacy: RoundPrivacy | None = None, seed: int | None = None) -> None:
         self.privacy = privacy
         if privacy is None:
             self.fresh: Callable[[], Any] = lambda: strategy.aggregator(global_state)

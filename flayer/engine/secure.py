@@ -19,6 +19,7 @@ What a driver does with :mod:`flayer.secagg` (docs/explanation/secure-aggregatio
 from __future__ import annotations
 
 import hashlib
+import secrets
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -170,13 +171,14 @@ def common_layout(uploads: Mapping[str, Update]) -> Layout:
 
 def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads: Mapping[str, Update],
                bound: float | None, drops: Mapping[str, str] | None = None,
-               rp: RoundPrivacy | None = None) -> SecureSum:
+               rp: RoundPrivacy | None = None, seeded: bool = False) -> SecureSum:
     """Run a secure round in process over ``uploads`` (device id -> its clipped upload) with ``drops`` (device
     -> the step it drops after), by the protocol code the coordinator runs: the sum of the survivors, decoded
     and checked (:func:`sum_update`, against ``bound``), or the reason the round was abandoned. ``rp``: the
     private round; in local mode the devices add their noise shares in the ring and the bound makes room for
-    them. The devices' entropy (keys, masks, rounding, noise) is drawn from the run seed and the round, so a
-    simulation is reproducible."""
+    them. The devices' entropy (keys, masks, rounding, noise) comes from the operating system's CSPRNG, as on a
+    real device; ``seeded`` (``flayer simulate --dp-seeded-noise``: reproducible, not private) draws it from
+    the run seed and the round instead."""
     from flayer.secagg import run_round
 
     participants = tuple(sorted(uploads))
@@ -187,9 +189,10 @@ def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads
     if noise > 0:
         bound = secure_bound(rp, noise, params.length)
     adaptive = s.enabled and s.clipping == "adaptive"
-    vectors = {dev: device_vector(up, layout, params, np.random.default_rng(derive_seed(seed, round_, dev, "secagg")),
+    vectors = {dev: device_vector(up, layout, params, np.random.default_rng(derive_seed(seed, round_, dev, "secagg")
+                                                                            if seeded else secrets.randbits(256)),
                                   adaptive, noise) for dev, up in uploads.items()}
-    run_seed = hashlib.sha256(f"secagg-run:{seed}:{round_}".encode()).digest()
+    run_seed = hashlib.sha256(f"secagg-run:{seed}:{round_}".encode()).digest() if seeded else secrets.token_bytes(32)
     out = run_round(params, vectors, drop_after=dict(drops or {}), seed=run_seed)  # type: ignore[arg-type]
     survivors, dropped = tuple(sorted(out.survivors)), tuple(sorted(set(participants) - set(out.survivors)))
     if out.ring_sum is None or out.abandoned_reason is not None:

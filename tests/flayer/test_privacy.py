@@ -203,8 +203,10 @@ def test_a_private_simulation_clips_noises_and_reports_epsilon(digits):
     clients = [client_data(digits, c) for c in part.clients]
     dp = PrivacySettings(enabled=True, clip=0.5, noise_multiplier=1.0)
     runs = [simulate(make_strategy("fedavg", digits.model_spec(), TRAIN), clients, 2, seed=1, join_ratio=0.5,
-                     privacy=dp) for _ in range(2)]
+                     privacy=dp, seeded_noise=seeded) for seeded in (True, True, False)]
+    # --dp-seeded-noise reproduces a run; the default noise comes from the CSPRNG and differs from it
     assert all(torch.equal(runs[0].global_state[k], runs[1].global_state[k]) for k in runs[0].global_state)
+    assert not any(torch.equal(runs[0].global_state[k], runs[2].global_state[k]) for k in runs[0].global_state)
     eps = [r.epsilon for r in runs[0].rounds]
     assert eps[0] is not None and eps[1] is not None and 0 < eps[0] < eps[1] == runs[0].epsilon
     assert runs[0].delta == pytest.approx(10 ** -1.1)

@@ -119,7 +119,7 @@ def test_a_secure_simulation_equals_the_plain_fixed_denominator_mean(digits, cli
 def test_secure_rounds_with_central_dp_add_the_noise_to_the_unmasked_sum(digits, clients):
     dp = PrivacySettings(enabled=True, clip=0.5, noise_multiplier=1.0)
     runs = [simulate(make_strategy("flayer", digits.model_spec(), TRAIN), clients, 2, seed=1, join_ratio=0.5,
-                     privacy=p) for p in (dp, PrivacySettings(enabled=True, clip=0.5, noise_multiplier=1.0,
+                     privacy=p, seeded_noise=True) for p in (dp, PrivacySettings(enabled=True, clip=0.5, noise_multiplier=1.0,
                                                               secure_aggregation=True))]
     assert runs[0].epsilon == runs[1].epsilon
     assert max(float((runs[0].global_state[k] - runs[1].global_state[k]).abs().max())
