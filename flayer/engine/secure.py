@@ -19,8 +19,8 @@ What a driver does with :mod:`flayer.secagg` (docs/explanation/secure-aggregatio
 from __future__ import annotations
 
 import hashlib
-import secrets
 import math
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any

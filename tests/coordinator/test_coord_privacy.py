@@ -111,7 +111,7 @@ def test_private_rounds_through_the_coordinator_equal_the_engine(tmp_path, datas
     plan = fed.plans[-1]
     rp = RoundPrivacy.from_plan(plan.privacy)
     assert rp is not None and rp.clip == 0.3 and rp.contributions == 2 and plan.options["positions"] == "public"
-    r, ups = fed.folded[0]
+    _, ups = fed.folded[0]
     assert all(np.sqrt(sum(float(np.sum(d.values.astype(np.float64) ** 2)) for d in u.deltas.values())) <= 0.3 + 1e-5
                for u in ups)  # clipped on the device
     assert all(set(u.info) <= {"test_correct", "test_total", "train_loss"} for u in ups)  # no acc_val leaves
