@@ -18,12 +18,14 @@ $(BIN)/python:
 $(VENV)/.stamp-main: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[server]'
+	$(BIN)/python -m pip install -q --no-deps dp-accounting==0.6.0  # see the privacy extra in pyproject.toml
 	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
 $(VENV)/.stamp-all: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[all,test,dev,docs]'
+	$(BIN)/python -m pip install -q --no-deps dp-accounting==0.6.0  # see the privacy extra in pyproject.toml
 	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@ $(VENV)/.stamp-main
 

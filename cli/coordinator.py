@@ -26,9 +26,9 @@ from cli.unit import add_unit_flags
 
 
 def privacy_note(rec: dict[str, Any]) -> str:
-    """``, epsilon E`` for a private round's record (empty otherwise)."""
+    """``, epsilon E (models, plans)`` for a private round's record (empty otherwise)."""
     eps = rec.get("epsilon")
-    return "" if eps is None else f", epsilon {eps if isinstance(eps, str) else format(eps, '.3g')}"
+    return "" if eps is None else f", epsilon {eps if isinstance(eps, str) else format(eps, '.3g')} (models, plans)"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -183,10 +183,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{result.rounds_done}/{cfg.run.rounds} rounds done; rejections and other counters: "
           f"{counters or 'none'}; final model {result.model_digest[:12]}")
     if result.history and result.history[-1].get("epsilon") is not None:  # a private federation
+        from cli.privacy import epsilon_lines
+
         last = result.history[-1]
-        print(f"privacy: epsilon {last['epsilon'] if isinstance(last['epsilon'], str) else format(last['epsilon'], '.4g')}"
-              f" spent at delta {last['delta']:.3g} over {last['round']} rounds ({cfg.run.privacy.mode} noise, "
-              f"z {cfg.run.privacy.noise_multiplier:g}); docs/explanation/privacy.md")
+        print(epsilon_lines(last, last["round"]) + f"\n({cfg.run.privacy.mode} noise, z "
+              f"{cfg.run.privacy.noise_multiplier:g}; docs/explanation/privacy.md)")
     plots = _plots(cfg, result)
     print(f"outputs in {cfg.state_dir}/ (metrics.jsonl, checkpoint.safetensors, journal/"
           f"{', global.safetensors' if result.finished else ''}{''.join(', ' + p for p in plots)})", file=sys.stderr)

@@ -201,9 +201,9 @@ def _privacy_line(metrics: Path) -> str:
     rounds = [r for r in read_metrics(metrics) if r["kind"] == "round" and r.get("epsilon") is not None]
     if not rounds:
         return "privacy: no private round closed"
-    r = rounds[-1]
-    eps = r["epsilon"] if isinstance(r["epsilon"], str) else f"{r['epsilon']:.4g}"
-    return f"privacy: epsilon {eps} spent at delta {r['delta']:.3g} over {r['round']} rounds (docs/explanation/privacy.md)"
+    from cli.privacy import epsilon_lines
+
+    return epsilon_lines(rounds[-1], rounds[-1]["round"]) + " (docs/explanation/privacy.md)"
 
 
 def _abs(path: str | None) -> str | None:

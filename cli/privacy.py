@@ -19,7 +19,8 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
                    help="client-level DP: the coordinator (central) or each device (local) adds the Gaussian noise")
     g.add_argument("--dp-clip", type=float, metavar="C", help="L2 bound on a device's upload (1.0)")
     g.add_argument("--dp-noise", type=float, metavar="Z", help="noise multiplier: std z*C on the round's sum (1.0)")
-    g.add_argument("--dp-delta", type=float, metavar="D", help="delta of the reported epsilon (default 1/N^1.1)")
+    g.add_argument("--dp-delta", type=float, metavar="D",
+                   help="delta of the reported epsilon (default min(1e-5, 1/(10 N)); must be below 1/N)")
     g.add_argument("--target-epsilon", type=float, metavar="EPS",
                    help="stop before a round would bring epsilon above EPS")
     g.add_argument("--dp-clipping", choices=("fixed", "adaptive"), default=None,
@@ -31,7 +32,8 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
                    help="secure rounds: the dropout rate the threshold is chosen to survive (0.1); flayer simulate "
                         "also drops each selected device at a random protocol step with probability P")
     g.add_argument("--dp-plan", action="store_true",
-                   help="print epsilon for these settings, and z / rounds for --target-epsilon, then exit")
+                   help="print epsilon against each adversary for these settings, and z / rounds for "
+                        "--target-epsilon, then exit")
 
 
 def privacy_overrides(a: dict[str, Any]) -> dict[str, Any]:
@@ -42,27 +44,66 @@ def privacy_overrides(a: dict[str, Any]) -> dict[str, Any]:
             "secure_aggregation": a.get("secure_agg"), "secure_dropout": a.get("secure_dropout")}
 
 
+def _eps(eps: Any) -> str:
+    """Epsilon as printed: a number, or "infinite" (a record's "inf", or no noise)."""
+    if isinstance(eps, str):
+        return "infinite" if eps == "inf" else eps
+    return "infinite" if math.isinf(eps) else f"{eps:.4g}"
+
+
+def epsilon_lines(rec: dict[str, Any], rounds: int) -> str:
+    """The lines a private run's end prints from its last round record (or summary): epsilon against each
+    adversary, named (docs/explanation/privacy.md, "Who learns what")."""
+    coord = rec.get("epsilon_coordinator")
+    out = (f"privacy: epsilon {_eps(rec['epsilon'])} at delta {rec['delta']:.3g} after {rounds} rounds against readers "
+           f"of the published models, devices and broker observers (the cohort is public: no amplification)")
+    if coord is not None:
+        out += (f"\nprivacy: epsilon {_eps(coord)} against the coordinator"
+                + (" (it sees the updates, or their sum, before the noise: no guarantee)" if _eps(coord) == "infinite"
+                   else ""))
+    return out
+
+
 def plan_text(settings: Any, population: int, asked: int, rounds: int, contributions: int | None = None) -> str:
-    """What ``--dp-plan`` prints: the sampling rate, epsilon after ``rounds`` rounds at z, and for a target
-    epsilon the z it needs over ``rounds`` and the rounds z allows; ``contributions``: the fixed denominator m
-    when it is not ``asked`` (the coordinator's quorum). CliError on bad settings."""
-    from flayer.engine.accountant import epsilon_for, noise_for_target, rounds_for_target
+    """What ``--dp-plan`` prints: epsilon after ``rounds`` rounds against each adversary, warnings when the
+    guarantee says little, for a target epsilon the z it needs and the rounds z allows, and -- labelled as
+    not offered -- what a secret cohort would give; ``contributions``: the fixed denominator m when it is
+    not ``asked`` (the coordinator's quorum). CliError on bad settings."""
+    from flayer.engine.accountant import epsilon_fixed_size, epsilon_for, noise_for_target, rounds_for_target
 
     try:
         s = settings.resolve(population, contributions or asked)
     except ValueError as exc:
         raise CliError(f"[privacy]: {exc}") from None
-    q = s.sample_rate(asked)
-    z, d = s.noise_multiplier, s.delta
-    eps = epsilon_for([(z, q, rounds)], d)
-    spent = (f"C = {s.clip:g}, z = {z:g}, {s.mode} noise, fixed denominator m = {s.expected_contributions}: "
-             f"epsilon after {rounds} rounds = {eps:.3f}") if math.isfinite(eps) else \
-        f"z = {z:g}: no noise, epsilon is infinite"
-    head = (f"population N = {population}, {asked} asked per round: q = {q:.4g} (fixed-size selection accounted "
-            f"as Poisson at q, docs/explanation/privacy.md); delta = {d:.3g}")
-    lines = [head, spent]
+    z, d, m = s.noise_multiplier, s.delta, s.expected_contributions
+    eps = epsilon_for([(z, 1.0, rounds)], d)
+    if s.mode == "central":
+        coord = "infinite (it sees " + ("their un-noised sum" if s.secure_aggregation else "every clipped update") + \
+            " before it adds the noise)"
+    elif s.secure_aggregation:
+        coord = f"{_eps(eps)} (secure aggregation: it sees only the sum, which carries the devices' shares)"
+    else:
+        coord = (f"{_eps(epsilon_for([(z / math.sqrt(m), 1.0, rounds)], d))} (it sees each upload with its "
+                 f"device's share alone, multiplier z / sqrt(m) = {z / math.sqrt(m):.3g})")
+    lines = [(f"population N = {population}, {asked} asked per round, fixed denominator m = {m}, C = {s.clip:g}, "
+              f"z = {z:g}, {s.mode} noise, delta = {d:.3g}"),
+             "the cohort is public (plans list it): every round counts in full (q = 1) for every adversary",
+             (f"epsilon after {rounds} rounds against readers of the published models, devices and broker observers: "
+              f"{_eps(eps)} (a device in every round; exact Gaussian composition)"),
+             f"epsilon against the coordinator: {coord}"]
+    if s.mode == "local" and not s.secure_aggregation:
+        lines.append(f"local noise: a round that closes with k < m uploads carries z sqrt(k / m) and is composed so "
+                     f"(set min_updates = {m} to keep z)")
+    if math.isfinite(eps):
+        lines += [f"warning: {w}" for w in s.warnings(eps, rounds)]
     if s.target_epsilon is not None:
-        zt = noise_for_target(s.target_epsilon, d, q, rounds)
+        zt = noise_for_target(s.target_epsilon, d, 1.0, rounds)
         lines.append(f"target epsilon {s.target_epsilon:g}: {rounds} rounds need z >= {zt:.3f}; "
-                     f"z = {z:g} allows {rounds_for_target(s.target_epsilon, d, q, z)} rounds")
+                     f"z = {z:g} allows {rounds_for_target(s.target_epsilon, d, 1.0, z)} rounds")
+    if asked < population and z > 0:
+        q = asked / population
+        lines.append(f"not offered by this release, for comparison only: were the cohort secret from an adversary, "
+                     f"Poisson sampling at q = {q:.3g} would give {_eps(epsilon_for([(z, q, rounds)], d))} against it "
+                     f"(PLD), a secret fixed-size cohort {_eps(epsilon_fixed_size(population, asked, z, rounds, d))} "
+                     f"(RDP, replace-one neighbours)")
     return "\n".join(lines)

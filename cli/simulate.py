@@ -229,6 +229,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "secure_dropped_total": sum(r.dropped for r in result.rounds),
         "secure_abandoned_rounds": sum(r.abandoned is not None for r in result.rounds),
         "epsilon": epsilon_value(result.epsilon), "delta": result.delta, "budget_stop": result.budget_stop,
+        "epsilon_coordinator": epsilon_value(result.epsilon_coordinator),
         "dp_noise": None if not private else "seeded: not private" if seeded_noise else "csprng",
     }
     write_json(out / "summary.json", summary)
@@ -280,8 +281,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nNOT PRIVATE: --dp-seeded-noise drew the noise from seed {cfg.seed}; anyone who knows it regenerates "
               f"the noise and subtracts it, so the epsilon below describes the noise's scale, not a guarantee")
     if s["epsilon"] is not None:  # a number, or "inf" without noise
-        print(f"\nprivacy: epsilon {s['epsilon']:.4} at delta {s['delta']:.3g} spent over {len(s['acc'])} rounds "
-              f"({cfg.privacy.mode} noise, z {cfg.privacy.noise_multiplier:g}, C {cfg.privacy.clip:g})")
+        from cli.privacy import epsilon_lines
+
+        print("\n" + epsilon_lines(s, len(s["acc"])) + f"\n({cfg.privacy.mode} noise, z {cfg.privacy.noise_multiplier:g}, "
+              f"C {cfg.privacy.clip:g})")
     if cfg.privacy.secure_aggregation:
         print(f"\nsecure aggregation: the coordinator saw only each round's sum; {s['secure_dropped_total']} "
               f"device(s) dropped out of the protocol, {s['secure_abandoned_rounds']} round(s) abandoned")

@@ -1,19 +1,23 @@
 """The coordinator's share of a private federation (docs/explanation/privacy.md): the round's DP parameters
-for the plan, the accountant's ledger, the budget check before a round opens, and what the checkpoint keeps.
+for the plan, the accountant's ledgers, the budget check before a round opens, and what the checkpoint keeps.
 
 Rules, in the order the coordinator applies them:
 
 1. At the start: ``[privacy]`` is resolved for the population N (``[privacy] population``: required, the
    coordinator cannot know how many devices may ever join), the expected contributions m (default: the
-   quorum, synchronous; the buffer, asynchronous) and delta (default 1/N^1.1); the strategy is made
-   private (:func:`flayer.engine.privacy.private_strategy`). A setting that cannot hold stops the start.
-2. Before a round (or model version) opens: if composing it would bring epsilon above ``target_epsilon``,
-   the federation ends here (the final model is published) with the reason in the log and the metrics.
+   quorum, synchronous; the buffer, asynchronous) and delta (default min(1e-5, 1/(10 N))); the strategy is
+   made private (:func:`flayer.engine.privacy.private_strategy`). A setting that cannot hold stops the
+   start; a population or an epsilon too weak to protect much is logged as a warning.
+2. Before a round (or model version) opens: if composing it would bring epsilon (against readers of the
+   models and plans) above ``target_epsilon``, the federation ends here (the final model is published) with
+   the reason in the log and the metrics. A local-mode round is checked at the fewest uploads it may close
+   with (``min_updates``): its noise is that of the shares that arrive.
 3. Each round: the plan carries C, z and m (:class:`flayer.engine.privacy.RoundPrivacy`); every update is
-   clipped again to the server bound; the sum is noised from the generator seeded by (run seed, round).
-4. At the close: the round is composed -- synchronous at q = asked / N, asynchronous at q = 1
-   (:mod:`flayer.engine.accountant`) -- adaptive clipping moves C, and the ledger and C go into the
-   same atomic checkpoint as the model, so a restart neither forgets a round nor composes one twice.
+   clipped again to the server bound; the sum is noised from the operating system's CSPRNG.
+4. At the close: the round is composed at q = 1 (the cohort is public) with the noise it actually carries,
+   against each adversary (:class:`flayer.engine.adversaries.Accounts`); adaptive clipping moves C; the
+   ledgers and C go into the same atomic checkpoint as the model, so a restart neither forgets a round nor
+   composes one twice.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flayer.engine.accountant import Ledger, LedgerError
+from flayer.engine.accountant import LedgerError
+from flayer.engine.adversaries import Accounts
 from flayer.engine.privacy import RoundPrivacy, next_clip, private_strategy
 from flayer.engine.round import OpenAggregate
 from flayer.privacy_config import PrivacySettings
@@ -44,22 +49,28 @@ class FederationPrivacy:
     settings: PrivacySettings  # resolved
     asynchronous: bool
     clip: float = 0.0
-    ledger: Ledger = field(default_factory=Ledger)
-    q: float = 1.0
+    fewest: int = 1  # the fewest uploads a round may close with (min_updates)
+    accounts: Accounts = field(default_factory=lambda: Accounts("central", False))
+    z: float = 0.0  # the multiplier of the last closed round's sum
 
     @classmethod
     def of(cls, settings: PrivacySettings, strategy: Strategy, quorum: int, buffer: int,
-           asynchronous: bool) -> tuple[FederationPrivacy | None, Strategy]:
+           asynchronous: bool, fewest: int = 1, rounds: int = 0) -> tuple[FederationPrivacy | None, Strategy]:
         """(the federation's privacy, None when off; the strategy as private rounds run it); ValueError
         naming the setting that cannot hold (rule 1)."""
         if not settings.enabled:
             return None, strategy
         if settings.population is None:
             raise ValueError("[privacy] population is required for the coordinator: the number of devices that may "
-                             "be selected (N of the sampling rate and of delta < 1/N)")
+                             "be selected (N of delta < 1/N)")
         private = private_strategy(strategy)
         s = settings.resolve(settings.population, buffer if asynchronous else quorum)
-        return cls(s, asynchronous, s.clip), private
+        out = cls(s, asynchronous, s.clip, max(1, fewest), Accounts(s.mode, s.secure_aggregation))
+        if rounds > 0:
+            for line in s.warnings(out.accounts.public.epsilon_after(s.noise_multiplier, 1.0, out.delta, rounds),
+                                   rounds):
+                log.warning("privacy: %s", line)
+        return out, private
 
     @property
     def delta(self) -> float:
@@ -68,7 +79,6 @@ class FederationPrivacy:
 
     def round(self, asked: int) -> RoundPrivacy:
         """This round's parameters (rule 3); ``asked``: the devices it selects."""
-        self.q = 1.0 if self.asynchronous else self.settings.sample_rate(max(1, asked))
         return RoundPrivacy.of(self.settings, self.clip)
 
     def over_budget(self, number: int, asked: int) -> str | None:
@@ -76,8 +86,8 @@ class FederationPrivacy:
         target = self.settings.target_epsilon
         if target is None:
             return None
-        q = 1.0 if self.asynchronous else self.settings.sample_rate(max(1, asked))
-        eps = self.ledger.epsilon_after(self.settings.noise_multiplier, q, self.delta)
+        z = self.accounts.worst_z(RoundPrivacy.of(self.settings, self.clip), self.fewest)
+        eps = self.accounts.public.epsilon_after(z, 1.0, self.delta)
         if eps <= target:
             return None
         return (f"privacy budget: round {number} would bring epsilon to {eps:.3f} > target_epsilon {target:g} at "
@@ -87,20 +97,22 @@ class FederationPrivacy:
     def close(self, agg: OpenAggregate) -> dict[str, Any]:
         """Rule 4: compose the closed round, adapt C; the round record's privacy fields."""
         clip = self.clip
-        if agg.tally.accepted > 0 or not self.asynchronous:
-            self.ledger.compose(self.settings.noise_multiplier, self.q)
-        if self.settings.clipping == "adaptive" and agg.privacy is not None:
+        assert agg.privacy is not None
+        self.z = self.accounts.compose(agg.privacy, agg.tally.accepted)
+        if self.settings.clipping == "adaptive":
             self.clip = next_clip(self.clip, agg.noised_bits(), self.settings.expected_contributions or 1,
                                   self.settings.target_quantile, self.settings.clip_lr)
-        return {"epsilon": _json_eps(self.epsilon()), "delta": self.delta, "dp_clip": clip,
-                "dp_noise_multiplier": self.settings.noise_multiplier, "dp_sample_rate": self.q}
+        eps = self.accounts.epsilons(self.delta)
+        return {"epsilon": _json_eps(eps["public"]), "epsilon_coordinator": _json_eps(eps["coordinator"]),
+                "delta": self.delta, "dp_clip": clip, "dp_noise_multiplier": self.z, "dp_sample_rate": 1.0}
 
     def epsilon(self) -> float:
-        return self.ledger.epsilon(self.delta)
+        """Against readers of the published models, devices and observers (docs/explanation/privacy.md)."""
+        return self.accounts.public.epsilon(self.delta)
 
     def state(self) -> dict[str, Any]:
         """What the checkpoint keeps: the composed rounds as ``[z, q, rounds]`` runs and the clip bound."""
-        return {"ledger": self.ledger.state(), "clip": self.clip}
+        return {**self.accounts.state(), "clip": self.clip}
 
     def restore(self, raw: Mapping[str, Any], rounds_done: int) -> None:
         """From a checkpoint after round ``rounds_done`` (PrivacyStateError when it does not add up)."""
@@ -110,17 +122,20 @@ class FederationPrivacy:
                                         f"written without [privacy]; use another state_dir")
             return
         try:
-            ledger = Ledger.from_state(raw.get("ledger", []))
+            accounts, sampled = Accounts.restore(self.settings.mode, self.settings.secure_aggregation, raw)
         except LedgerError as exc:
             raise PrivacyStateError(str(exc)) from None
         clip = raw.get("clip")
         if not isinstance(clip, (int, float)) or isinstance(clip, bool) or not (math.isfinite(clip) and clip > 0):
             raise PrivacyStateError(f"checkpoint: privacy clip must be a number > 0, got {clip!r}")
-        if not self.asynchronous and ledger.rounds != rounds_done:
-            raise PrivacyStateError(f"checkpoint: the privacy ledger composes {ledger.rounds} rounds, the checkpoint "
-                                    f"is after round {rounds_done}")
-        self.ledger, self.clip = ledger, float(clip)
-        log.info("privacy: resuming with %d rounds composed, epsilon %.4g at delta %.3g", ledger.rounds,
+        if not self.asynchronous and accounts.public.rounds > rounds_done:
+            raise PrivacyStateError(f"checkpoint: the privacy ledger composes {accounts.public.rounds} rounds, the "
+                                    f"checkpoint is after round {rounds_done}")
+        if sampled:
+            log.warning("privacy: the checkpoint's ledger composed rounds with amplification by sampling; they are "
+                        "recomposed at q = 1 (the cohort is public)")
+        self.accounts, self.clip = accounts, float(clip)
+        log.info("privacy: resuming with %d rounds composed, epsilon %.4g at delta %.3g", accounts.public.rounds,
                  self.epsilon(), self.delta)
 
 
@@ -131,7 +146,7 @@ def federation_privacy(cfg: Any, strategy: Strategy, buffer: int) -> tuple[Feder
 
     try:
         return FederationPrivacy.of(cfg.run.privacy, strategy, cfg.federation.quorum, buffer,
-                                    cfg.federation.mode == "async")
+                                    cfg.federation.mode == "async", cfg.federation.min_updates, cfg.run.rounds)
     except ValueError as exc:
         raise CoordinatorError(f"[privacy]: {exc}") from None
 

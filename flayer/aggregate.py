@@ -324,7 +324,11 @@ class DPSumAggregator:
 
     def _draw(self) -> tuple[dict[str, torch.Tensor], float]:
         rng = np.random.default_rng(secrets.randbits(256) if self.seed is None else self.seed)
-        noised_bits = self.bits + (float(rng.normal(0.0, self.bit_std)) if self.bit_std > 0 else 0.0)
+        # the clip bits centred at +-1/2 (Andrew et al. 2021; TF Privacy's QuantileEstimatorQuery): one device
+        # moves sum_k (b_k - 1/2) by 1/2, the sensitivity the accountant's z_Delta assumes; + m/2 puts the
+        # noised figure back on the count's scale
+        centred = self.bits - self.contributors / 2
+        noised_bits = centred + (float(rng.normal(0.0, self.bit_std)) if self.bit_std > 0 else 0.0) + self.m / 2
         out: dict[str, torch.Tensor] = {}
         for name, prev in self._prev.items():
             acc = self._sum.get(name)
@@ -346,7 +350,8 @@ class DPSumAggregator:
         return {k: v.clone() for k, v in self._out[0].items()}
 
     def noised_bits(self) -> float:
-        """Adaptive clipping: the count of unclipped uploads plus ``N(0, bit_std^2)``."""
+        """Adaptive clipping: the count of unclipped uploads, estimated as ``sum_k (b_k - 1/2) + N(0, bit_std^2)
+        + m / 2`` (the centred bits: sensitivity 1/2)."""
         if self._out is None:
             self._out = self._draw()
         return self._out[1]

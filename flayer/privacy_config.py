@@ -2,7 +2,7 @@
 
 A leaf module (the run config reads it); the mechanism is :mod:`flayer.engine.privacy`, the accountant
 :mod:`flayer.engine.accountant`. ``resolve`` fills in what follows from the federation (population N,
-expected contributions m, delta = 1/N^1.1) and refuses what cannot hold (delta >= 1/N, ...).
+expected contributions m, delta = min(1e-5, 1/(10 N))) and refuses what cannot hold (delta >= 1/N, ...).
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ __all__ = ["PrivacySettings", "default_delta"]
 
 
 def default_delta(population: int) -> float:
-    """``delta = 1 / N^1.1``: below 1/N, so a mechanism that publishes one device's data outright with
-    probability delta is ruled out (the usual requirement delta << 1/N)."""
-    return 1.0 / float(population) ** 1.1
+    """``delta = min(1e-5, 1 / (10 N))``. delta bounds the chance that the guarantee fails outright: a
+    mechanism that publishes each device's data whole with probability delta is (0, delta)-DP and leaks
+    N delta devices on average, so delta must sit well below 1/N (here N delta <= 0.1 at any N), and no
+    larger than 1e-5 in a small federation, where 1/(10 N) alone would be a sizeable chance (1/40 for
+    four devices). 1e-5 is the value Flower's and Opacus's examples use."""
+    return min(1e-5, 0.1 / float(population))
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class PrivacySettings:
     mode: Literal["central", "local"] = "central"  # who adds the noise: the coordinator, or each device a share
     clip: float = 1.0  # C: L2 bound on a device's upload (the initial C with adaptive clipping)
     noise_multiplier: float = 1.0  # z: the noise std on the round's sum is z * C
-    delta: float | None = None  # the delta epsilon is reported at; default 1 / N^1.1; must be < 1/N
+    delta: float | None = None  # the delta epsilon is reported at; default min(1e-5, 1/(10 N)); must be < 1/N
     target_epsilon: float | None = None  # stop the federation before epsilon would exceed it
     clipping: Literal["fixed", "adaptive"] = "fixed"
     target_quantile: float = 0.5  # adaptive: gamma, the fraction of updates left unclipped
@@ -90,7 +93,8 @@ class PrivacySettings:
         delta = default_delta(n) if self.delta is None else self.delta
         if not 0 < delta < 1.0 / n:
             raise ValueError(f"delta must be in (0, 1/N) = (0, {1.0 / n:.3g}) for a population of N = {n}, "
-                             f"got {delta:g}")
+                             f"got {delta:g}: at delta >= 1/N a mechanism that publishes one device's data "
+                             f"whole satisfies the guarantee")
         out = replace(self, population=n, expected_contributions=m, delta=delta)
         if out.clipping == "adaptive" and out.noise_multiplier > 0 and \
                 out.noise_multiplier >= 2 * out.bit_stddev:
@@ -113,8 +117,18 @@ class PrivacySettings:
         m = self.expected_contributions or 1
         return self.count_stddev if self.count_stddev is not None else m / 20.0
 
-    def sample_rate(self, asked: int) -> float:
-        """q for the accountant: the share of the population a round asks (module docs of
-        :mod:`flayer.engine.accountant`: why this is conservative)."""
-        assert self.population is not None
-        return min(1.0, asked / self.population)
+    def warnings(self, epsilon: float, rounds: int) -> list[str]:
+        """What a plan should say before it runs (resolved settings; ``epsilon``: what ``rounds`` rounds spend
+        against readers of the models): a population too small, or an epsilon too large, to protect much."""
+        assert self.population is not None and self.expected_contributions is not None
+        out = []
+        if self.population < 100:
+            out.append(f"population N = {self.population}: with fewer than 100 devices differential privacy "
+                       f"protects little; a round sums at most m C = {self.expected_contributions} C of signal, and "
+                       f"the noise that gives a useful epsilon has std z C with z above 1 (here "
+                       f"{self.noise_multiplier:g}), so it either drowns what the round learns or the epsilon is large")
+        if epsilon > 10:
+            out.append(f"epsilon {epsilon:.3g} after {rounds} rounds: above 10 the guarantee bounds little (an "
+                       f"adversary's odds about one device may move by e^{epsilon:.3g}); raise z, run fewer "
+                       f"rounds, or accept that these rounds are not private in any useful sense")
+        return out

@@ -62,6 +62,7 @@ class SimulationResult:
     epsilon: float | None = None  # private runs: epsilon spent, at ``delta``
     delta: float | None = None
     budget_stop: str | None = None  # private runs: why the run stopped before its last round (target_epsilon)
+    epsilon_coordinator: float | None = None  # private runs: against the coordinator (inf: no guarantee)
 
     @property
     def best_acc(self) -> float:
@@ -211,7 +212,8 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     return SimulationResult(records, final_acc, [e.acc for e in finals], g, states, resolved, diverged,
                             weighted(final_vals)[0] if final_vals else None,
                             private.ledger.epsilon(private.delta) if private is not None else None,
-                            private.delta if private is not None else None, budget_stop)
+                            private.delta if private is not None else None, budget_stop,
+                            private.accounts.epsilons(private.delta)["coordinator"] if private is not None else None)
 
 
 def _noise_rng(seeded: bool, seed: int, round_: int, client: int) -> np.random.Generator:
@@ -220,17 +222,18 @@ def _noise_rng(seeded: bool, seed: int, round_: int, client: int) -> np.random.G
 
 
 class _Private:
-    """A private run's state between rounds: the clip bound (adaptive clipping moves it) and the ledger."""
+    """A private run's state between rounds: the clip bound (adaptive clipping moves it) and the ledgers, one
+    per adversary (:class:`flayer.engine.adversaries.Accounts`; every round at q = 1: the cohort is public)."""
 
     def __init__(self, settings: PrivacySettings) -> None:
-        from .engine.accountant import Ledger
+        from .engine.adversaries import Accounts
 
         assert settings.delta is not None and settings.expected_contributions is not None
-        self.s, self.delta, self.clip, self.ledger = settings, settings.delta, settings.clip, Ledger()
-        self.q = 1.0
+        self.s, self.delta, self.clip = settings, settings.delta, settings.clip
+        self.accounts = Accounts(settings.mode, settings.secure_aggregation)
+        self.ledger = self.accounts.public
 
     def round(self, asked: int) -> RoundPrivacy:
-        self.q = self.s.sample_rate(asked)
         return RoundPrivacy.of(self.s, self.clip)
 
     def over_budget(self, r: int) -> str | None:
@@ -238,7 +241,7 @@ class _Private:
         target = self.s.target_epsilon
         if target is None:
             return None
-        eps = self.ledger.epsilon_after(self.s.noise_multiplier, self.q, self.delta)
+        eps = self.ledger.epsilon_after(self.s.noise_multiplier, 1.0, self.delta)
         if eps <= target:
             return None
         return (f"privacy budget: round {r} would bring epsilon to {eps:.3f} > target_epsilon {target:g} at delta "
@@ -246,8 +249,10 @@ class _Private:
                 f"{self.ledger.epsilon(self.delta):.3f}")
 
     def close(self, agg: OpenAggregate) -> float:
-        """Compose the round just folded; adapt C (adaptive clipping); epsilon so far."""
-        self.ledger.compose(self.s.noise_multiplier, self.q)
+        """Compose the round just folded (with the noise its sum carries); adapt C (adaptive clipping);
+        epsilon so far against readers of the models and plans."""
+        assert agg.privacy is not None
+        self.accounts.compose(agg.privacy, agg.tally.accepted)
         if self.s.clipping == "adaptive":
             bits = agg.noised_bits()
             self.clip = next_clip(self.clip, bits, self.s.expected_contributions or 1, self.s.target_quantile,

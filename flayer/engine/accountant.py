@@ -1,24 +1,25 @@
 """The privacy accountant: epsilon spent at delta over the rounds of a private federation.
 
-Composition is not written here: it is Opacus's Renyi-DP accountant (``opacus.accountants.RDPAccountant``:
-the Poisson-subsampled Gaussian mechanism of Mironov et al. 2019, composed over rounds, converted to
-(epsilon, delta) with Balle et al. 2020's bound), a maintained library. Google's ``dp-accounting`` was
-the first choice; it pins ``attrs<24``, which the ExecuTorch export's ``cattrs`` (``attrs>=25.4``) cannot
-share an environment with, so the project takes the other accountant the issue names.
+What one round is, for the accountant (docs/explanation/privacy.md, "Who learns what"):
 
-What one round is, for the accountant (docs/explanation/privacy.md):
-
-- **Synchronous rounds**: one Poisson-subsampled Gaussian mechanism with noise multiplier ``z`` and
-  sampling rate ``q = asked / N``, ``asked`` the devices the round selects (over-selection included) and
-  ``N`` the population. The selection is fixed-size and seeded, not Poisson; the rate is the share a
-  round asks, the largest probability any device has of contributing. Dropouts only lower the true
-  rate, and the fixed denominator keeps each device's share bounded by C whoever drops out, so the rate
-  over-states (never under-states) a device's exposure. Treating fixed-size sampling as Poisson at its
-  mean rate is the convention of DP-FedAvg's deployments (McMahan et al. 2018); it is an assumption,
-  stated where epsilon is shown.
-- **Asynchronous rounds**: which devices land in a buffer depends on their speed, not on a random draw,
-  so no amplification by sampling is claimed: every model version is composed at ``q = 1`` (each device
-  contributes at most one update per version), which is conservative.
+- **The cohort is public.** Every round plan lists ``selected`` (devices and anyone on the broker read it),
+  and the coordinator and the simulator draw the cohort from a seed that plans carry. No adversary is
+  therefore uncertain about who took part, so no amplification by sampling is claimed: each round is a
+  Gaussian mechanism of multiplier ``z`` (sensitivity C, one device's clipped upload) composed at
+  ``q = 1``, which bounds the epsilon of a device that took part in every round. A device that took
+  part in fewer rounds spent less (the device itself counts them).
+- **Composition at q = 1 is exact.** ``T`` Gaussian mechanisms of multipliers ``z_i`` are together one
+  Gaussian mechanism of multiplier ``(sum_i z_i^-2)^(-1/2)`` (Dong, Roth and Su 2019, Gaussian DP), whose
+  (epsilon, delta) curve has a closed form (Balle and Wang 2018, Thm 8):
+  ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` with ``mu = 1/z``. This is what
+  :func:`epsilon_for` computes for ``q = 1`` runs: tight, no discretisation, no library needed (a device
+  can compute its own epsilon). Google's ``dp-accounting`` (its privacy-loss-distribution accountant, PLD)
+  agrees within its discretisation; ``tests/flayer/test_accountant.py`` checks both against it.
+- **Sampling, only where it is secret.** :func:`epsilon_for` also composes Poisson-sampled runs
+  (``q < 1``) with ``dp-accounting``'s PLD accountant, and :func:`epsilon_fixed_size` a fixed-size cohort
+  drawn without replacement (``dp-accounting``'s RDP accountant, replace-one neighbours: the relation a
+  fixed-size sample supports). Neither is what this release's selection offers any adversary;
+  ``flayer simulate --dp-plan`` prints them as what a secret selection would give, labelled so.
 
 :class:`Ledger` keeps the composed history as ``(z, q, rounds)`` runs -- exactly what a checkpoint stores
 -- so a restarted coordinator recomposes the same epsilon, neither forgetting nor double-counting.
@@ -26,50 +27,100 @@ What one round is, for the accountant (docs/explanation/privacy.md):
 
 from __future__ import annotations
 
-import functools
 import math
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-__all__ = ["Ledger", "LedgerError", "epsilon_for", "noise_for_target", "rounds_for_target"]
+__all__ = ["Ledger", "LedgerError", "epsilon_fixed_size", "epsilon_for", "gaussian_epsilon", "noise_for_target",
+           "rounds_for_target"]
 
 
 class LedgerError(ValueError):
     """A ledger's saved state is malformed."""
 
 
-@functools.lru_cache(maxsize=256)
-def _step_rdp(z: float, q: float) -> tuple[float, ...]:
-    """RDP of one round at (z, q) over Opacus's default orders (``compute_rdp``; a run of n rounds is n
-    times this: RDP composes additively, which is what ``RDPAccountant`` sums too). Cached: the subsampled
-    series costs a fraction of a second per (z, q), and a federation repeats the same pair every round."""
-    from opacus.accountants import RDPAccountant  # the server's extra; devices never import it
-    from opacus.accountants.analysis.rdp import compute_rdp
+def _log_phi(x: float) -> float:
+    """log of the standard normal CDF at ``x``, accurate far into the lower tail."""
+    try:
+        from scipy.special import log_ndtr
 
-    return tuple(float(v) for v in compute_rdp(q=q, noise_multiplier=z, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS))
+        return float(log_ndtr(x))
+    except ImportError:  # a device without scipy: erfc, then the tail's asymptotic series
+        if x > -30:
+            v = 0.5 * math.erfc(-x / math.sqrt(2))
+            return math.log(v) if v > 0 else -math.inf
+        return -x * x / 2 - math.log(-x * math.sqrt(2 * math.pi)) + math.log1p(-1 / (x * x))
+
+
+def _gaussian_delta(eps: float, mu: float) -> float:
+    """delta(eps) of a Gaussian mechanism with ``mu`` = sensitivity / std (Balle and Wang 2018, Thm 8)."""
+    a, b = _log_phi(-eps / mu + mu / 2), eps + _log_phi(-eps / mu - mu / 2)
+    return math.exp(a) - math.exp(b) if a > b else 0.0
+
+
+def gaussian_epsilon(z: float, delta: float) -> float:
+    """The exact epsilon at ``delta`` of one Gaussian mechanism of multiplier ``z`` (std / sensitivity)."""
+    if z <= 0:
+        return math.inf
+    mu = 1.0 / z
+    if _gaussian_delta(0.0, mu) <= delta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while _gaussian_delta(hi, mu) > delta:
+        lo, hi = hi, hi * 2
+        if hi > 1e6:
+            return math.inf
+    for _ in range(200):  # bisection to machine precision: delta(eps) decreases in eps
+        mid = (lo + hi) / 2
+        if _gaussian_delta(mid, mu) > delta:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return hi
+
+
+def _pld_epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:
+    """dp-accounting's PLD accountant over runs with sampling (``q < 1``: Poisson, add/remove neighbours)."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant()
+    for z, q, n in history:
+        event: Any = dp_accounting.GaussianDpEvent(z)
+        if q < 1:
+            event = dp_accounting.PoissonSampledDpEvent(q, event)
+        acc.compose(dp_accounting.SelfComposedDpEvent(event, n))
+    return float(acc.get_epsilon(delta))
 
 
 def epsilon_for(history: Sequence[tuple[float, float, int]], delta: float) -> float:
-    """Epsilon at ``delta`` of the composed ``(z, q, rounds)`` runs (inf when a run has no noise): the runs'
-    RDP summed, converted by Opacus's ``get_privacy_spent`` (Balle et al. 2020), as ``RDPAccountant`` does."""
-    if not history:
+    """Epsilon at ``delta`` of the composed ``(z, q, rounds)`` runs (inf when a run has no noise): all at
+    ``q = 1``, the exact Gaussian composition (module docstring); with sampled runs, dp-accounting's PLD."""
+    runs = [(float(z), float(q), int(n)) for z, q, n in history if n > 0]
+    if not runs:
         return 0.0
-    if any(z <= 0 for z, q, n in history if n > 0 and q > 0):
+    if any(z <= 0 for z, _, _ in runs):
         return math.inf
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis.rdp import get_privacy_spent
+    if all(q >= 1 for _, q, _ in runs):
+        return gaussian_epsilon(sum(n / (z * z) for z, _, n in runs) ** -0.5, delta)
+    return _pld_epsilon(runs, delta)
 
-    rdp = np.zeros(len(RDPAccountant.DEFAULT_ALPHAS))
-    for z, q, n in history:
-        rdp += n * np.array(_step_rdp(float(z), float(q)))
-    with warnings.catch_warnings():  # "optimal order is the largest alpha": the bound is valid, only looser
-        warnings.simplefilter("ignore", UserWarning)
-        eps, _ = get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
-    return float(eps)
+
+def epsilon_fixed_size(population: int, cohort: int, z: float, rounds: int, delta: float) -> float:
+    """Epsilon at ``delta`` of ``rounds`` rounds that each draw a secret cohort of ``cohort`` of ``population``
+    without replacement: dp-accounting's RDP accountant under replace-one neighbours (a device's data
+    swapped for another's; the relation :class:`dp_accounting.SampledWithoutReplacementDpEvent` holds for)."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    if z <= 0:
+        return math.inf
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    event = dp_accounting.SampledWithoutReplacementDpEvent(population, cohort, dp_accounting.GaussianDpEvent(z))
+    return float(acc.compose(dp_accounting.SelfComposedDpEvent(event, rounds)).get_epsilon(delta))
 
 
 @dataclass
@@ -78,7 +129,7 @@ class Ledger:
 
     history: list[tuple[float, float, int]] = field(default_factory=list)
 
-    def compose(self, z: float, q: float, rounds: int = 1) -> None:
+    def compose(self, z: float, q: float = 1.0, rounds: int = 1) -> None:
         if not (0 < q <= 1) or rounds < 1 or z < 0:
             raise ValueError(f"need 0 < q <= 1, rounds >= 1 and z >= 0, got q={q}, rounds={rounds}, z={z}")
         if self.history and self.history[-1][:2] == (z, q):
@@ -118,14 +169,22 @@ class Ledger:
 
 
 def noise_for_target(target_epsilon: float, delta: float, q: float, rounds: int) -> float:
-    """The smallest noise multiplier z whose ``rounds`` rounds at rate q stay within ``target_epsilon``
-    (Opacus's ``get_noise_multiplier``, a bisection on the same accountant)."""
-    from opacus.accountants.utils import get_noise_multiplier
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=q,
-                                          steps=rounds, accountant="rdp", epsilon_tolerance=0.005))
+    """The smallest noise multiplier z (to 0.1%) whose ``rounds`` rounds at rate q stay within
+    ``target_epsilon`` (a bisection on :func:`epsilon_for`)."""
+    if not (target_epsilon > 0 and rounds >= 1):
+        raise ValueError(f"need target_epsilon > 0 and rounds >= 1, got {target_epsilon}, {rounds}")
+    lo, hi = 0.0, 1.0
+    while epsilon_for([(hi, q, rounds)], delta) > target_epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e6:
+            raise ValueError(f"no noise multiplier reaches epsilon {target_epsilon:g} at delta {delta:g}")
+    while hi - lo > 1e-3 * hi:
+        mid = (lo + hi) / 2
+        if epsilon_for([(mid, q, rounds)], delta) > target_epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def rounds_for_target(target_epsilon: float, delta: float, q: float, z: float, limit: int = 1_000_000) -> int:

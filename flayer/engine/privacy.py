@@ -6,8 +6,8 @@ DP-FedAvg (McMahan et al., ICLR 2018; Andrew et al., NeurIPS 2021), written once
    deltas; personal layers never leave it and are outside the guarantee) is scaled to
    ``Delta_k * min(1, C / ||Delta_k||_2)`` (:func:`clip_upload`).
 2. **Noise.** ``central``: the coordinator adds ``N(0, (z C)^2)`` to every coordinate of the round's
-   SUM (:func:`central_std`), drawn from a generator seeded by (run seed, round) -- the coordinator's
-   seeded generator, so the simulator reproduces it. ``local``: each device adds its share
+   SUM (:func:`central_std`), drawn from a generator keyed by the operating system's CSPRNG (a seed a
+   plan reader knows would let it subtract the noise). ``local``: each device adds its share
    ``N(0, (z C)^2 / m)`` to its own clipped upload (:func:`local_share_std`), with ``m`` the expected
    number of contributions, so the sum of ``m`` shares carries variance ``(z C)^2``.
 3. **Fixed denominator.** The next model is ``prev + (sum_k clip(Delta_k) + noise) / m``, unweighted,
@@ -16,12 +16,14 @@ DP-FedAvg (McMahan et al., ICLR 2018; Andrew et al., NeurIPS 2021), written once
 4. **The coordinator re-clips.** Device-side clipping is not trusted: the coordinator bounds what it
    folds at :func:`server_bound` (C in central mode; C plus a bound on the noise norm in local mode).
 5. **Adaptive clipping** (Andrew et al. 2021, the rule Flower's adaptive-clipping wrappers implement):
-   each device reports ``b_k = 1[||Delta_k|| <= C]``; the coordinator sums them, adds
-   ``N(0, sigma_b^2)`` and sets ``C <- C * exp(-eta (b_bar - gamma))`` with ``b_bar`` the noised sum
-   over ``m`` (:func:`next_clip`). The update noise then uses
-   ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` (:func:`adaptive_update_multiplier`), so the two
-   releases together cost what one Gaussian mechanism of multiplier ``z`` costs (Andrew et al. Thm 1),
-   and the accountant composes ``z``.
+   each device reports ``b_k = 1[||Delta_k|| <= C]``; the coordinator sums the bits centred at +-1/2,
+   ``sum_k (b_k - 1/2)`` (one device moves it by 1/2, as in TF Privacy's ``QuantileEstimatorQuery``),
+   adds ``N(0, sigma_b^2)`` and sets ``C <- C * exp(-eta (b_bar - gamma))`` with ``b_bar`` the noised
+   sum over ``m`` plus 1/2, kept in [0, 1] (:func:`next_clip`). The update noise then uses
+   ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` (:func:`adaptive_update_multiplier`): the bits' noise
+   over their sensitivity is ``2 sigma_b``, so the two releases together are one Gaussian mechanism of
+   multiplier ``z`` (Andrew et al. Thm 1), and the accountant composes ``z``. Summing raw 0/1 bits
+   (sensitivity 1) would need ``sigma_b`` in place of ``2 sigma_b``.
 
 :class:`flayer.privacy_config.PrivacySettings` is the ``[privacy]`` table; :class:`RoundPrivacy` is what one round's devices
 and coordinator need (it travels in the round plan's ``privacy`` mapping).
@@ -74,8 +76,8 @@ def adaptive_update_multiplier(z: float, bit_std: float) -> float:
 
 def next_clip(clip: float, noised_bits: float, m: int, target_quantile: float, lr: float) -> float:
     """Andrew et al. 2021, geometric update: ``C <- C * exp(-eta (b_bar - gamma))`` with ``b_bar`` the
-    noised count of unclipped updates over m (more unclipped than gamma: C shrinks)."""
-    return clip * math.exp(-lr * (noised_bits / m - target_quantile))
+    noised count of unclipped updates over m, kept in [0, 1] (more unclipped than gamma: C shrinks)."""
+    return clip * math.exp(-lr * (min(1.0, max(0.0, noised_bits / m)) - target_quantile))
 
 
 def upload_norm(update: Update) -> float:

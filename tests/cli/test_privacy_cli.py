@@ -5,7 +5,6 @@ a private ``flayer simulate`` (records, summary, the stop at target_epsilon), re
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -21,11 +20,16 @@ def test_dp_plan_prints_the_accountants_numbers(capsys):
     assert main(["simulate", *COMMON, "--dp", "central", "--dp-noise", "1.1", "--target-epsilon", "5",
                  "--rounds", "20", "--dp-plan"]) == 0
     out = capsys.readouterr().out
-    q, delta = 0.5, 10 ** -1.1
-    assert "q = 0.5" in out and f"delta = {delta:.3g}" in out
-    assert f"epsilon after 20 rounds = {epsilon_for([(1.1, q, 20)], delta):.3f}" in out
-    assert f"need z >= {noise_for_target(5.0, delta, q, 20):.3f}" in out
-    assert f"allows {rounds_for_target(5.0, delta, q, 1.1)} rounds" in out
+    delta = 1e-5  # min(1e-5, 1/(10 N))
+    assert f"delta = {delta:.3g}" in out and "q = 1" in out  # the cohort is public: no amplification
+    assert (f"epsilon after 20 rounds against readers of the published models, devices and broker observers: "
+            f"{epsilon_for([(1.1, 1.0, 20)], delta):.4g}") in out
+    assert "epsilon against the coordinator: infinite" in out
+    assert f"need z >= {noise_for_target(5.0, delta, 1.0, 20):.3f}" in out
+    assert f"allows {rounds_for_target(5.0, delta, 1.0, 1.1)} rounds" in out
+    assert "warning: population N = 10" in out  # too small for a useful guarantee, said at plan time
+    assert "not offered by this release, for comparison only" in out
+    assert f"Poisson sampling at q = 0.5 would give {epsilon_for([(1.1, 0.5, 20)], delta):.4g}" in out
 
 
 @pytest.mark.parametrize("flags, needle", [
@@ -42,20 +46,23 @@ def test_private_simulate_refuses_what_it_cannot_honour(tmp_path, capsys, flags,
 
 def test_private_simulate_records_epsilon_and_stops_at_the_target(tmp_path, capsys):
     out = tmp_path / "sim"
-    assert main(["simulate", *COMMON, "--rounds", "6", "--dp", "central", "--dp-noise", "1.0",
-                 "--target-epsilon", "2.2", "--strategy", "fedavg", "--out", str(out)]) == 0
-    q, delta = 0.5, 10 ** -1.1
-    expected = rounds_for_target(2.2, delta, q, 1.0)
+    assert main(["simulate", *COMMON, "--rounds", "6", "--dp", "central", "--dp-noise", "2.0",
+                 "--target-epsilon", "4", "--strategy", "fedavg", "--out", str(out)]) == 0
+    q, delta = 1.0, 1e-5
+    expected = rounds_for_target(4, delta, q, 2.0)
     assert 1 <= expected < 6
     recs = read_metrics(out / "metrics.jsonl")
     rounds = [r for r in recs if r["kind"] == "round"]
-    assert [r["epsilon"] for r in rounds] == pytest.approx([epsilon_for([(1.0, q, t)], delta)
+    assert [r["epsilon"] for r in rounds] == pytest.approx([epsilon_for([(2.0, q, t)], delta)
                                                             for t in range(1, expected + 1)])
     assert recs[-1]["kind"] == "end" and recs[-1]["epsilon"] == pytest.approx(rounds[-1]["epsilon"])
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["epsilon"] == pytest.approx(rounds[-1]["epsilon"]) and "target_epsilon 2.2" in summary["budget_stop"]
+    assert summary["epsilon"] == pytest.approx(rounds[-1]["epsilon"]) and "target_epsilon 4" in summary["budget_stop"]
+    assert summary["epsilon_coordinator"] == "inf" and summary["dp_noise"] == "csprng"
     text = capsys.readouterr().out
-    assert f"privacy: epsilon {rounds[-1]['epsilon']:.4}" in text and f"round {expected + 1} would bring" in text
+    assert f"privacy: epsilon {rounds[-1]['epsilon']:.4g} at delta 1e-05 after {expected} rounds against readers" in text
+    assert "epsilon infinite against the coordinator" in text and f"round {expected + 1} would bring" in text
+    assert "NOT PRIVATE" not in text
 
 
 def test_emulate_writes_privacy_into_the_coordinators_config(tmp_path):

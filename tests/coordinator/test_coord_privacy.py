@@ -35,9 +35,10 @@ CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 18
 PRIVACY = {"enabled": True, "population": 4, "clip": 0.3, "noise_multiplier": 1.0, "delta": 0.05}
 
 
-def _config(tmp: Path, rounds: int = 3, **privacy: Any) -> Any:
+def _config(tmp: Path, rounds: int = 3, quorum: int = 2, **privacy: Any) -> Any:
     table = {k: v for k, v in {**PRIVACY, **privacy}.items() if v is not None}  # None: the key left out
-    lines = ["[federation]", 'credentials = "creds.toml"', 'state_dir = "coord"', "min_devices = 4", "quorum = 2",
+    lines = ["[federation]", 'credentials = "creds.toml"', 'state_dir = "coord"', "min_devices = 4",
+             f"quorum = {quorum}", "extend_s = 0.0",
              "over_selection = 1.0", "deadline_s = 60.0", "grace_s = 0.0",
              "[run]", 'strategy = "flayer"', f"rounds = {rounds}", "seed = 3", "[data]", 'dataset = "digits"',
              "[privacy]", *(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in table.items())]
@@ -75,8 +76,9 @@ class _Offline:
         self.plans.append(plan)
         return 0
 
-    def round(self) -> None:
-        """Open a round, let every selected device train and upload, close it."""
+    def round(self, uploads: int | None = None) -> None:
+        """Open a round, let every selected device (or the first ``uploads`` of them) train and upload, close it
+        (at quorum, or at the deadline when fewer upload)."""
         c = self.coord
         c._tick()
         if c.open is None:
@@ -85,7 +87,7 @@ class _Offline:
         strategy = self.cache.get(plan)
         g = {k: v.clone() for k, v in c.global_state.items()}
         decoded = []
-        for dev in sorted(plan.selected):
+        for dev in sorted(plan.selected)[:uploads]:
             i = DEVICES.index(dev)
             state = self.states[dev] or strategy.initial_state()
             up = train_and_encode(strategy, plan, g, state, self.datas[i], round_context(plan, i, torch.device("cpu")),
@@ -95,7 +97,7 @@ class _Offline:
             for k, payload in enumerate(up.payloads):
                 c._on_message(Received(Topics("utest").update_chunk(dev, plan.round, k), payload, False))
         self.folded.append((plan.round, decoded))
-        self.now += 1.0
+        self.now += 1.0 if uploads is None else 61.0  # past the 60 s deadline
         c._tick()  # quorum (every selected device) and no grace: the round closes
 
     def close(self) -> None:
@@ -131,8 +133,10 @@ def test_private_rounds_through_the_coordinator_equal_the_engine(tmp_path, datas
     fed.close()
     rounds = [rec for rec in read_metrics(cfg.state_dir / "metrics.jsonl") if rec["kind"] == "round"]
     assert [rec["round"] for rec in rounds] == [1, 2, 3]
-    assert [rec["epsilon"] for rec in rounds] == pytest.approx([epsilon_for([(1.0, 0.5, t)], 0.05) for t in (1, 2, 3)])
-    assert rounds[0]["dp_sample_rate"] == 0.5 and rounds[0]["dp_clip"] == 0.3
+    # the plan lists the cohort: every round at q = 1, against readers of the models and plans
+    assert [rec["epsilon"] for rec in rounds] == pytest.approx([epsilon_for([(1.0, 1.0, t)], 0.05) for t in (1, 2, 3)])
+    assert rounds[0]["dp_sample_rate"] == 1.0 and rounds[0]["dp_clip"] == 0.3
+    assert all(rec["epsilon_coordinator"] == "inf" for rec in rounds)  # central: the coordinator sees the updates
 
 
 def test_a_restarted_coordinator_reports_the_same_epsilon(tmp_path, datas):
@@ -147,28 +151,28 @@ def test_a_restarted_coordinator_reports_the_same_epsilon(tmp_path, datas):
         first.round()
     first.close()  # stopped after round 2
     ckpt = load_checkpoint(split_dir / "coord", first.coord.identity())
-    assert ckpt is not None and ckpt.privacy["ledger"] == [[1.0, 0.5, 2]]
+    assert ckpt is not None and ckpt.privacy["ledger"] == [[1.0, 1.0, 2]]
     again = _Offline(_config(split_dir, rounds=3), datas)
-    assert again.coord.privacy.ledger.rounds == 2  # not forgotten
+    assert again.coord.privacy.accounts.public.rounds == 2  # not forgotten
     again.states = first.states
     again.round()
     again.close()
-    assert again.coord.privacy.ledger.rounds == 3  # and not composed twice
+    assert again.coord.privacy.accounts.public.rounds == 3  # and not composed twice
     assert again.coord.privacy.epsilon() == whole.coord.privacy.epsilon()
     last = [rec for rec in read_metrics(split_dir / "coord" / "metrics.jsonl") if rec["kind"] == "round"][-1]
     assert last["round"] == 3 and last["epsilon"] == pytest.approx(whole.coord.privacy.epsilon())
 
 
 def test_target_epsilon_ends_the_federation_before_the_budget(tmp_path, datas):
-    expected = rounds_for_target(2.0, 0.05, 0.5, 1.0)
+    expected = rounds_for_target(4.0, 0.05, 1.0, 1.0)
     assert 1 <= expected < 6
-    fed = _Offline(_config(tmp_path, rounds=8, target_epsilon=2.0), datas)
+    fed = _Offline(_config(tmp_path, rounds=8, target_epsilon=4.0), datas)
     for _ in range(expected + 1):
         fed.round()
     assert fed.coord.done_round == expected and fed.coord._done
     assert fed.coord.budget_stop is not None and f"round {expected + 1} would bring" in fed.coord.budget_stop
     assert fed.plans[-1].phase == "final"
-    assert fed.coord.privacy.epsilon() <= 2.0
+    assert fed.coord.privacy.epsilon() <= 4.0
 
 
 @pytest.mark.parametrize("bad, needle", [
@@ -181,23 +185,44 @@ def test_the_coordinator_refuses_privacy_it_cannot_state(tmp_path, bad, needle):
     assert needle in str(exc.value)
 
 
-def test_asynchronous_versions_are_composed_without_amplification(digits):
-    """Which devices fill a buffer depends on their speed, not a draw: every version composes at q = 1 and
-    the fixed denominator is the buffer."""
+def test_synchronous_rounds_and_asynchronous_versions_compose_at_q_1(digits):
+    """Plans list the cohort, and the buffer fills by speed: no adversary is unsure who took part, so every
+    round and version composes at q = 1 (asked 13 of 100 spends what asked 100 of 100 would)."""
     from coordinator.privacy import FederationPrivacy
     from flayer.config import TrainConfig
     from flayer.privacy_config import PrivacySettings
     from flayer.strategies import make_strategy
 
     strategy = make_strategy("fedavg", digits.model_spec(), TrainConfig(lr=0.05))
-    fp, _ = FederationPrivacy.of(PrivacySettings(enabled=True, population=100, noise_multiplier=1.0), strategy,
-                                 quorum=10, buffer=4, asynchronous=True)
-    assert fp is not None
-    rp = fp.round(asked=12)
-    assert rp.contributions == 4 and fp.q == 1.0
-    sync, _ = FederationPrivacy.of(PrivacySettings(enabled=True, population=100, noise_multiplier=1.0), strategy,
-                                   quorum=10, buffer=4, asynchronous=False)
-    assert sync is not None and sync.round(asked=13).contributions == 10 and sync.q == 0.13
+    for asynchronous, m in ((True, 4), (False, 10)):
+        fp, _ = FederationPrivacy.of(PrivacySettings(enabled=True, population=100, noise_multiplier=1.0), strategy,
+                                     quorum=10, buffer=4, asynchronous=asynchronous)
+        assert fp is not None and fp.round(asked=13).contributions == m
+        assert fp.over_budget(1, 13) is None and fp.delta == 1e-5
+        agg = OpenAggregate(strategy, {k: v.clone() for k, v in strategy.new_model().state_dict().items()},
+                            fp.round(asked=13))
+        agg.tally.accepted = m
+        fp.close(agg)
+        assert fp.accounts.public.history == [(1.0, 1.0, 1)]
+        assert fp.epsilon() == pytest.approx(epsilon_for([(1.0, 1.0, 1)], 1e-5))
+
+
+def test_a_local_round_that_closes_short_is_composed_with_the_noise_that_arrived(tmp_path, datas):
+    """Local noise: 3 devices asked, shares sized for m = 3, only 2 upload before the deadline. The sum carries
+    z sqrt(2/3) of noise, and that is what the round spends (against readers of the models and plans); the
+    coordinator, which sees each upload with its own share, faces z / sqrt(3) per device."""
+    fed = _Offline(_config(tmp_path, rounds=2, quorum=3, mode='"local"'), datas)
+    fed.round(uploads=2)
+    fed.close()
+    (rec,) = [r for r in read_metrics(tmp_path / "coord" / "metrics.jsonl") if r["kind"] == "round"]
+    assert rec["accepted"] == 2
+    z_sum = 1.0 * np.sqrt(2 / 3)
+    assert rec["dp_noise_multiplier"] == pytest.approx(z_sum)
+    assert rec["epsilon"] == pytest.approx(epsilon_for([(z_sum, 1.0, 1)], 0.05))
+    assert rec["epsilon"] > epsilon_for([(1.0, 1.0, 1)], 0.05)  # more than the planned z would say
+    assert rec["epsilon_coordinator"] == pytest.approx(epsilon_for([(1.0 / np.sqrt(3), 1.0, 1)], 0.05))
+    # the budget check before a round assumes the fewest uploads it may close with (min_updates = 1)
+    assert fed.coord.privacy.accounts.worst_z(fed.coord.privacy.round(3), 1) == pytest.approx(1 / np.sqrt(3))
 
 
 def test_the_coordinator_refuses_secure_rounds_it_cannot_run(tmp_path):

@@ -56,12 +56,17 @@ def test_bad_settings_are_refused_with_the_reason(bad, needle):
     assert needle in str(exc.value)
 
 
-def test_delta_must_be_below_one_over_n_and_defaults_to_n_power_1_1():
+def test_delta_must_be_below_one_over_n_and_the_default_means_something_at_any_n():
     s = PrivacySettings(enabled=True).resolve(100, 10)
-    assert s.delta == pytest.approx(100 ** -1.1) and s.delta == default_delta(100)
+    assert s.delta == 1e-5 == default_delta(100)
     assert s.expected_contributions == 10 and s.population == 100
+    # a four-device federation: the old default 1/N^1.1 was 0.218; now 1e-5, and N delta <= 0.1 at any N
+    assert default_delta(4) == 1e-5 and default_delta(10**6) == pytest.approx(1e-7)
+    assert all(n * default_delta(n) <= 0.1 for n in (2, 4, 100, 10**4, 10**5, 10**7))
     with pytest.raises(ValueError, match=r"delta must be in \(0, 1/N\)"):
         PrivacySettings(enabled=True, delta=0.01).resolve(100, 10)  # 1/N itself
+    with pytest.raises(ValueError, match=r"delta must be in \(0, 1/N\)"):
+        PrivacySettings(enabled=True, delta=0.3).resolve(4, 2)  # above 1/N
     with pytest.raises(ValueError, match="smaller than"):
         PrivacySettings(enabled=True, population=50).resolve(100, 10)
     with pytest.raises(ValueError, match="2 x count_stddev"):  # z must stay below 2 sigma_b (m / 20 = 0.5)
@@ -145,6 +150,46 @@ def test_adaptive_clipping_follows_andrew_et_al():
     assert next_clip(1.0, 0.0, 10, 0.5, 0.2) == pytest.approx(math.exp(0.1))
 
 
+def test_adaptive_clipping_spends_what_one_gaussian_at_z_spends():
+    """Andrew et al. Thm 1, against the closed form: the update noise at z_Delta (sensitivity C) and the clip-bit
+    count noised at sigma_b with the bits centred at +-1/2 (sensitivity 1/2, so multiplier 2 sigma_b) are
+    together the Gaussian mechanism at z: z^-2 = z_Delta^-2 + (2 sigma_b)^-2."""
+    dpa = pytest.importorskip("dp_accounting")
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    for z, sigma_b in ((0.607, 1.0), (1.0, 1.0), (1.3, 5.0)):
+        zd = adaptive_update_multiplier(z, sigma_b)
+        assert zd ** -2 + (2 * sigma_b) ** -2 == pytest.approx(z ** -2)
+        both = dpa.SelfComposedDpEvent(dpa.ComposedDpEvent([dpa.GaussianDpEvent(zd), dpa.GaussianDpEvent(2 * sigma_b)]),
+                                       10)
+        one = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), 10)
+        eps = [rdp_privacy_accountant.RdpAccountant().compose(e).get_epsilon(1e-5) for e in (both, one)]
+        assert eps[0] == pytest.approx(eps[1], rel=1e-9)
+
+
+def test_the_clip_bit_count_moves_by_one_half_per_device():
+    """The released bit statistic is the centred sum: one device more (bit 1 or bit 0) moves it by +-1/2,
+    whatever the noise (the same seeded draw on both sides), which is the sensitivity the accountant uses."""
+    g = {"w": torch.zeros(4)}
+
+    def noised(bits: list[int]) -> float:
+        agg = DPSumAggregator(g, contributions=8, noise_std=0.0, seed=5, bit_std=2.0)
+        for b in bits:
+            agg.fold(_update({"w": np.array([0.1, 0.1])}, {"w": np.array([0, 1])}, info={UNCLIPPED_KEY: float(b)},
+                             numel=4))
+        return agg.noised_bits()
+
+    base = noised([1, 0, 1])
+    assert noised([1, 0, 1, 1]) - base == pytest.approx(0.5)
+    assert noised([1, 0, 1, 0]) - base == pytest.approx(-0.5)
+    # on the count's scale: with no noise the estimate is the count of unclipped uploads, m / 2 shifted
+    agg = DPSumAggregator(g, contributions=4, noise_std=0.0, seed=5, bit_std=1e-12)
+    for b in (1, 1, 1, 0):
+        agg.fold(_update({"w": np.array([0.1])}, {"w": np.array([0])}, info={UNCLIPPED_KEY: float(b)}, numel=4))
+    assert agg.noised_bits() == pytest.approx(3.0)
+    assert next_clip(1.0, 40.0, 10, 0.5, 0.2) == pytest.approx(math.exp(-0.1))  # b_bar kept in [0, 1]
+
+
 # ---- the fixed denominator --------------------------------------------------------------------------------------
 def test_fixed_denominator_divides_by_m_not_by_who_sent():
     g = {"w": torch.ones(4)}
@@ -209,7 +254,7 @@ def test_a_private_simulation_clips_noises_and_reports_epsilon(digits):
     assert not any(torch.equal(runs[0].global_state[k], runs[2].global_state[k]) for k in runs[0].global_state)
     eps = [r.epsilon for r in runs[0].rounds]
     assert eps[0] is not None and eps[1] is not None and 0 < eps[0] < eps[1] == runs[0].epsilon
-    assert runs[0].delta == pytest.approx(10 ** -1.1)
+    assert runs[0].delta == 1e-5
     plain = simulate(make_strategy("fedavg", digits.model_spec(), TRAIN), clients, 2, seed=1, join_ratio=0.5)
     assert plain.epsilon is None and plain.rounds[0].epsilon is None
     assert not all(torch.equal(plain.global_state[k], runs[0].global_state[k]) for k in plain.global_state)
@@ -225,3 +270,11 @@ def test_local_mode_noises_on_the_devices_and_reports_the_same_epsilon(digits):
     assert runs["local"].epsilon == runs["central"].epsilon  # the sum carries the same noise (z C)^2
     g_c, g_l = runs["central"].global_state, runs["local"].global_state
     assert all(torch.isfinite(g_l[k]).all() for k in g_l) and not all(torch.equal(g_c[k], g_l[k]) for k in g_c)
+
+
+def test_plan_time_warnings_for_a_population_or_an_epsilon_too_weak():
+    small = PrivacySettings(enabled=True, noise_multiplier=1.0).resolve(4, 2)
+    assert any("population N = 4" in w for w in small.warnings(3.0, 10))
+    assert any("epsilon 14.1 after 10 rounds" in w for w in small.warnings(14.1, 10))
+    large = PrivacySettings(enabled=True, noise_multiplier=3.0).resolve(1000, 50)
+    assert large.warnings(4.0, 10) == []
