@@ -1,6 +1,7 @@
 """A private emulated fleet: ``flayer emulate --dp central`` (a broker process, the coordinator process,
 worker processes) writes [privacy] into its coordinator's federation.toml with the fleet as population;
-every round record carries the accountant's epsilon for q = asked / N, and the summary states it."""
+every round record carries the accountant's epsilon at q = 1 (the plans list the cohort) against readers of the
+models and plans, and infinite against the coordinator (central noise), and the summary states both."""
 
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ def test_a_private_fleet_states_its_epsilon(tmp_path: Path) -> None:
     assert finish(proc, 240) == 0, (tmp_path / "emulate.log").read_text()[-3000:]
     assert "[privacy]" in (out / "federation.toml").read_text()
     rounds = [r for r in read_metrics(out / "coordinator" / "metrics.jsonl") if r["kind"] == "round"]
-    asked = [len(r["selected"]) for r in rounds]  # ceil(1.3 x 3) = 4 of the 6 devices
-    delta = 6 ** -1.1
-    assert [r["epsilon"] for r in rounds] == pytest.approx(
-        [epsilon_for([(0.8, a / 6, 1) for a in asked[:t]], delta) for t in (1, 2)])
+    delta = 1e-5
+    assert [r["epsilon"] for r in rounds] == pytest.approx([epsilon_for([(0.8, 1.0, t)], delta) for t in (1, 2)])
+    assert all(r["epsilon_coordinator"] == "inf" for r in rounds)
     log = (tmp_path / "emulate.log").read_text()
-    assert f"privacy: epsilon {rounds[-1]['epsilon']:.4g} spent at delta {delta:.3g} over 2 rounds" in log
+    assert (f"privacy: epsilon {rounds[-1]['epsilon']:.4g} at delta {delta:.3g} after 2 rounds against readers of the "
+            f"published models") in log
+    assert "privacy: epsilon infinite against the coordinator" in log
 
 
 def test_a_secure_fleet_folds_only_sums_and_says_so(tmp_path: Path) -> None:
