@@ -1,9 +1,10 @@
 """Accuracy against epsilon: private FLAYER and FedAvg on Fashion-MNIST Dir(0.1) with a sampled population.
 
-Per method and target epsilon, the noise multiplier z that spends exactly the target over the planned
-rounds is taken from the accountant (``flayer.engine.accountant.noise_for_target``: the same figure
-``flayer simulate --dp-plan`` prints); the run is ``flayer simulate --dp central --dp-noise z
---target-epsilon EPS``. ``none`` is the run without ``[privacy]``; ``public`` is FLAYER without noise but
+Per method and target epsilon, the noise multiplier z that spends the target over the planned rounds is
+taken from the accountant at q = 1 (the cohort is public: ``flayer.engine.accountant.noise_for_target``, the
+figure ``flayer simulate --dp-plan`` prints, rounded up to 4 decimals), at the default delta
+min(1e-5, 1/(10 N)); the run is ``flayer simulate --dp central --dp-noise z --target-epsilon EPS``, its
+noise from the CSPRNG. ``none`` is the run without ``[privacy]``; ``public`` is FLAYER without noise but
 with the private runs' data-independent positions (``--set flayer.positions=public``), against its top-k.
 Every run's folder is keyed by a digest of its whole command line (reused only under the same settings:
 resumable), and ``--jobs`` runs go side by side, one torch thread each::
@@ -28,14 +29,16 @@ sys.path.insert(0, str(ROOT))
 
 
 def noise_for(eps: float, clients: int, join_ratio: float, rounds: int, seed: int) -> tuple[float, float, float]:
-    """(z, q, delta) for ``eps`` over ``rounds`` rounds at the simulator's sampling rate."""
-    from flayer.engine import select_clients
+    """(z, q, delta) for ``eps`` over ``rounds`` rounds: q = 1, every participation counted in full (the
+    simulator's cohort is drawn from the public seed, as the coordinator's is listed in its plans); z
+    rounded up to 4 decimals, so the rounded z still spends at most ``eps``."""
+    import math
+
     from flayer.engine.accountant import noise_for_target
     from flayer.privacy_config import default_delta
 
-    q = len(select_clients(clients, join_ratio, seed, 1)) / clients
     delta = default_delta(clients)
-    return noise_for_target(eps, delta, q, rounds), q, delta
+    return math.ceil(noise_for_target(eps, delta, 1.0, rounds) * 1e4) / 1e4, 1.0, delta
 
 
 def command(a: argparse.Namespace, method: str, variant: str, seed: int) -> list[str]:

@@ -115,9 +115,14 @@ def check_privacy(cfg: Any, strategy: Any, population: int) -> None:
         private_strategy(strategy)
         if not cfg.privacy.enabled:
             return
-        cfg.privacy.resolve(population, len(select_clients(population, cfg.join_ratio, cfg.seed, 1)))
+        s = cfg.privacy.resolve(population, len(select_clients(population, cfg.join_ratio, cfg.seed, 1)))
     except ValueError as exc:
         raise CliError(f"[privacy]: {exc}") from None
+    from flayer.engine.accountant import epsilon_for
+
+    eps = epsilon_for([(s.noise_multiplier, 1.0, cfg.rounds)], s.delta)
+    for line in s.warnings(eps, cfg.rounds) if math.isfinite(eps) else []:
+        print(f"warning: privacy: {line}", file=sys.stderr)
 
 
 def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:

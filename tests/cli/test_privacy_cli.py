@@ -59,10 +59,12 @@ def test_private_simulate_records_epsilon_and_stops_at_the_target(tmp_path, caps
     summary = json.loads((out / "summary.json").read_text())
     assert summary["epsilon"] == pytest.approx(rounds[-1]["epsilon"]) and "target_epsilon 4" in summary["budget_stop"]
     assert summary["epsilon_coordinator"] == "inf" and summary["dp_noise"] == "csprng"
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert f"privacy: epsilon {rounds[-1]['epsilon']:.4g} at delta 1e-05 after {expected} rounds against readers" in text
     assert "epsilon infinite against the coordinator" in text and f"round {expected + 1} would bring" in text
     assert "NOT PRIVATE" not in text
+    assert "warning: privacy: population N = 10" in captured.err  # said before the run, too
 
 
 def test_emulate_writes_privacy_into_the_coordinators_config(tmp_path):
@@ -97,3 +99,14 @@ def test_status_and_the_fleet_view_show_epsilon():
     assert snap["last_round"]["epsilon"] == 1.2345
     snap["source"] = {"federation": "f", "broker": "b", "metrics": "m.jsonl", "metrics_error": None}
     assert "privacy: epsilon 1.234 spent at delta 0.001 after round 4" in render(snap)
+
+
+def test_seeded_noise_is_asked_for_and_labelled_not_private(tmp_path, capsys):
+    runs = []
+    for name in ("a", "b"):
+        assert main(["simulate", *COMMON, "--rounds", "1", "--dp", "central", "--dp-noise", "2.0", "--strategy",
+                     "fedavg", "--dp-seeded-noise", "--out", str(tmp_path / name)]) == 0
+        runs.append(json.loads((tmp_path / name / "summary.json").read_text()))
+    assert all(r["dp_noise"] == "seeded: not private" for r in runs)
+    assert runs[0]["final_personal_acc"] == runs[1]["final_personal_acc"]  # reproducible: the point of the flag
+    assert "NOT PRIVATE: --dp-seeded-noise drew the noise from seed 1" in capsys.readouterr().out
