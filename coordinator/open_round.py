@@ -13,6 +13,7 @@ journal is folded again one update at a time and the updates that make it non-fi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ import torch
 
 from flayer.aggregate import is_finite_state
 from flayer.engine import Bounds, OpenAggregate, Verdict
-from flayer.engine.privacy import RoundPrivacy, server_bound
+from flayer.engine.privacy import UNCLIPPED_KEY, RoundPrivacy, server_bound
 from flayer.strategies.base import Strategy
+from flayer.update import Update
 from protocol import Kind, Plan, WireError, WireLimits, decode_message, payload_bound
 
 from .config import FederationSettings
@@ -88,7 +90,13 @@ class OpenRound:
         return self.journal
 
     def fold(self, client: str, verdict: Verdict, base: int) -> None:
-        """Fold an update that :func:`coordinator.intake.validate` accepted (trained from round ``base``)."""
+        """Fold an update that :func:`coordinator.intake.validate` accepted (trained from round ``base``). In a
+        private round only its values and clip bit count: an evaluation or loss it reports anyway (a device of
+        an earlier release) is left out of the record (docs/reference/private-fields.md)."""
+        if self.aggregate.privacy is not None and verdict.update is not None:
+            up = verdict.update
+            verdict = dataclasses.replace(verdict, update=Update(up.deltas, up.num_samples, {
+                k: v for k, v in up.info.items() if k == UNCLIPPED_KEY}))
         self.aggregate.fold(verdict, client)
         self.accepted.add(client)
         self.norms.append(verdict.norm)

@@ -203,8 +203,19 @@ class Phases:
         private = rnd.aggregate.privacy if rnd is not None else None
         return dataclasses.replace(plan, delta=self.deltas.plan_field(self.model.digest),  # thin links
                                    delta_chain=self.deltas.chain_field(self.model.digest), close_by=close_by,
-                                   privacy=private.as_plan() if private is not None else {},
+                                   privacy=self._plan_privacy(private),
                                    secure=self._secure_plan(rnd))
+
+    def _plan_privacy(self, private: Any) -> dict[str, Any]:
+        """A private round's plan mapping: its parameters, the delta epsilon is counted at and the devices'
+        budget, with which each device counts and enforces its own epsilon (edge_client.budget)."""
+        if private is None or self.privacy is None:
+            return {}
+        s = self.privacy.settings
+        out = {**private.as_plan(), "delta": float(self.privacy.delta)}
+        if s.device_budget is not None:
+            out["device_budget"] = float(s.device_budget)
+        return out
 
     def _close_by(self, opened_at: float, deadline: float) -> float:
         """The plan's ``close_by``: :func:`flayer.engine.versions.expected_close` (0: no history yet)."""

@@ -114,6 +114,8 @@ class SecurePhase:
                 or client in rnd.evals:
             return False
         rnd.evals.add(client)
+        if rnd.aggregate.privacy is not None:  # a private round records no device's evaluation (an earlier
+            return True  # release's device may still send one: taken, not recorded)
         rnd.aggregate.tally.add_eval({k: v for k, v in msg.values.items()
                                       if k in ("test_correct", "test_total", "train_loss")}, client)
         return True

@@ -64,6 +64,7 @@ from protocol.model_delta import DeltaRef
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
+from .budget import BUDGET_SPENT, ROUND_SKIPPED, DeviceBudgets
 from .config import EdgeSettings
 from .delta_fetch import HeldModel
 from .download import ModelDownload, Pending
@@ -106,7 +107,7 @@ class ModelSlots(Protocol):
     def cancel(self, offer: Callable[[], bool]) -> None: ...
 
 
-class EdgeClient(Jobs, ModelFetch, SecureRounds):
+class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
     def __init__(self, settings: EdgeSettings, creds: Credentials, data: ClientData | DeviceSource, *,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  shaper: LinkShaper | None = None, limits: WireLimits | None = None,
@@ -147,6 +148,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds):
         self.finished = self.stored.finished
         self.rounds_trained: list[int] = []
         self.skipped: dict[int, str] = {}  # rounds this device could not train, and why (SkipRound)
+        self._private_federation: bool | None = None  # None: no training plan seen yet (its status: as private)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._busy = False  # a job is running
@@ -290,6 +292,10 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds):
 
     def _on_plan(self, plan: Plan) -> None:
         self.plan = plan
+        if plan.privacy or self.stored.extra.get("dp_ledger"):
+            self._private_federation = True  # (the final plan names no privacy: still a private federation)
+        elif plan.phase == "train" and self._private_federation is None:
+            self._private_federation = False
         self._secure_plan(plan)  # a secure round: its keys go out at once (edge_client.secure)
         up, pend = self.stored.upload, self._pending
         if up is not None and not up.settled and plan.phase != "final" \
@@ -325,7 +331,9 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds):
         update per device per version, so training on that version again would be refused ``in_buffer``."""
         if self.id not in plan.selected or plan.round <= self.stored.done_round:
             return False
-        return plan.mode != "async" or plan.round > int(self.stored.extra.get("folded_into", 0))
+        if plan.mode == "async" and plan.round <= int(self.stored.extra.get("folded_into", 0)):
+            return False
+        return not (plan.privacy and self._budget_refuses(plan))  # past its own privacy budget (edge_client.budget)
 
     def _finished_for(self, plan: Plan) -> bool:
         """True when this final plan's models are already saved. A federation extended after it finished
@@ -464,15 +472,20 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds):
             self._heartbeat_at = 0.0  # publish the change now
 
     def _status_payload(self, state: str) -> bytes:
-        info: dict[str, str | int | float | bool] = {
-            "device": str(self.device), "client_index": self.settings.client_index,
-            "num_train": self.data.num_train if self.data is not None else 0}
+        private = self._private_federation is not False  # before the first training plan: as private
+        info: dict[str, str | int | float | bool] = {"device": str(self.device), "client_index": self.settings.client_index}
+        if not private:  # the training-set size is the device's data: not in a private federation
+            info["num_train"] = self.data.num_train if self.data is not None else 0
         if self._link_kbps is not None:
             info["link_kbps"] = self._link_kbps
         if self.settings.label:
             info["label"] = self.settings.label  # the coordinator's metrics count devices by it
         if self.skipped:
             last = max(self.skipped)
-            info.update({"skipped_round": last, "skip_reason": self.skipped[last][:256]})
+            reason = self.skipped[last]
+            if private and reason != BUDGET_SPENT:
+                reason = ROUND_SKIPPED  # the reason stays in this device's log (docs/reference/private-fields.md)
+            info.update({"skipped_round": last, "skip_reason": reason[:256]})
+        info.update(self._privacy_status())
         r = self.plan.round if self.plan is not None else 0
         return encode_message(Status(r, state, self.clock(), info), self.creds.federation, self.id)

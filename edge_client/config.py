@@ -41,6 +41,10 @@
     allow_entry_points = []      # model code a plan may name besides the built-ins, e.g. ["mypkg.models:build"]
     label = ""                   # this device's kind, e.g. "jetson-orin": the coordinator's metrics count devices by it
 
+    [privacy]                    # optional: this device's own privacy budget (docs/explanation/privacy.md)
+    device_budget = 4.0          # refuse private rounds once the next contribution would pass this epsilon
+    delta = 1e-5                 # the delta it counts at (the smaller of this and the plan's; default: the plan's)
+
 Relative paths (credentials, python_path, path, data_dir, partition_file, state_dir) are read
 relative to this file. A [data] table without ``source`` but with ``dataset`` is a partition.
 
@@ -89,6 +93,8 @@ class EdgeSettings:
     error_feedback: bool = False
     allow_entry_points: tuple[str, ...] = ()  # model entry points a plan may name besides the built-ins
     label: str = ""  # the device's kind (e.g. "jetson-orin"), in its status: the coordinator's metrics count by it
+    device_budget: float = 0.0  # [privacy] device_budget: refuse private rounds past this epsilon (0: none)
+    device_delta: float = 0.0  # [privacy] delta: the delta this device counts its epsilon at (0: the plan's)
 
     def __post_init__(self) -> None:
         bad = [e for e in self.allow_entry_points if not (isinstance(e, str) and ENTRY_POINT.fullmatch(e))]
@@ -112,6 +118,11 @@ class EdgeSettings:
             raise ConfigError(f"upload must be \"plan\" or \"fit\", got {self.upload!r}")
         if not (self.uplink_kbps >= 0 and self.uplink_kbps < float("inf")):
             raise ConfigError(f"uplink_kbps must be a finite number >= 0 (0: estimated), got {self.uplink_kbps}")
+        if not (0 <= self.device_budget < float("inf")):
+            raise ConfigError(f"[privacy] device_budget must be a finite epsilon > 0 (or 0: none), got "
+                              f"{self.device_budget}")
+        if not 0 <= self.device_delta < 1:
+            raise ConfigError(f"[privacy] delta must be in (0, 1) (or 0: the plan's), got {self.device_delta}")
         if not 5 <= self.keepalive_s <= 3600:
             raise ConfigError(f"keepalive_s must be in [5, 3600], got {self.keepalive_s}")
 
@@ -172,10 +183,14 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
     their paths absolute)."""
     path = Path(path)
     raw = read_toml(path)
-    unknown = sorted(set(raw) - {"credentials", "python_path", "data", "edge"})
+    unknown = sorted(set(raw) - {"credentials", "python_path", "data", "edge", "privacy"})
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) or table(s) {', '.join(unknown)}; known: credentials, "
-                          f"python_path, [data], [edge]")
+                          f"python_path, [data], [edge], [privacy]")
+    privacy = dict(raw.get("privacy", {})) if isinstance(raw.get("privacy", {}), dict) else None
+    if privacy is None or set(privacy) - {"device_budget", "delta"}:
+        raise ConfigError(f"{path} [privacy]: only device_budget and delta may be set here (got "
+                          f"{raw.get('privacy')!r})")
     creds = raw.get("credentials")
     if not isinstance(creds, str) or not creds:
         raise ConfigError(f"{path}: credentials = \"PATH\" (the file 'flayer broker add-device' wrote) is required")
@@ -212,7 +227,8 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
         if key in tables[table]:
             tables[table][key] = resolve(tables[table][key])
     data = from_mapping(DeviceData, tables["data"], f"{path} [data]")
-    edge = from_mapping(EdgeSettings, {**tables["edge"], "client_index": data.client}, f"{path} [edge]")
+    own = {"device_budget": privacy.get("device_budget", 0.0), "device_delta": privacy.get("delta", 0.0)}
+    edge = from_mapping(EdgeSettings, {**tables["edge"], **own, "client_index": data.client}, f"{path} [edge]")
     return DeviceConfig(Path(resolve(creds)), data, edge)
 
 

@@ -68,6 +68,8 @@ class Jobs:
     _status_payload: Any  # edge_client.client (stubs here would shadow it)
     _start_download: Any  # edge_client.fetch
 
+    _record_contribution: Any  # edge_client.budget
+
     def _set_state(self, name: str) -> None: ...
     def _progress(self, kind: str, **info: Any) -> None: ...
     def _on_plan(self, plan: Plan) -> None: ...
@@ -100,6 +102,7 @@ class Jobs:
             return upload
         self.store.save_upload(upload.blob)  # upload, then the state that names it: before publishing
         record = UploadRecord(plan.round, upload.digest, len(upload.blob))
+        self._record_contribution(plan.privacy, False, plan.round)  # a private round: in its ledger, same file
         self.store.save(StoredState(upload.state, plan.round, record, False, self.stored.extra))
         self._publish(self._update_items(upload.payloads, plan.round))
         return upload

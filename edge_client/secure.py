@@ -57,6 +57,7 @@ class SecureSession:
         self.shares: ShareBatch | None = None
         self.update: Update | None = None
         self.masked_sent = False
+        self.privacy: dict[str, Any] = {}  # the plan's privacy parameters (a private round: counted when sent)
 
     @property
     def round(self) -> int:
@@ -119,6 +120,8 @@ class SecureRounds:
     _publish: Any
     _update_items: Any
     _progress: Any
+    _budget_refuses: Any  # edge_client.budget
+    _record_contribution: Any
 
     def _secure_plan(self, plan: Any) -> None:
         """A plan: open this device's session of a secure round it is selected for, and send its keys."""
@@ -128,13 +131,15 @@ class SecureRounds:
             log.warning("%s: ignoring the plan's secure round: %s", self.id, exc)
             return
         cur = self._secure
-        if planned is None or self.id not in plan.selected or plan.round <= self.stored.done_round:
+        if planned is None or self.id not in plan.selected or plan.round <= self.stored.done_round \
+                or self._budget_refuses(plan):  # past this device's own privacy budget (edge_client.budget)
             if cur is not None and (planned is None or cur.round != plan.round):
                 self._secure = None  # that round is over
             return
         if cur is not None and cur.session == planned.params.session:
             return  # the plan again (re-published, or the deadline extended)
         self._secure = SecureSession(planned, self.id)
+        self._secure.privacy = dict(plan.privacy)
         self._secure_publish([self._secure.advert()], plan.round)
 
     def _secure_publish(self, bodies: list[bytes], round_: int) -> None:
@@ -171,12 +176,13 @@ class SecureRounds:
                         self.id, round_)
             return
         sec.update = up.update
-        metrics = {k: float(v) for k, v in up.update.info.items() if k in ("test_correct", "test_total")}
-        loss = (up.metrics or {}).get("train_loss")
-        if isinstance(loss, float) and math.isfinite(loss):
-            metrics["train_loss"] = loss
-        self.link.publish(self.topics.metrics(self.id), encode_message(Metrics(round_, self.clock(), metrics),
-                                                                       self.creds.federation, self.id))
+        if not sec.privacy:  # a private round reports no evaluation: the counts and the loss are the device's data
+            metrics = {k: float(v) for k, v in up.update.info.items() if k in ("test_correct", "test_total")}
+            loss = (up.metrics or {}).get("train_loss")
+            if isinstance(loss, float) and math.isfinite(loss):
+                metrics["train_loss"] = loss
+            self.link.publish(self.topics.metrics(self.id), encode_message(Metrics(round_, self.clock(), metrics),
+                                                                           self.creds.federation, self.id))
         self._progress("trained", round=round_, bytes=0, acc=up.eval.acc if up.eval else None, secure=True)
         self._secure_send_masked()
 
@@ -197,6 +203,7 @@ class SecureRounds:
         payloads = tuple(chunk_blob(blob, Kind.UPDATE_CHUNK, self.creds.federation, self.id, r,
                                     self.creds.max_payload))
         self.store.save_upload(blob)  # the masked input (nothing of the update readable), re-sent like an update
+        self._record_contribution(sec.privacy, True, r)  # a private round: in the ledger with the state below
         self.stored = StoredState(self.stored.state, r, UploadRecord(r, digest, len(blob)), False, self.stored.extra,
                                   self.stored.on_disk)  # a released state stays the state file's
         self.store.save(self.stored)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import secrets
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -27,7 +28,7 @@ import torch
 from flayer.aggregate import is_finite_state
 from flayer.config import ConfigError, TrainConfig, from_mapping
 from flayer.engine import ClientEval, client_round
-from flayer.engine.privacy import RoundPrivacy
+from flayer.engine.privacy import UNCLIPPED_KEY, RoundPrivacy, privatize
 from flayer.registry import (
     architecture,
     architecture_diff,
@@ -40,7 +41,7 @@ from flayer.state import save_model
 from flayer.strategies import make_strategy
 from flayer.strategies.base import ClientState, LocalResult, RoundContext, Strategy
 from flayer.train import ClientData, evaluate
-from flayer.update import Update, float_state
+from flayer.update import TensorDelta, Update, float_state
 from protocol import (
     Kind,
     Metrics,
@@ -56,6 +57,8 @@ from protocol import (
     encode_update,
 )
 
+log = logging.getLogger("edge_client.client")
+
 __all__ = [
     "EdgeError",
     "EntryPointRefused",
@@ -69,6 +72,8 @@ __all__ = [
     "check_entry_point",
     "check_finite_round",
     "decode_global",
+    "neutral_update",
+    "private_upload",
     "round_context",
     "save_personal",
     "train_and_encode",
@@ -216,15 +221,41 @@ def autocast_for(device: torch.device, amp: bool) -> Iterator[str]:
         yield "fp32"
 
 
-def _report(result: LocalResult, ev: ClientEval, private: bool = False) -> dict[str, float]:
-    """What the upload reports beside its deltas; a private round's only what privatize kept and the test
-    counts (docs/explanation/privacy.md: those counts are outside the guarantee)."""
+def _report(result: LocalResult, ev: ClientEval, secure: bool = False) -> dict[str, float]:
+    """What a non-private upload reports beside its deltas (a secure round's: the update's own and the test
+    counts, which travel in a Metrics message)."""
     info = {k: float(v) for k, v in result.update.info.items()}
     info.update({"test_correct": float(ev.correct), "test_total": float(ev.total)})
-    for k, v in ({} if private else result.metrics).items():
+    for k, v in ({} if secure else result.metrics).items():
         if isinstance(v, (int, float)) and math.isfinite(float(v)) and 1 <= len(k) <= 64:
             info.setdefault(k, float(v))
     return {k: v for k, v in info.items() if math.isfinite(v)}
+
+
+def neutral_update(update: Update) -> Update:
+    """``update``'s layout (its tensors and positions: public in a private round) with every value 0."""
+    return Update({k: TensorDelta(d.shape, np.zeros(d.values.shape, np.float32), d.indices)
+                   for k, d in update.deltas.items()}, 1, {})
+
+
+def private_upload(plan: Plan, result: LocalResult, private: RoundPrivacy) -> tuple[Update, bool]:
+    """(what a private round sends, whether the local round's result stands). Clipped (and, in local mode,
+    noised from the operating system's entropy, :func:`flayer.engine.privacy.privatize`); a fixed weight of 1
+    instead of the sample count; beside the values only the clip bit (adaptive clipping: inside the secure sum,
+    or to the coordinator that sees the clipped update anyway in central mode); no evaluation, no loss. A
+    local round that went non-finite sends a neutral contribution -- zeros at the round's public positions,
+    clipped and noised like any other -- so a skip does not show (docs/reference/private-fields.md)."""
+    raw, kept = result.update, True
+    try:
+        check_finite_round(plan, None, result)
+    except SkipRound as exc:
+        log.warning("round %d: %s; sending a neutral contribution (a skip would show in a private round)",
+                    plan.round, exc)
+        raw, kept = neutral_update(raw), False
+    # a private round's noise share is drawn from the operating system's entropy: nobody can replay it
+    out = privatize(raw, private, np.random.default_rng(secrets.randbits(128)))
+    bits = {k: v for k, v in out.info.items() if k == UNCLIPPED_KEY}
+    return Update(out.deltas, 1, bits), kept
 
 
 def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, torch.Tensor], state: ClientState,
@@ -243,18 +274,20 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
         private = RoundPrivacy.from_plan(plan.privacy)
     except ValueError as exc:
         raise SkipRound(str(exc)) from None
-    # a private round's noise share is drawn from the operating system's entropy: nobody can replay it
-    noise = np.random.default_rng(secrets.randbits(128)) if private is not None else None
     with autocast_for(ctx.device, amp):
-        ev, result = client_round(strategy, global_state, state, data, ctx, train=True, privacy=private,
-                                  noise_rng=noise)
+        ev, result = client_round(strategy, global_state, state, data, ctx, train=True)
     assert result is not None
-    check_finite_round(plan, None, result)
-    update = Update(result.update.deltas, result.update.num_samples,
-                    _report(result, ev, private is not None or secure))
+    if private is None:
+        check_finite_round(plan, None, result)
+        update = Update(result.update.deltas, result.update.num_samples, _report(result, ev, secure))
+    else:
+        update, kept = private_upload(plan, result, private)
+        if not kept:  # the personal state of a failed local round is not kept either
+            result = LocalResult(result.update, state, result.metrics)
     if secure:  # masked once the round's shares are in: what leaves is data-independent in layout, so no fitting
         return Upload(plan.round, "", b"", (), ev, result.state, result.metrics, update)
-    options = UpdateOptions(plan.value_codec, zstd=plan.compress)
+    # a private upload is not compressed: zstd's size depends on the values, and the size is seen by the broker
+    options = UpdateOptions(plan.value_codec, zstd=plan.compress and private is None)
     if prepare is not None and private is None:  # thin links (a private upload is sent whole: fitting keeps a
         # device's largest values and error feedback its residual, both chosen by its data)
         update, options = prepare(update)

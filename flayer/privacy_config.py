@@ -39,6 +39,7 @@ class PrivacySettings:
     count_stddev: float | None = None  # adaptive: sigma_b on the clip-bit count; default m / 20
     population: int | None = None  # N, the devices that could be selected (coordinator: required)
     expected_contributions: int | None = None  # m, the fixed denominator; default: who a round asks
+    device_budget: float | None = None  # each device refuses private rounds past this epsilon of its own (q = 1)
     # secure aggregation (SecAgg+, docs/explanation/secure-aggregation.md): the coordinator learns only the
     # round's sum; with or without the DP above (``enabled``)
     secure_aggregation: bool = False
@@ -57,6 +58,8 @@ class PrivacySettings:
             if self.noise_multiplier <= 0:
                 raise ValueError("target_epsilon needs noise: noise_multiplier (z) must be > 0 (z = 0 spends an "
                                  "infinite epsilon in the first round)")
+        if self.device_budget is not None and not (math.isfinite(self.device_budget) and self.device_budget > 0):
+            raise ValueError(f"device_budget must be a finite epsilon > 0, got {self.device_budget}")
         if self.delta is not None and not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if not 0 < self.target_quantile < 1:

@@ -197,7 +197,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
                  rec.upload_fraction)
         if on_round is not None:
             on_round(rec)
-        diverged = diverged or divergence(records, g, blowup, strategy.spec.num_classes)
+        diverged = diverged or divergence(records, g, blowup, strategy.spec.num_classes, private=rp is not None)
         if diverged is not None:
             log.warning("round %d: %s; the run stops here", r, diverged)
             break
@@ -261,13 +261,17 @@ class _Private:
 
 
 def divergence(records: Sequence[RoundRecord], global_state: Mapping[str, torch.Tensor],
-               blowup: float | None, num_classes: int) -> str | None:
+               blowup: float | None, num_classes: int, private: bool = False) -> str | None:
     """Why the run has diverged after its latest round, or None: a non-finite global model, a
     non-finite mean training loss, or (with ``blowup``) a loss above ``blowup`` x ln(num_classes),
-    the cross-entropy of a uniform guess, which any learning run starts near and stays under."""
+    the cross-entropy of a uniform guess, which any learning run starts near and stays under.
+    ``private``: a private run looks at the published model only -- the training loss is the devices'
+    un-noised data, and a run that stops on it would publish a data-dependent decision."""
     bad = [k for k, v in global_state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
         return f"diverged: the global model holds non-finite values ({bad[0]})"
+    if private:
+        return None
     last = records[-1].train_loss
     if not np.isfinite(last):
         return f"diverged: training loss {last} in round {records[-1].round}"

@@ -64,3 +64,35 @@ def test_malformed_privacy_parameters_skip_the_round(setup: Any) -> None:
     with pytest.raises(SkipRound, match="privacy"):
         _upload(setup, {"mode": "central", "clip": -1.0, "noise_multiplier": 1.0, "update_multiplier": 1.0,
                         "contributions": 2})
+
+
+def test_a_private_upload_carries_a_fixed_weight_and_no_evaluation(setup: Any) -> None:
+    u, _ = _upload(setup, RoundPrivacy("central", 0.05, 1.0, 1.0, 4).as_plan())
+    assert u.num_samples == 1 and u.info == {}  # no sample count, no test counts, no loss
+    adaptive = {**RoundPrivacy("central", 0.05, 1.0, 1.0, 4, adaptive=True, bit_std=2.0).as_plan()}
+    u, _ = _upload(setup, adaptive)
+    assert set(u.info) == {"dp_unclipped"} and u.num_samples == 1
+    plain, _ = _upload(setup, {})
+    assert plain.num_samples > 1 and "test_correct" in plain.info  # without [privacy]: as before
+
+
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_a_non_finite_local_round_sends_a_neutral_contribution(setup: Any, mode: str) -> None:
+    from edge_client.work import private_upload
+    from flayer.strategies.base import LocalResult
+    from flayer.update import TensorDelta, Update
+
+    good, _ = _upload(setup, {})
+    bad = {k: TensorDelta(d.shape, d.values * float("nan"), d.indices) for k, d in good.deltas.items()}
+    plan = Plan(**{**setup[3], "privacy": RoundPrivacy(mode, 0.05, 1.0, 1.0, 4).as_plan()})
+    up, kept = private_upload(plan, LocalResult(Update(bad, 7, {"train_loss": 0.1}), None, {}),  # type: ignore[arg-type]
+                              RoundPrivacy(mode, 0.05, 1.0, 1.0, 4))
+    assert not kept and up.num_samples == 1 and up.info == {}
+    assert {k: (d.shape, d.values.size) for k, d in up.deltas.items()} == \
+        {k: (d.shape, d.values.size) for k, d in good.deltas.items()}  # the same layout as any upload
+    values = [float(v) for d in up.deltas.values() for v in d.values[:50]]
+    assert all(math.isfinite(v) for v in values)
+    if mode == "central":
+        assert all(v == 0.0 for v in values)
+    else:  # its noise share, like every local-mode upload
+        assert any(v != 0.0 for v in values)

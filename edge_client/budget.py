@@ -1,0 +1,194 @@
+"""A device's own privacy ledger and budget (docs/explanation/privacy.md, "A device's own budget").
+
+A device counts the private rounds it contributed to -- an upload (or a secure round's masked input) it
+committed to disk before sending it, a neutral contribution included -- in its state file
+(``extra["dp_ledger"]``, written atomically with the upload: it survives restarts and is never counted twice
+for one round). It knows it took part, so no amplification by sampling applies: its epsilon composes each
+contribution at q = 1 (:func:`flayer.engine.accountant.epsilon_for`: the exact composition, no library needed)
+with the noise multiplier that protects its contribution from the parties that see it:
+
+- ``central`` mode: the plan's ``noise_multiplier`` z (the coordinator, which sees the clipped update, is
+  trusted; the readers of the published models see the noised sum);
+- ``local`` mode with secure aggregation: z (the coordinator sees the noised sum only);
+- ``local`` mode without: ``z_Delta / sqrt(m)``, the share of the noise its own update carries (the
+  coordinator sees each update).
+
+With a budget -- ``[privacy] device_budget`` in ``device.toml`` or the plan's ``device_budget``, the smaller of
+the two -- the device refuses to train on a private round once that contribution would bring its epsilon past
+the budget, whatever the coordinator asks: it logs why, and its status says ``budget spent`` (nothing more).
+Epsilon is taken at the smaller of the plan's ``delta`` and the device's own ``[privacy] delta``; with a budget
+and no delta known the device refuses (it cannot tell what it would spend).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flayer.engine.accountant import epsilon_for
+from flayer.engine.privacy import RoundPrivacy
+
+__all__ = ["BUDGET_SPENT", "LEDGER_KEY", "DeviceBudgets", "DeviceLedger", "contribution_multiplier",
+           "plan_limits"]
+
+log = logging.getLogger("edge_client.client")
+
+LEDGER_KEY = "dp_ledger"
+BUDGET_SPENT = "budget spent"  # the status's skip reason: nothing about the data
+ROUND_SKIPPED = "round skipped"  # a private round's other skips, as generic
+
+
+def contribution_multiplier(rp: RoundPrivacy, secure: bool) -> float:
+    """The noise multiplier of one contribution, against the parties that see it (module docstring)."""
+    if rp.mode == "local" and not secure and not rp.ring:
+        return rp.update_multiplier / math.sqrt(rp.contributions)
+    return rp.noise_multiplier
+
+
+def _positive(raw: Any, name: str) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not (math.isfinite(raw) and raw > 0):
+        raise ValueError(f"plan: privacy {name} must be a finite number > 0, got {raw!r}")
+    return float(raw)
+
+
+def plan_limits(raw: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(delta, device_budget) a private plan names (None: not named); ValueError when malformed."""
+    delta = _positive(raw.get("delta"), "delta")
+    if delta is not None and delta >= 1:
+        raise ValueError(f"plan: privacy delta must be < 1, got {delta}")
+    return delta, _positive(raw.get("device_budget"), "device_budget")
+
+
+@dataclass
+class DeviceLedger:
+    """The contributions so far, as ``[z, rounds]`` runs, and the last round counted."""
+
+    runs: list[tuple[float, int]] = field(default_factory=list)
+    last_round: int = 0
+
+    @property
+    def rounds(self) -> int:
+        return sum(n for _, n in self.runs)
+
+    def epsilon(self, delta: float, extra: tuple[float, int] | None = None) -> float:
+        return epsilon_for([(z, 1.0, n) for z, n in self.runs + ([extra] if extra else [])], delta)
+
+    def record(self, z: float, round_: int) -> None:
+        if round_ <= self.last_round:
+            return  # this round is counted already (a re-sent upload)
+        if self.runs and self.runs[-1][0] == z:
+            self.runs[-1] = (z, self.runs[-1][1] + 1)
+        else:
+            self.runs.append((float(z), 1))
+        self.last_round = round_
+
+    def state(self) -> dict[str, Any]:
+        return {"runs": [[z, n] for z, n in self.runs], "last_round": self.last_round}
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> DeviceLedger:
+        """The ledger in a state file's ``extra`` (empty when there is none); ValueError when malformed."""
+        raw = extra.get(LEDGER_KEY)
+        if raw is None:
+            return cls()
+        try:
+            runs = [(float(z), int(n)) for z, n in raw["runs"]]
+            last = int(raw["last_round"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"the state file's privacy ledger is malformed ({exc})") from None
+        if any(not (z >= 0 and math.isfinite(z)) or n < 1 for z, n in runs) or last < 0:
+            raise ValueError(f"the state file's privacy ledger is out of range: {raw!r}")
+        return cls(runs, last)
+
+
+class DeviceBudgets:
+    """The edge client's ledger and budget checks: a mixin of :class:`edge_client.client.EdgeClient`."""
+
+    id: str
+    settings: Any
+    stored: Any
+    skipped: dict[int, str]
+    _heartbeat_at: float
+    _budget_state: tuple[float | None, bool] = (None, False)  # (delta, at budget) of the last check, for the status
+
+    def _ledger(self) -> DeviceLedger:
+        return DeviceLedger.from_extra(self.stored.extra)
+
+    def _budget_refuses(self, plan: Any) -> bool:
+        """True when this device must not contribute to ``plan``'s private round: its next contribution would
+        pass its budget (or the budget cannot be checked). Logs the refusal once per round."""
+        if not plan.privacy or plan.phase != "train":
+            return False
+        why = self._budget_problem(plan)
+        if why is None:
+            return False
+        if self.skipped.get(plan.round) != BUDGET_SPENT:
+            self.skipped[plan.round] = BUDGET_SPENT
+            log.warning("%s: refusing round %d: %s", self.id, plan.round, why)
+            self._heartbeat_at = 0.0  # the status saying so goes out now
+        return True
+
+    def _budget_problem(self, plan: Any) -> str | None:
+        own_budget, own_delta = self.settings.device_budget or None, self.settings.device_delta or None
+        try:
+            rp = RoundPrivacy.from_plan(plan.privacy)
+            plan_delta, plan_budget = plan_limits(plan.privacy)
+            ledger = self._ledger()
+        except ValueError as exc:
+            self._budget_state = (own_delta, own_budget is not None)
+            return str(exc) if own_budget is not None else None
+        assert rp is not None
+        deltas = [d for d in (plan_delta, own_delta) if d is not None]
+        budgets = [b for b in (plan_budget, own_budget) if b is not None]
+        delta, budget = (min(deltas) if deltas else None), (min(budgets) if budgets else None)
+        if budget is None:
+            self._budget_state = (delta, False)
+            return None
+        if delta is None:
+            self._budget_state = (None, True)
+            return f"a privacy budget of {budget:g} is set but neither the plan nor this device names a delta"
+        z = contribution_multiplier(rp, bool(plan.secure))
+        spent, after = ledger.epsilon(delta), ledger.epsilon(delta, (z, 1))
+        at_budget = after > budget
+        self._budget_state = (delta, at_budget)
+        if not at_budget:
+            return None
+        return (f"its privacy budget is spent: {ledger.rounds} private rounds contributed, epsilon {spent:.4g} at "
+                f"delta {delta:.3g}; one more (z {z:.4g}, q = 1) would make it {after:.4g}, past the budget "
+                f"{budget:g}")
+
+    def _record_contribution(self, privacy: Mapping[str, Any], secure: bool, round_: int) -> None:
+        """Count a private round (its plan's ``privacy`` mapping, whether it is secure) in the ledger, before the
+        state file that names its upload is written."""
+        rp = RoundPrivacy.from_plan(privacy) if privacy else None
+        if rp is None:
+            return
+        try:
+            ledger = self._ledger()
+        except ValueError as exc:  # with a budget the round was refused (_budget_problem); without, start afresh
+            log.warning("%s: %s; starting a new one", self.id, exc)
+            ledger = DeviceLedger()
+        ledger.record(contribution_multiplier(rp, secure), round_)
+        self.stored.extra[LEDGER_KEY] = ledger.state()
+
+    def _privacy_status(self) -> dict[str, float | int | bool]:
+        """What the status says of this device's ledger: rounds contributed, its epsilon (when a delta is
+        known) and whether it is at its budget -- functions of the rounds it took part in and the plans'
+        parameters, nothing of its data."""
+        try:
+            ledger = self._ledger()
+        except ValueError:
+            return {}
+        if ledger.rounds == 0 and not self._budget_state[1]:
+            return {}
+        delta, at_budget = self._budget_state
+        out: dict[str, float | int | bool] = {"dp_rounds": ledger.rounds, "dp_at_budget": at_budget}
+        eps = ledger.epsilon(delta) if delta is not None else None
+        if eps is not None and math.isfinite(eps):
+            out["dp_epsilon"] = round(eps, 6)
+        return out

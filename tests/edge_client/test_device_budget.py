@@ -1,0 +1,88 @@
+"""A device's own privacy ledger (edge_client.budget): the epsilon it composes is the accountant's at q = 1, the
+ledger counts a round once, a malformed ledger or a budget without a delta refuses, the multiplier is the one
+that protects the contribution from who sees it, and device.toml's [privacy] table is validated."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from edge_client.budget import BUDGET_SPENT, LEDGER_KEY, DeviceBudgets, DeviceLedger, contribution_multiplier
+from edge_client.config import load_device_config
+from flayer.config import ConfigError
+from flayer.engine.accountant import epsilon_for
+from flayer.engine.privacy import RoundPrivacy
+
+
+def test_the_devices_epsilon_is_the_accountants_at_q_1() -> None:
+    led = DeviceLedger([(1.0, 2), (2.0, 3)], 5)
+    assert led.epsilon(1e-6) == epsilon_for([(1.0, 1.0, 2), (2.0, 1.0, 3)], 1e-6)
+    assert led.epsilon(1e-6, (1.0, 1)) == epsilon_for([(1.0, 1.0, 2), (2.0, 1.0, 3), (1.0, 1.0, 1)], 1e-6)
+    assert DeviceLedger().epsilon(1e-6) == 0.0
+
+
+def test_the_ledger_counts_each_round_once_and_round_trips() -> None:
+    led = DeviceLedger()
+    for r, z in ((1, 1.0), (1, 1.0), (2, 1.0), (4, 2.0)):
+        led.record(z, r)
+    assert led.rounds == 3 and led.runs == [(1.0, 2), (2.0, 1)]
+    again = DeviceLedger.from_extra({LEDGER_KEY: led.state()})
+    assert again == led
+    for bad in ({"runs": [[1.0, 0]], "last_round": 1}, {"runs": "x", "last_round": 1}, {"runs": [[-1, 1]],
+                                                                                          "last_round": 1}):
+        with pytest.raises(ValueError, match="ledger"):
+            DeviceLedger.from_extra({LEDGER_KEY: bad})
+
+
+def test_the_multiplier_is_what_protects_the_contribution_from_who_sees_it() -> None:
+    central = RoundPrivacy("central", 1.0, 1.2, 1.0, 16)
+    local = RoundPrivacy("local", 1.0, 1.2, 1.2, 16)
+    assert contribution_multiplier(central, False) == 1.2
+    assert contribution_multiplier(local, False) == pytest.approx(0.3)  # the coordinator sees its share alone
+    assert contribution_multiplier(local, True) == 1.2  # with secure aggregation: the sum
+
+
+def _device(tmp: Path, budget: float, delta: float, extra: dict[str, Any]) -> Any:
+    dev = SimpleNamespace(id="dev-1", settings=SimpleNamespace(device_budget=budget, device_delta=delta),
+                          stored=SimpleNamespace(extra=extra), skipped={}, _heartbeat_at=5.0,
+                          _budget_state=(None, False))
+    for name in ("_ledger", "_budget_refuses", "_budget_problem", "_record_contribution", "_privacy_status"):
+        setattr(dev, name, getattr(DeviceBudgets, name).__get__(dev))
+    return dev
+
+
+def _plan(round_: int, **extra: Any) -> Any:
+    return SimpleNamespace(round=round_, phase="train", secure={},
+                           privacy={**RoundPrivacy("central", 1.0, 1.0, 1.0, 4).as_plan(), **extra})
+
+
+def test_refusals_without_a_delta_past_the_budget_and_with_a_bad_ledger(tmp_path: Path) -> None:
+    one = epsilon_for([(1.0, 1.0, 1)], 1e-3)
+    dev = _device(tmp_path, one * 1.5, 0.0, {})
+    assert dev._budget_refuses(_plan(1))  # a budget, no delta anywhere: it cannot tell what it spends
+    assert dev.skipped[1] == BUDGET_SPENT and dev._heartbeat_at == 0.0
+    assert not dev._budget_refuses(_plan(2, delta=1e-3))
+    dev._record_contribution(_plan(2).privacy, False, 2)
+    assert dev._budget_refuses(_plan(3, delta=1e-3))  # a second one would pass 1.5 x one round's
+    assert dev._privacy_status() == {"dp_rounds": 1, "dp_at_budget": True, "dp_epsilon": pytest.approx(one)}
+    assert dev._budget_refuses(_plan(3, delta=1e-3, device_budget=one * 3))  # the smaller budget wins
+    dev.stored.extra[LEDGER_KEY] = {"runs": "garbage"}
+    assert dev._budget_refuses(_plan(4, delta=1e-3))
+    free = _device(tmp_path, 0.0, 0.0, {})
+    assert not free._budget_refuses(_plan(1, delta=1e-3))
+    assert free._budget_refuses(_plan(1, delta=1e-3, device_budget=one / 2))  # the plan's budget alone
+
+
+def test_device_toml_privacy_table(tmp_path: Path) -> None:
+    base = 'credentials = "c.toml"\n[data]\nsource = "arrays"\npath = "x.npz"\n'
+    (tmp_path / "a.toml").write_text(base + "[privacy]\ndevice_budget = 4.0\ndelta = 1e-5\n")
+    edge = load_device_config(tmp_path / "a.toml").edge
+    assert (edge.device_budget, edge.device_delta) == (4.0, 1e-5)
+    for bad in ("device_budget = -1.0", "delta = 1.5", "epsilon = 3.0"):
+        (tmp_path / "b.toml").write_text(base + f"[privacy]\n{bad}\n")
+        with pytest.raises(ConfigError, match="privacy|device_budget|delta"):
+            load_device_config(tmp_path / "b.toml")
