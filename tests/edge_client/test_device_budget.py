@@ -4,7 +4,6 @@ that protects the contribution from who sees it, and device.toml's [privacy] tab
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
