@@ -106,6 +106,8 @@ def render(snap: dict[str, Any]) -> str:
         if r.get("epsilon") is not None:  # a private run: the budget spent so far
             eps = r["epsilon"] if isinstance(r["epsilon"], str) else f"{r['epsilon']:.4g}"
             lines.append(f"privacy: epsilon {eps} spent at delta {r['delta']:.3g} after round {r['round']}")
+    if snap.get("device_privacy"):
+        lines.append(device_privacy_line(snap["device_privacy"]))
     counts = ", ".join(f"{n} {k}" for k, n in sorted(snap["states"].items()))
     lines.append(f"devices: {len(snap['devices'])}" + (f" ({counts})" if counts else ""))
     if src["metrics_error"]:
@@ -120,6 +122,13 @@ def render(snap: dict[str, Any]) -> str:
         lines += ["", table(["device", "state", "last seen", "link kbit/s", "accepted", "last round selected"],
                             rows)]
     return "\n".join(lines)
+
+
+def device_privacy_line(dp: dict[str, Any]) -> str:
+    """The devices' own ledgers (coordinator.device_privacy) as one line."""
+    spread = "no epsilon reported (no delta known to them)" if dp["min"] is None else \
+        f"epsilon min {dp['min']:.4g}, median {dp['median']:.4g}, max {dp['max']:.4g} over {dp['with_epsilon']}"
+    return f"devices' own privacy: {dp['devices']} counting, {spread}; {dp['at_budget']} at their budget"
 
 
 def _stopped(snap: dict[str, Any]) -> bool:

@@ -20,8 +20,11 @@ only renders the registry (``prometheus_client``'s metric objects lock their own
 4. Bounded labels: device ids never become label values; a label a device reports is kept when it matches
    :data:`LABEL_RE`, up to :data:`MAX_LABELS` distinct ones (the rest count as ``other``; none: ``none``).
 
-Privacy spent (epsilon at delta) is not exported yet: once the differential-privacy work records it in
-each round record, :meth:`FleetMetrics.round_closed` is where a ``flayer_privacy_epsilon`` gauge is set.
+5. Privacy, private runs only (the gauges appear with the first private round record or device ledger):
+   ``flayer_privacy_epsilon`` and ``flayer_privacy_delta`` from each closed round's record (+Inf: no
+   noise), and the devices' own ledgers as their statuses report them (:mod:`coordinator.device_privacy`):
+   ``flayer_device_epsilon{stat="min|median|max"}``, ``flayer_devices_at_budget`` and
+   ``flayer_devices_counting_privacy``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from protocol.metrics_schema import DEVICE_RESULTS
 from transport.access import token_allows, token_for
 from transport.hosts import is_loopback
 
+from .device_privacy import device_privacy
 from .intake import REJECTION_COUNTERS
 
 __all__ = ["LABEL_RE", "MAX_LABELS", "REFUSAL_REASONS", "FleetMetrics", "MetricsServer", "device_label", "read_token"]
@@ -123,6 +127,7 @@ class FleetMetrics:
             self.staleness = Gauge("flayer_staleness_mean", "Mean staleness of the updates of the latest "
                                    "version", registry=r)
         self._counted: dict[str, int] = {}
+        self._privacy: dict[str, Gauge] = {}  # rule 5: created with the first private record
         for reason in REFUSAL_REASONS:
             self.refused.labels(reason)
         for result in DEVICE_RESULTS:
@@ -149,6 +154,10 @@ class FleetMetrics:
         if self.staleness is not None and record.get("staleness_mean") is not None:
             self.staleness.set(float(record["staleness_mean"]))
         self.last_closed.set(float(record["time"]))
+        eps = record.get("epsilon")
+        if eps is not None and record.get("delta") is not None:  # a private round (rule 5)
+            self._gauges()["epsilon"].set(math.inf if eps == "inf" else float(eps))
+            self._gauges()["delta"].set(float(record["delta"]))
         self._synced_at = -math.inf  # the gauges follow at the next sync
 
     def sync(self, coord: Any, force: bool = False) -> None:
@@ -174,6 +183,36 @@ class FleetMetrics:
         self._set(self.online, labels(coord._online(now)))
         self._set(self.selected, labels(rnd.selected if rnd is not None else ()))
         self._set(self.reporting, labels(rnd.accepted if rnd is not None else ()))
+        self.devices_privacy(registry.infos())
+
+    def devices_privacy(self, infos: Iterable[Mapping[str, Any]]) -> None:
+        """The devices' own ledgers from their last statuses (rule 5); nothing while none reports one."""
+        dp = device_privacy(infos)
+        if dp is None:
+            return
+        g = self._gauges()
+        for stat in ("min", "median", "max"):
+            g["device"].labels(stat).set(math.nan if dp[stat] is None else float(dp[stat]))
+        g["at_budget"].set(dp["at_budget"])
+        g["counting"].set(dp["devices"])
+
+    def _gauges(self) -> dict[str, Gauge]:
+        if not self._privacy:
+            r = self.registry
+            self._privacy = {
+                "epsilon": Gauge("flayer_privacy_epsilon", "Epsilon spent after the latest closed round, at "
+                                 "flayer_privacy_delta, against readers of the models and plans (+Inf: no noise)",
+                                 registry=r),
+                "delta": Gauge("flayer_privacy_delta", "The delta the federation's epsilon is counted at",
+                               registry=r),
+                "device": Gauge("flayer_device_epsilon", "The devices' own epsilon (q = 1, over the private rounds "
+                                "each contributed to) as their statuses report it: min, median, max", ["stat"],
+                                registry=r),
+                "at_budget": Gauge("flayer_devices_at_budget", "Devices whose next contribution would pass their "
+                                   "own privacy budget (they refuse private rounds)", registry=r),
+                "counting": Gauge("flayer_devices_counting_privacy", "Devices whose status reports a privacy "
+                                  "ledger", registry=r)}
+        return self._privacy
 
     def counters(self, counters: Mapping[str, int]) -> None:
         """The coordinator's cumulative counters (rule 1); a name outside :data:`REFUSAL_REASONS` and

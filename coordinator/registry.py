@@ -44,5 +44,9 @@ class DeviceRegistry:
     def get(self, client: str) -> DeviceInfo | None:
         return self._devices.get(client)
 
+    def infos(self) -> list[dict[str, object]]:
+        """Every known device's last status info."""
+        return [d.info for d in self._devices.values()]
+
     def __len__(self) -> int:
         return len(self._devices)

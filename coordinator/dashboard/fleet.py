@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.device_privacy import device_privacy
 from protocol import Plan, Status
 
 __all__ = ["STATES", "FleetView"]
@@ -155,4 +156,5 @@ class FleetView:
         return {"time": now, "version": self.version, "run": self.run, "end": self.end,
                 "progress": self.progress(now), "states": counts, "devices": rows, "rounds": self.rounds,
                 "refusals": list(reversed(self.refusals)), "last_round": last,
-                "updates_accepted": sum(r["accepted"] for r in rows)}
+                "updates_accepted": sum(r["accepted"] for r in rows),
+                "device_privacy": device_privacy(d.info for d in self.devices.values())}  # private runs

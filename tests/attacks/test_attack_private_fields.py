@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from fedtestlib import Recorder, device_toml, federation_toml, finished, start_fed_broker
 
 from coordinator.config import load_coordinator_config
+from coordinator.device_privacy import device_privacy
 from coordinator.server import Coordinator
 from edge_client.client import EdgeClient
 from edge_client.config import load_device_config
@@ -162,3 +163,13 @@ def test_a_private_round_sends_only_the_documented_fields(tmp_path: Path, digits
     assert want in coord_seen  # the coordinator did read the uploads
     if mode == "central-adaptive":
         assert ("update", "info.dp_unclipped") in coord_seen
+    last: dict[str, dict[str, Any]] = {}  # what flayer status and the dashboard make of the observer's view
+    for m in observed:
+        parsed = topics.parse(m.topic)
+        if parsed.kind == "status" and parsed.client in DEVICES and m.payload:
+            st = decode_message(bytes(m.payload))[1]
+            assert isinstance(st, Status)
+            last[parsed.client] = dict(st.info)
+    dp = device_privacy(last.values())
+    assert dp is not None and dp["devices"] == 4 and dp["with_epsilon"] == 4 and dp["at_budget"] == 0
+    assert dp["min"] == dp["max"] > 0  # every device took part in both rounds

@@ -13,6 +13,10 @@
     return e;
   }
   const fmt = (x, d) => (x === null || x === undefined ? "-" : Number(x).toFixed(d));
+  // the devices' own privacy ledgers (coordinator.device_privacy), private runs only
+  const devicePrivacy = (dp) => !dp ? "" : ` · devices' own epsilon ` +
+    (dp.min === null ? "not reported" : `min ${fmt(dp.min, 3)}, median ${fmt(dp.median, 3)}, max ${fmt(dp.max, 3)} over ${dp.with_epsilon}`) +
+    `, ${dp.at_budget} of ${dp.devices} at their budget`;
   const ago = (s) => (s === null || s === undefined ? "never" : s < 60 ? `${s.toFixed(0)} s ago` : `${(s / 60).toFixed(1)} min ago`);
 
   // ---- charts --------------------------------------------------------------------------------------
@@ -123,8 +127,8 @@
     $("deadline").textContent = Object.entries(p.by_state || {}).map(([k, v]) => `${v} ${k}`).join(", ") +
       (p.deadline_in_s !== null && p.deadline_in_s !== undefined ? ` · deadline ${p.deadline_in_s > 0 ? "in " + p.deadline_in_s.toFixed(0) + " s" : "passed"}` : "");
     $("closed").textContent = String(s.rounds.length);
-    $("last-round").textContent = last ? `round ${last.round}: ${last.reported}/${last.selected} reported, acc ${fmt(last.acc, 4)}, ${last.closed}` +
-      (last.epsilon !== null && last.epsilon !== undefined ? ` · epsilon ${typeof last.epsilon === "string" ? last.epsilon : last.epsilon.toFixed(3)} at delta ${last.delta.toPrecision(3)}` : "") : "-";
+    $("last-round").textContent = (last ? `round ${last.round}: ${last.reported}/${last.selected} reported, acc ${fmt(last.acc, 4)}, ${last.closed}` +
+      (last.epsilon !== null && last.epsilon !== undefined ? ` · epsilon ${typeof last.epsilon === "string" ? last.epsilon : last.epsilon.toFixed(3)} at delta ${last.delta.toPrecision(3)}` : "") : "-") + devicePrivacy(s.device_privacy);
     $("device-count").textContent = String(s.devices.length);
     $("state-counts").textContent = Object.entries(s.states).map(([k, v]) => `${v} ${k}`).join(", ") || "-";
     $("accepted-total").textContent = String(s.updates_accepted);

@@ -1,0 +1,64 @@
+"""The devices' own privacy ledgers as their statuses report them (coordinator.device_privacy), shown by the
+dashboard's snapshot, ``flayer status`` and the Prometheus exporter beside the federation's epsilon; a status
+value that is not a number >= 0 (or a boolean) is left out, never shown as a figure."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from cli.status import device_privacy_line
+from coordinator.dashboard.fleet import FleetView
+from coordinator.device_privacy import device_privacy
+from coordinator.exporter import FleetMetrics
+from coordinator.metrics import RoundStats
+from coordinator.registry import DeviceRegistry
+from protocol import Status
+
+INFOS: list[dict[str, Any]] = [
+    {"device": "cpu", "dp_rounds": 2, "dp_epsilon": 1.5, "dp_at_budget": False},
+    {"device": "cpu", "dp_rounds": 5, "dp_epsilon": 4.0, "dp_at_budget": True},
+    {"device": "cpu", "dp_rounds": 3, "dp_epsilon": 2.5, "dp_at_budget": False},
+    {"device": "cpu", "dp_rounds": 1, "dp_epsilon": "9", "dp_at_budget": "yes"},  # not numbers: left out
+    {"device": "cpu"},  # no ledger (a device of an earlier release)
+]
+
+
+def test_the_distribution_over_devices() -> None:
+    dp = device_privacy(INFOS)
+    assert dp is not None and dp == {"devices": 4, "with_epsilon": 3, "min": 1.5, "median": 2.5, "max": 4.0, "at_budget": 1}
+    assert device_privacy([{"device": "cpu"}]) is None  # not a private federation
+    line = device_privacy_line(dp)
+    assert "min 1.5, median 2.5, max 4 over 3" in line and "1 at their budget" in line and "4 counting" in line
+    bare = device_privacy([{"dp_rounds": 1, "dp_at_budget": True}])
+    assert bare is not None and "no epsilon reported" in device_privacy_line(bare)
+
+
+def test_the_dashboard_snapshot_carries_it() -> None:
+    view = FleetView()
+    for i, info in enumerate(INFOS):
+        view.on_status(f"dev-{i}", Status(1, "idle", 10.0, info), 10.0)
+    assert view.snapshot(11.0)["device_privacy"]["median"] == 2.5
+
+
+def test_prometheus_exports_the_federations_and_the_devices_epsilon() -> None:
+    m = FleetMetrics("fed", "fedavg", "sync", 60.0, 1000, min_interval_s=0.0)
+    stats = RoundStats(1, ["a"], opened_at=100.0)
+    rec = stats.as_dict(107.0, "quorum", {}, ["a"])
+    m.round_closed(rec)
+    assert m.registry.get_sample_value("flayer_privacy_epsilon") is None  # not a private round: no gauge
+    m.round_closed({**rec, "epsilon": 3.25, "delta": 1e-5})
+    assert m.registry.get_sample_value("flayer_privacy_epsilon") == 3.25
+    assert m.registry.get_sample_value("flayer_privacy_delta") == 1e-5
+    m.round_closed({**rec, "epsilon": "inf", "delta": 1e-5})
+    assert math.isinf(m.registry.get_sample_value("flayer_privacy_epsilon") or 0.0)
+    reg = DeviceRegistry(30.0)
+    for i, info in enumerate(INFOS):
+        reg.observe(f"dev-{i}", Status(1, "idle", 10.0, info), 10.0)
+    m.devices_privacy(reg.infos())
+    got = {s: m.registry.get_sample_value("flayer_device_epsilon", {"stat": s}) for s in ("min", "median", "max")}
+    assert got == {"min": 1.5, "median": 2.5, "max": 4.0}
+    assert m.registry.get_sample_value("flayer_devices_at_budget") == 1
+    assert m.registry.get_sample_value("flayer_devices_counting_privacy") == pytest.approx(4)
