@@ -193,7 +193,7 @@ def table_rows(table: Table) -> list[str]:
 def config_files() -> tuple[ConfigFile, ...]:
     """Every config file, table by table, from the dataclasses that load them."""
     from coordinator.config import FederationSettings
-    from edge_client.config import DeviceConfig, DeviceData, EdgeSettings
+    from edge_client.config import DeviceConfig, DeviceData, DevicePrivacy, EdgeSettings
     from emulator.options import DEFAULT_EDGE, EmulatorSettings
     from emulator.profiles import DeviceProfile
     from flayer.config import DataConfig, RunConfig, TrainConfig
@@ -234,8 +234,11 @@ def config_files() -> tuple[ConfigFile, ...]:
                    "Example: `configs/device-1.toml`.",
                    (Table("top level", DeviceConfig, only=("credentials",)),
                     Table("[data]", DeviceData),
-                    Table("[edge]", EdgeSettings, exclude=("client_index",),
-                          note="`client_index` is not a key: it is `[data] client`."))),
+                    Table("[edge]", EdgeSettings, exclude=("client_index", "device_budget", "device_delta"),
+                          note="`client_index` is not a key: it is `[data] client`."),
+                    Table("[privacy]", DevicePrivacy,
+                          note="This device's own privacy budget: docs/explanation/privacy.md, "
+                               "\"A device's own budget\"."))),
         ConfigFile("Emulated fleet", "emulate",
                    "Read by `flayer emulate --config`: the run tables above (`[data] clients` is the number "
                    "of devices), plus `[federation]` and `[edge]` as in `federation.toml` and `device.toml` "

@@ -65,7 +65,7 @@ from flayer.config import DATASET_NAMES, ConfigError, add_python_path, from_mapp
 from flayer.spec import ENTRY_POINT
 from protocol.messages import DEVICE_LABEL
 
-__all__ = ["DeviceConfig", "DeviceData", "EdgeSettings", "load_device_config", "load_device_data"]
+__all__ = ["DeviceConfig", "DeviceData", "DevicePrivacy", "EdgeSettings", "load_device_config", "load_device_data"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,21 @@ class EdgeSettings:
             raise ConfigError(f"[privacy] delta must be in (0, 1) (or 0: the plan's), got {self.device_delta}")
         if not 5 <= self.keepalive_s <= 3600:
             raise ConfigError(f"keepalive_s must be in [5, 3600], got {self.keepalive_s}")
+
+
+@dataclass(frozen=True)
+class DevicePrivacy:
+    """``[privacy]`` of ``device.toml``: this device's own budget (edge_client.budget); the edge client
+    reads them as ``EdgeSettings.device_budget`` and ``device_delta``."""
+
+    device_budget: float = 0.0  # refuse private rounds once the next contribution would pass this epsilon (0: none)
+    delta: float = 0.0  # the delta this device counts its epsilon at: the smaller of this and the plan's (0: the plan's)
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.device_budget < float("inf")):
+            raise ConfigError(f"device_budget must be a finite epsilon > 0 (or 0: none), got {self.device_budget}")
+        if not 0 <= self.delta < 1:
+            raise ConfigError(f"delta must be in (0, 1) (or 0: the plan's), got {self.delta}")
 
 
 SOURCES = ("folder", "arrays", "python", "partition")
@@ -187,10 +202,9 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) or table(s) {', '.join(unknown)}; known: credentials, "
                           f"python_path, [data], [edge], [privacy]")
-    privacy = dict(raw.get("privacy", {})) if isinstance(raw.get("privacy", {}), dict) else None
-    if privacy is None or set(privacy) - {"device_budget", "delta"}:
-        raise ConfigError(f"{path} [privacy]: only device_budget and delta may be set here (got "
-                          f"{raw.get('privacy')!r})")
+    if not isinstance(raw.get("privacy", {}), dict):
+        raise ConfigError(f"{path}: [privacy] must be a table (device_budget, delta)")
+    privacy = from_mapping(DevicePrivacy, raw.get("privacy", {}), f"{path} [privacy]")
     creds = raw.get("credentials")
     if not isinstance(creds, str) or not creds:
         raise ConfigError(f"{path}: credentials = \"PATH\" (the file 'flayer broker add-device' wrote) is required")
@@ -227,7 +241,7 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
         if key in tables[table]:
             tables[table][key] = resolve(tables[table][key])
     data = from_mapping(DeviceData, tables["data"], f"{path} [data]")
-    own = {"device_budget": privacy.get("device_budget", 0.0), "device_delta": privacy.get("delta", 0.0)}
+    own = {k: v for k, v in (("device_budget", privacy.device_budget), ("device_delta", privacy.delta)) if v}
     edge = from_mapping(EdgeSettings, {**tables["edge"], **own, "client_index": data.client}, f"{path} [edge]")
     return DeviceConfig(Path(resolve(creds)), data, edge)
 
