@@ -99,7 +99,7 @@ class FederationPrivacy:
         clip = self.clip
         assert agg.privacy is not None
         self.z = self.accounts.compose(agg.privacy, agg.tally.accepted)
-        if self.settings.clipping == "adaptive":
+        if self.settings.clipping == "adaptive" and agg.tally.accepted > 0:  # C moves only after a folded round
             self.clip = next_clip(self.clip, agg.noised_bits(), self.settings.expected_contributions or 1,
                                   self.settings.target_quantile, self.settings.clip_lr)
         eps = self.accounts.epsilons(self.delta)

@@ -15,7 +15,7 @@ import logging
 import secrets
 from typing import Any
 
-from flayer.engine.secure import PlannedSecure, plan_secure, round_params, secure_bound
+from flayer.engine.secure import plan_round, plan_secure
 from flayer.engine.secure_layout import round_layout
 from flayer.secagg import SecAggAbandoned
 from protocol import Envelope, Kind, Metrics, WireError, check_topic, decode_envelope
@@ -69,21 +69,20 @@ class SecurePhase:
         private = rnd.aggregate.privacy
         if private is not None and private.mode == "local":  # distributed DP: the shares are drawn in the ring
             private = rnd.aggregate.privacy = dataclasses.replace(private, ring=True)
-        params, noise = round_params(s, session, rnd.number, selected, layout, self.cfg.run.seed, private)
-        adaptive = s.enabled and s.clipping == "adaptive"
-        bound = secure_bound(private, noise, params.length)
-        rnd.secure = SecureRound(PlannedSecure(params, layout.digest, adaptive, s.secure_stage_s, noise), layout,
-                                 bound, self.clock() + s.secure_stage_s)
+        planned = plan_round(s, session, rnd.number, selected, layout, self.cfg.run.seed, private,
+                             rnd.ctx.bounds.norm_bound)
+        params = planned.params
+        rnd.secure = SecureRound(planned, layout, self.clock() + s.secure_stage_s)
         rnd.ctx = dataclasses.replace(rnd.ctx, masked=rnd.secure.masked)
-        log.info("round %d: secure aggregation over %d devices, t = %d, %d neighbours each, %d coordinates",
-                 rnd.number, len(selected), params.threshold, params.degree, params.length)
+        log.info("round %d: secure aggregation over %d devices, t = %d, %d neighbours each, %d coordinates, "
+                 "contributions clipped to L2 %.4g", rnd.number, len(selected), params.threshold, params.degree,
+                 params.length, planned.bound)
 
     def _secure_plan(self, rnd: Any) -> dict[str, Any]:
         sec = rnd.secure if rnd is not None else None
         if sec is None:
             return {}
-        p = sec.planned
-        return plan_secure(p.params, sec.layout, p.adaptive, p.stage_s, p.noise_std)
+        return plan_secure(sec.planned)
 
     def _on_secagg(self, client: str, parsed: Any, payload: bytes) -> None:
         """A device's protocol message: checked, handed to the round's protocol, stages moved on."""

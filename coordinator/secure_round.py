@@ -52,7 +52,6 @@ class SecureRound:
 
     planned: PlannedSecure
     layout: Layout
-    bound: float | None  # the L2 bound each honest upload keeps (DP's C), or None: the ring's range only
     stage_end: float
     stage: int = 1
     server: SecAggServer = field(init=False)
@@ -137,8 +136,7 @@ class SecureRound:
             ring_sum = s.result()
         except (SecAggAbandoned, SecAggError) as exc:
             return SecureSum(None, survivors, dropped, getattr(exc, "reason", None) or str(exc))
-        total, bits, why = sum_update(ring_sum, self.planned.params, self.layout, len(survivors), self.bound,
-                                      self.planned.adaptive)
+        total, bits, why = sum_update(ring_sum, self.planned, self.layout, len(survivors))
         return SecureSum(total, survivors, dropped, why, bits)
 
     def abandon_early(self, reason: str) -> SecureSum:

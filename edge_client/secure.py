@@ -23,9 +23,7 @@ import math
 import os
 from typing import Any
 
-import numpy as np
-
-from flayer.engine.secure import PlannedSecure, device_vector, secure_from_plan
+from flayer.engine.secure import PlannedSecure, secure_from_plan
 from flayer.engine.secure_layout import layout_of
 from flayer.secagg import KeyBundle, SecAggClient, SecAggError, ShareBatch, UnmaskRequest, decode_message
 from flayer.update import Update
@@ -93,9 +91,7 @@ class SecureSession:
         if lay.digest != self.planned.layout:
             raise SecAggError("this device's upload positions are not the round's common layout (another strategy "
                               "version or options?): it cannot join the secure sum")
-        rng = np.random.default_rng(int.from_bytes(os.urandom(16), "big"))  # the rounding: nobody can replay it
-        vector = device_vector(self.update, lay, self.planned.params, rng, self.planned.adaptive,
-                               self.planned.noise_std)
+        vector = self.planned.vector(self.update, lay)  # clipped to the round's bounds; rounding and noise: CSPRNG
         self.masked_sent = True
         return self.client.masked_input(self.shares, vector).to_bytes()
 

@@ -45,6 +45,7 @@ class PrivacySettings:
     secure_aggregation: bool = False
     secure_clip_range: float | None = None  # R: each sent value is clipped to [-R, R]; default C with DP, else 8
     secure_dropout: float = 0.1  # the dropout rate k and t are chosen to survive (emulate: from the profiles if unset)
+    secure_corrupt_fraction: float = 0.0  # devices that may collude with the coordinator: t's floor (devices check)
     secure_stage_s: float = 10.0  # coordinator: how long the key, share and unmask stages each wait for devices
 
     def __post_init__(self) -> None:
@@ -77,6 +78,8 @@ class PrivacySettings:
             raise ValueError(f"secure_clip_range must be a finite number in (0, 1e6], got {self.secure_clip_range}")
         if not (math.isfinite(self.secure_stage_s) and 0.1 <= self.secure_stage_s <= 3600):
             raise ValueError(f"secure_stage_s must be in [0.1, 3600] seconds, got {self.secure_stage_s}")
+        if not 0 <= self.secure_corrupt_fraction < 0.5:
+            raise ValueError(f"secure_corrupt_fraction must be in [0, 0.5), got {self.secure_corrupt_fraction}")
         if not 0 <= self.secure_dropout < 0.5:
             raise ValueError(f"secure_dropout must be in [0, 0.5), got {self.secure_dropout}")
         if self.enabled and self.mode == "local" and self.clipping == "adaptive":

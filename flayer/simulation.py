@@ -253,7 +253,7 @@ class _Private:
         epsilon so far against readers of the models and plans."""
         assert agg.privacy is not None
         self.accounts.compose(agg.privacy, agg.tally.accepted)
-        if self.s.clipping == "adaptive":
+        if self.s.clipping == "adaptive" and agg.tally.accepted > 0:  # C moves only after a folded round
             bits = agg.noised_bits()
             self.clip = next_clip(self.clip, bits, self.s.expected_contributions or 1, self.s.target_quantile,
                                   self.s.clip_lr)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,15 +30,18 @@ import numpy as np
 
 from flayer.privacy_config import PrivacySettings
 from flayer.secagg import RingSpec, SecAggParams, decode_sum, encode, neighbour_count
+from flayer.secagg.graph import threshold_floor
 from flayer.secagg.noise import discrete_gaussian
+from flayer.secagg.prg import KeystreamRandom
 from flayer.strategies.base import derive_seed
 from flayer.update import Update
 
 from .privacy import UNCLIPPED_KEY, RoundPrivacy
 from .secure_layout import Layout, flatten, layout_of, unflatten
 
-__all__ = ["DROP_STAGES", "PlannedSecure", "SecureSum", "check_sum", "device_vector", "drops_for", "plan_secure",
-           "ring_noise", "round_params", "secure_bound", "secure_from_plan", "secure_sum", "sum_update"]
+__all__ = ["DROP_STAGES", "PlannedSecure", "SecureSum", "allowances", "check_sum", "contribution_bounds", "corrupt_fraction",
+           "csprng", "device_vector", "drops_for", "graph_seed_of", "plan_round", "plan_secure", "ring_noise",
+           "round_params", "secure_from_plan", "secure_sum", "sum_update"]
 
 DROP_STAGES = ("after_keys", "after_shares", "after_masked")
 
@@ -77,25 +81,55 @@ def ring_noise(rp: RoundPrivacy | None, threshold: int, n: int, clip_range: floa
     return sigma * widen, ring
 
 
+def corrupt_fraction(s: PrivacySettings) -> float:
+    """The stated fraction of devices that may collude with the coordinator (``secure_corrupt_fraction``)."""
+    return float(s.secure_corrupt_fraction)
+
+
+def contribution_bounds(s: PrivacySettings, rp: RoundPrivacy | None, norm_bound: float | None) -> tuple[float, float]:
+    """(B, R): the L2 bound every device clips its secure upload to -- the round's C with DP, else the
+    federation's norm bound (explicit or automatic), else ``secure_clip_range`` (8 by default) -- and the
+    per-coordinate range, ``min(R, B)`` with R the configured ``secure_clip_range`` (C with DP, else 8)."""
+    bound = rp.clip if rp is not None else norm_bound if norm_bound is not None else s.clip_range
+    if not (math.isfinite(bound) and bound > 0):
+        raise ValueError(f"a secure round's contribution bound must be a finite number > 0, got {bound!r}")
+    return float(bound), float(min(s.clip_range, bound))
+
+
+def graph_seed_of(seed: int, round_: int) -> bytes:
+    """The round's neighbour-graph seed: public, fixed by the run seed and the round (devices recompute it)."""
+    return hashlib.sha256(f"secagg-graph:{seed}:{round_}".encode()).digest()
+
+
 def round_params(s: PrivacySettings, session: str, round_: int, participants: tuple[str, ...], layout: Layout,
-                 seed: int, rp: RoundPrivacy | None = None) -> tuple[SecAggParams, float]:
+                 seed: int, rp: RoundPrivacy | None = None, value_range: float | None = None
+                 ) -> tuple[SecAggParams, float]:
     """(the round's public protocol parameters, each device's noise share in the ring or 0): the ring of
-    range R for the cohort (with room for the noise, :func:`ring_noise`), k and t for the dropout rate
-    ``secure_dropout``, the neighbour graph drawn from the run seed and the round."""
+    per-coordinate range ``value_range`` (default ``secure_clip_range``) for the cohort (with room for the
+    noise, :func:`ring_noise`), k and t for the dropout rate ``secure_dropout`` and the stated colluding
+    fraction ``secure_corrupt_fraction``, the neighbour graph drawn from the run seed and the round."""
     adaptive = s.enabled and s.clipping == "adaptive"
     length = layout.n + int(adaptive)
-    k, t = neighbour_count(len(participants), s.secure_dropout)
-    noise, ring = ring_noise(rp, t, length, max(s.clip_range, 1.0) if adaptive else s.clip_range,
-                             len(participants))
-    graph_seed = hashlib.sha256(f"secagg-graph:{seed}:{round_}".encode()).digest()
+    k, t = neighbour_count(len(participants), s.secure_dropout, corrupt_fraction=corrupt_fraction(s))
+    rng_range = s.clip_range if value_range is None else value_range
+    noise, ring = ring_noise(rp, t, length, max(rng_range, 1.0) if adaptive else rng_range, len(participants))
+    graph_seed = graph_seed_of(seed, round_)
     return SecAggParams(session, round_, participants, t, k, graph_seed, length, ring), noise
 
 
-def device_vector(update: Update, layout: Layout, params: SecAggParams, rng: np.random.Generator,
-                  adaptive: bool = False, noise_std: float = 0.0) -> np.ndarray:
-    """A device's input to the masked sum: its values on the common layout (and its clip bit), in the ring,
-    plus its discrete Gaussian share of the round's noise (``noise_std`` in value units; 0: none)."""
+def device_vector(update: Update, layout: Layout, params: SecAggParams, rng: np.random.Generator | KeystreamRandom,
+                  adaptive: bool = False, noise_std: float = 0.0, bound: float | None = None,
+                  value_range: float | None = None) -> np.ndarray:
+    """A device's input to the masked sum: its values on the common layout, scaled to L2 norm at most
+    ``bound`` and clipped to ``[-value_range, value_range]`` (and its clip bit), in the ring, plus its
+    discrete Gaussian share of the round's noise (``noise_std`` in value units; 0: none)."""
     values = flatten(update, layout)
+    if bound is not None:
+        norm = float(np.linalg.norm(values))
+        if norm > bound:
+            values = values * (bound / norm * (1 - 1e-9))
+    if value_range is not None:
+        values = np.clip(values, -value_range, value_range)
     if adaptive:
         values = np.append(values, float(update.info.get(UNCLIPPED_KEY, 0.0)))
     q = encode(values, params.ring, rng)
@@ -106,42 +140,61 @@ def device_vector(update: Update, layout: Layout, params: SecAggParams, rng: np.
     return ((q.astype(np.int64) + share) & np.int64(params.ring.modulus - 1)).astype(np.uint32)
 
 
-def secure_bound(rp: RoundPrivacy | None, noise_std: float, n: int) -> float | None:
-    """The L2 bound each honest secure upload keeps, for :func:`check_sum`: C with central DP; C plus room for
-    its noise share with distributed DP (``C + 2 sigma sqrt(n)``); None without DP (the ring's range only)."""
-    if rp is None:
+def allowances(count: int, n: int, scale: float, noise_std: float) -> tuple[float, float]:
+    """(per coordinate, L2): how far an honest sum of ``count`` inputs of ``n`` coordinates may stray past
+    ``count`` x its bounds -- stochastic rounding (below 1/s a coordinate and input) and, with distributed DP,
+    the noise shares' sum (std ``noise_std sqrt(count)`` a coordinate: 9 std per coordinate, its L2 norm
+    below ``sqrt(n) + 6`` std; each exceeded with probability below 1e-8)."""
+    sd = noise_std * math.sqrt(count)
+    return count / scale + 9.0 * sd, count * math.sqrt(n) / scale + sd * (math.sqrt(n) + 6.0)
+
+
+def check_sum(total: np.ndarray, count: int, bound: float | None, value_range: float | None = None,
+              slack: tuple[float, float] = (0.0, 0.0), bits: float | None = None) -> str | None:
+    """Why an unmasked sum cannot be ``count`` bounded uploads (None: it can). Each honest upload has L2 norm
+    at most ``bound`` and coordinates in ``[-value_range, value_range]``, so their sum has norm at most
+    ``count * bound`` and coordinates at most ``count * value_range``, plus ``slack`` (per coordinate, L2:
+    :func:`allowances`); the clip-bit sum ``bits`` (adaptive clipping) lies in ``[0, count]`` plus the
+    per-coordinate slack. A device that masked values outside its bounds shows here once it pushes the sum
+    past them: what it can still do inside them is the residual docs/explanation/secure-aggregation.md states."""
+    if count == 0:
         return None
-    return rp.clip + 2.0 * noise_std * math.sqrt(max(1, n))
-
-
-def check_sum(total: np.ndarray, count: int, bound: float | None) -> str | None:
-    """Why an unmasked sum cannot be ``count`` clipped uploads (None: it can): each honest upload has L2
-    norm at most ``bound`` (the DP clip, or None: only the ring's per-coordinate range applies), so their
-    sum has norm at most ``count * bound`` -- a device that masked values past its clip shows here."""
-    if bound is None or count == 0:
+    per, l2 = slack
+    if bits is not None and not -per - 1e-9 <= bits <= count + per + 1e-9:
+        return (f"the clip-bit sum {bits:.4g} is outside [0, {count}] (+ {per:.3g} for rounding and noise): a device "
+                f"masked a clip bit other than 0 or 1")
+    if value_range is not None and total.size:
+        worst = int(np.argmax(np.abs(total)))
+        if abs(float(total[worst])) > count * value_range + per + 1e-9:
+            return (f"the unmasked sum's coordinate {worst} is {float(total[worst]):.4g}, beyond {count} x the range "
+                    f"{value_range:g} (+ {per:.3g}): a device masked values outside its range")
+    if bound is None:
         return None
     norm = float(np.linalg.norm(total))
-    limit = count * bound * (1 + 1e-6) + math.sqrt(total.size) * count * 1e-6
-    if norm > limit:
-        return (f"the unmasked sum's norm {norm:.4g} exceeds {count} x the clip bound {bound:g}: a device "
-                f"masked values outside its clip")
+    if norm > count * bound + l2 + 1e-9:
+        return (f"the unmasked sum's norm {norm:.4g} exceeds {count} x the bound {bound:g} (+ {l2:.3g}): a device "
+                f"masked values outside its bound")
     return None
 
 
-def sum_update(ring_sum: np.ndarray, params: SecAggParams, layout: Layout, count: int,
-               bound: float | None, adaptive: bool = False) -> tuple[Update | None, float, str | None]:
-    """(the decoded sum as an update at the common layout, the clip-bit sum, why refused or None)."""
+def sum_update(ring_sum: np.ndarray, planned: PlannedSecure, layout: Layout, count: int
+               ) -> tuple[Update | None, float, str | None]:
+    """(the decoded sum as an update at the common layout, the clip-bit sum, why refused or None): decoded
+    and checked against the round's bounds (:func:`check_sum`)."""
+    params = planned.params
     try:
         total = decode_sum(ring_sum, params.ring, count)
     except ValueError as exc:
         return None, 0.0, f"the unmasked sum is out of the ring's range ({exc})"
-    bits = 0.0
-    if adaptive:
+    bits = None
+    if planned.adaptive:
         total, bits = total[:-1], float(total[-1])
-    why = check_sum(total, count, bound)
+    assert params.ring.scale is not None
+    slack = allowances(count, params.length, params.ring.scale, planned.noise_std)
+    why = check_sum(total, count, planned.bound, planned.value_range, slack, bits)
     if why is not None:
         return None, 0.0, why
-    return unflatten(total, layout, count), bits, None
+    return unflatten(total, layout, count), bits or 0.0, None
 
 
 def drops_for(selected: tuple[str, ...], rate: float, seed: int, round_: int) -> dict[str, str]:
@@ -169,48 +222,60 @@ def common_layout(uploads: Mapping[str, Update]) -> Layout:
     return first
 
 
+def plan_round(s: PrivacySettings, session: str, round_: int, participants: tuple[str, ...], layout: Layout,
+               seed: int, rp: RoundPrivacy | None, norm_bound: float | None, stage_s: float | None = None
+               ) -> PlannedSecure:
+    """A secure round's public plan: protocol parameters (:func:`round_params`), the contribution bounds
+    (:func:`contribution_bounds`: the devices clip to them, the sum is checked against them), the noise shares."""
+    bound, value_range = contribution_bounds(s, rp, norm_bound)
+    params, noise = round_params(s, session, round_, participants, layout, seed, rp, value_range)
+    adaptive = s.enabled and s.clipping == "adaptive"
+    return PlannedSecure(params, layout.digest, adaptive, s.secure_stage_s if stage_s is None else stage_s, noise,
+                         bound, value_range, corrupt_fraction(s), seed)
+
+
 def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads: Mapping[str, Update],
                bound: float | None, drops: Mapping[str, str] | None = None,
                rp: RoundPrivacy | None = None, seeded: bool = False) -> SecureSum:
-    """Run a secure round in process over ``uploads`` (device id -> its clipped upload) with ``drops`` (device
-    -> the step it drops after), by the protocol code the coordinator runs: the sum of the survivors, decoded
-    and checked (:func:`sum_update`, against ``bound``), or the reason the round was abandoned. ``rp``: the
-    private round; in local mode the devices add their noise shares in the ring and the bound makes room for
-    them. The devices' entropy (keys, masks, rounding, noise) comes from the operating system's CSPRNG, as on a
-    real device; ``seeded`` (``flayer simulate --dp-seeded-noise``: reproducible, not private) draws it from
-    the run seed and the round instead."""
+    """Run a secure round in process over ``uploads`` (device id -> its upload) with ``drops`` (device -> the
+    step it drops after), by the protocol code the coordinator runs: the sum of the survivors, decoded and
+    checked (:func:`sum_update`), or the reason the round was abandoned. ``bound``: the federation's norm
+    bound without DP (None: ``secure_clip_range``); the devices clip to the round's bounds
+    (:func:`contribution_bounds`). ``rp``: the private round; in local mode the devices add their noise shares
+    in the ring and the checks make room for them. The devices' entropy (keys, masks, rounding, noise) comes
+    from the operating system's CSPRNG, as on a real device; ``seeded`` (``flayer simulate
+    --dp-seeded-noise``: reproducible, not private) draws it from the run seed and the round instead."""
     from flayer.secagg import run_round
 
     participants = tuple(sorted(uploads))
     if len(participants) < 2:
         return SecureSum(None, participants, (), f"{len(participants)} device(s) uploaded: a secure sum needs >= 2")
     layout = common_layout(uploads)
-    params, noise = round_params(s, session, round_, participants, layout, seed, rp)
-    if noise > 0:
-        bound = secure_bound(rp, noise, params.length)
-    adaptive = s.enabled and s.clipping == "adaptive"
-    vectors = {dev: device_vector(up, layout, params, np.random.default_rng(derive_seed(seed, round_, dev, "secagg")
-                                                                            if seeded else secrets.randbits(256)),
-                                  adaptive, noise) for dev, up in uploads.items()}
+    planned = plan_round(s, session, round_, participants, layout, seed, rp, bound)
+    params = planned.params
+    vectors = {dev: planned.vector(up, layout, np.random.default_rng(derive_seed(seed, round_, dev, "secagg"))
+                                   if seeded else None) for dev, up in uploads.items()}
     run_seed = hashlib.sha256(f"secagg-run:{seed}:{round_}".encode()).digest() if seeded else secrets.token_bytes(32)
     out = run_round(params, vectors, drop_after=dict(drops or {}), seed=run_seed)  # type: ignore[arg-type]
     survivors, dropped = tuple(sorted(out.survivors)), tuple(sorted(set(participants) - set(out.survivors)))
     if out.ring_sum is None or out.abandoned_reason is not None:
         return SecureSum(None, survivors, dropped, out.abandoned_reason, 0.0, out.bytes_per_device,
                          out.messages_per_device)
-    total, bits, why = sum_update(out.ring_sum, params, layout, len(survivors), bound, adaptive)
+    total, bits, why = sum_update(out.ring_sum, planned, layout, len(survivors))
     return SecureSum(total, survivors, dropped, why, bits, out.bytes_per_device, out.messages_per_device)
 
 
-def plan_secure(params: SecAggParams, layout: Layout, adaptive: bool, stage_s: float,
-                noise_std: float = 0.0) -> dict[str, Any]:
+def plan_secure(planned: PlannedSecure) -> dict[str, Any]:
     """The plan's ``secure`` mapping: what every selected device needs to run the round's protocol
     (participants are the plan's ``selected``)."""
+    params = planned.params
     assert params.ring.scale is not None
     return {"session": params.session, "threshold": params.threshold, "degree": params.degree,
             "graph_seed": params.graph_seed.hex(), "length": params.length, "clip_range": params.ring.clip_range,
-            "scale": params.ring.scale, "max_summands": params.ring.max_summands, "layout": layout.digest,
-            "adaptive": adaptive, "stage_s": stage_s, "noise_std": noise_std}
+            "scale": params.ring.scale, "max_summands": params.ring.max_summands, "layout": planned.layout,
+            "adaptive": planned.adaptive, "stage_s": planned.stage_s, "noise_std": planned.noise_std,
+            "bound": planned.bound, "value_range": planned.value_range, "corrupt_fraction": planned.corrupt_fraction,
+            "run_seed": planned.run_seed}
 
 
 @dataclass(frozen=True)
@@ -220,10 +285,31 @@ class PlannedSecure:
     adaptive: bool  # the vector's last coordinate is the clip bit
     stage_s: float
     noise_std: float = 0.0  # distributed DP: each device's discrete Gaussian share, in value units (ring_noise)
+    bound: float | None = None  # B: every device clips its upload's L2 norm to it (contribution_bounds)
+    value_range: float | None = None  # per-coordinate range of the values (min(R, B))
+    corrupt_fraction: float = 0.0  # the stated fraction of devices that may collude with the coordinator
+    run_seed: int | None = None  # the run seed the graph seed is drawn from (devices recompute it)
+
+    def vector(self, update: Update, layout: Layout, rng: np.random.Generator | KeystreamRandom | None = None
+               ) -> np.ndarray:
+        """A device's ring input for this round (:func:`device_vector` within the round's bounds); ``rng``
+        None: the rounding and the noise from the operating system's CSPRNG."""
+        return device_vector(update, layout, self.params, rng if rng is not None else csprng(), self.adaptive,
+                             self.noise_std, self.bound, self.value_range)
 
 
-def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, ...]) -> PlannedSecure | None:
-    """A plan's secure round (None: not one); ValueError naming what is malformed."""
+def csprng() -> KeystreamRandom:
+    """The generator of a device's secret-dependent draws (stochastic rounding, noise shares): the ChaCha20
+    keystream under a fresh 256-bit key from ``os.urandom`` (:class:`flayer.secagg.prg.KeystreamRandom`)."""
+    return KeystreamRandom(os.urandom(32))
+
+
+def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, ...],
+                     min_corrupt_fraction: float = 0.0) -> PlannedSecure | None:
+    """A plan's secure round (None: not one); ValueError naming what is malformed or what this device refuses:
+    a graph seed other than the one the run seed gives, a threshold t below the floor this device computes
+    itself from k, the cohort and the colluding fraction (the plan's or ``min_corrupt_fraction``, the larger:
+    :func:`flayer.secagg.graph.threshold_floor`), or bounds that are not finite and positive."""
     if not raw:
         return None
     try:
@@ -234,8 +320,25 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
         stage_s = float(raw.get("stage_s", 10.0))
         noise_std = float(raw.get("noise_std", 0.0))
         layout = str(raw["layout"])
+        bound, value_range = float(raw["bound"]), float(raw["value_range"])
+        gamma = float(raw.get("corrupt_fraction", 0.0))
+        run_seed = raw["run_seed"]
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"plan: malformed secure-round parameters ({exc})") from None
     if len(layout) != 64 or not (0 < stage_s <= 86_400) or not (0 <= noise_std <= 1e6 and math.isfinite(noise_std)):
         raise ValueError("plan: malformed secure-round parameters (layout digest, stage_s or noise_std)")
-    return PlannedSecure(params, layout, bool(raw.get("adaptive", False)), stage_s, noise_std)
+    if not all(math.isfinite(v) and 0 < v <= 1e9 for v in (bound, value_range)) or value_range > ring.clip_range:
+        raise ValueError(f"plan: malformed secure-round parameters (bound {bound} and value_range {value_range} must "
+                         f"be finite and > 0, the value range within the ring's {ring.clip_range})")
+    if not (0 <= gamma < 1) or not isinstance(run_seed, int) or isinstance(run_seed, bool):
+        raise ValueError("plan: malformed secure-round parameters (corrupt_fraction or run_seed)")
+    if seed != graph_seed_of(run_seed, round_):
+        raise ValueError("plan: the secure round's graph seed is not the one the run seed and the round give: "
+                         "refused (a coordinator choosing the graph could pick who neighbours whom)")
+    floor = threshold_floor(len(params.participants), params.degree, max(gamma, min_corrupt_fraction))
+    if params.threshold < floor:
+        raise ValueError(f"plan: threshold t={params.threshold} is below the floor {floor} this device computes for "
+                         f"k={params.degree} neighbours and a colluding fraction "
+                         f"{max(gamma, min_corrupt_fraction):g}: refused")
+    return PlannedSecure(params, layout, bool(raw.get("adaptive", False)), stage_s, noise_std, bound, value_range,
+                         gamma, run_seed)

@@ -182,9 +182,12 @@ class SecAggClient:
             raise self._refuse(f"asked for both shares of {sorted(both)}")
         if me not in request.survivors:
             raise self._refuse("the request does not list this device among the survivors")
-        if request.survivor_count < max(p.threshold, len(request.survivors)):
-            raise self._refuse(f"{request.survivor_count} survivors (t={p.threshold}, "
-                               f"{len(request.survivors)} listed here)")
+        if len(request.survivors) < p.threshold:  # the list, never a count the coordinator states
+            raise self._refuse(f"{len(request.survivors)} survivors listed (this device and its surviving "
+                               f"neighbours), fewer than t={p.threshold}: b_{me} could not be rebuilt, and the "
+                               "shares of the neighbours called dropped would unmask them")
+        if request.survivor_count < len(request.survivors):
+            raise self._refuse(f"a survivor count {request.survivor_count} below the {len(request.survivors)} listed")
         listed = (set(request.survivors) | set(request.dropped)) - {me}
         if listed - set(self._held):
             raise self._refuse(f"the request lists {sorted(listed - set(self._held))}, whose shares "

@@ -17,8 +17,8 @@ budget eta (default 2^-20 per round, union-bounded over the n devices):
 
 * n <= ``complete_up_to`` (8), or ``complete=True``: the complete graph, k = n-1;
 * otherwise the smallest even k in [2 ceil(log2 n), n-2] for which
-  t = max(2, floor((k+1)/2) + 1, t_gamma) with t_gamma the least t with n * P[Bin(k, gamma) >= t] <= eta
-  also meets n * P[Bin(k, 1-delta) < t] <= eta (a dropped device's k neighbours still hold t live
+  t = :func:`threshold_floor` = max(2, floor((k+1+c)/2) + 1), c the least count with
+  n * P[Bin(k, gamma) > c] <= eta (the colluders among a device's neighbours), also meets n * P[Bin(k, 1-delta) < t] <= eta (a dropped device's k neighbours still hold t live
   shares of its key) and n * (delta + gamma)^(k/2) <= eta (the honest survivors' ring stays
   connected: cutting it takes k/2 consecutive devices of the order that dropped or collude),
   falling back to the complete graph when no k <= n-2 does.
@@ -44,7 +44,7 @@ from collections.abc import Sequence
 
 from .errors import SecAggError
 
-__all__ = ["check_degree", "neighbour_count", "neighbour_graph"]
+__all__ = ["check_degree", "colluders", "neighbour_count", "neighbour_graph", "threshold_floor"]
 
 _DOMAIN = b"flayer-secagg/v1/graph\x00"
 DEFAULT_FAILURE = 2.0**-20
@@ -85,11 +85,29 @@ def _tail_ge(k: int, p: float, t: int) -> float:
     return min(1.0, sum(math.comb(k, i) * p**i * (1.0 - p) ** (k - i) for i in range(t, k + 1)))
 
 
+def colluders(n: int, k: int, gamma: float, eta: float = DEFAULT_FAILURE) -> int:
+    """c: the most of a device's k neighbours that collude, but for probability ``eta`` over the round's n
+    devices (the least c with ``n * P[Bin(k, gamma) > c] <= eta``; 0 when gamma = 0)."""
+    c = 0
+    while c < k and n * _tail_ge(k, gamma, c + 1) > eta:
+        c += 1
+    return c
+
+
+def threshold_floor(n: int, k: int, gamma: float, eta: float = DEFAULT_FAILURE) -> int:
+    """The least threshold t a device accepts for n participants, k neighbours and a colluding fraction gamma:
+    ``max(2, floor((k + 1 + c) / 2) + 1)`` with c = :func:`colluders`. A coordinator that tells a device's
+    share holders different stories gets its b-shares from one set A of honest holders and its s-shares from a
+    disjoint set B (an honest holder reveals one kind per device), and both kinds from the c colluders: it
+    needs ``|A| + c >= t`` and ``|B| + c >= t`` with ``|A| + |B| + c <= k + 1``, impossible once
+    ``2t > k + 1 + c``. With gamma = 0 the floor is a strict majority of the k+1 holders."""
+    if not (isinstance(gamma, (int, float)) and 0 <= gamma < 1):
+        raise ValueError(f"colluding fraction must be in [0, 1), got {gamma!r}")
+    return max(2, (k + 1 + colluders(n, k, gamma, eta)) // 2 + 1)
+
+
 def _threshold(n: int, k: int, gamma: float, eta: float) -> int:
-    t = max(2, (k + 1) // 2 + 1)
-    while t <= k and n * _tail_ge(k, gamma, t) > eta:
-        t += 1
-    return t
+    return threshold_floor(n, k, gamma, eta)  # >= c + 1: the colluders alone never hold t shares
 
 
 def neighbour_count(n: int, dropout_rate: float, *, corrupt_fraction: float = 0.0,
@@ -112,4 +130,4 @@ def neighbour_count(n: int, dropout_rate: float, *, corrupt_fraction: float = 0.
                     and n * (dropout_rate + corrupt_fraction) ** (k // 2) <= failure_probability):
                 return k, t
     k = n - 1
-    return k, max(2, min(_threshold(n, k, corrupt_fraction, failure_probability), k))
+    return k, min(_threshold(n, k, corrupt_fraction, failure_probability), k + 1)

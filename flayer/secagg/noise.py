@@ -19,18 +19,20 @@ import math
 
 import numpy as np
 
+from .prg import KeystreamRandom
+
 __all__ = ["discrete_gaussian"]
 
 MAX_SIGMA = 2.0**40  # int64 samples: 8 sigma stays far below 2^63
 
 
-def _discrete_laplace(t: int, size: int, rng: np.random.Generator) -> np.ndarray:
+def _discrete_laplace(t: int, size: int, rng: np.random.Generator | KeystreamRandom) -> np.ndarray:
     """``P(y) ~ exp(-|y| / t)`` on the integers: the difference of two geometric variables."""
     p = -math.expm1(-1.0 / t)  # 1 - exp(-1/t), accurate for large t
     return rng.geometric(p, size).astype(np.int64) - rng.geometric(p, size).astype(np.int64)
 
 
-def discrete_gaussian(sigma: float, size: int, rng: np.random.Generator) -> np.ndarray:
+def discrete_gaussian(sigma: float, size: int, rng: np.random.Generator | KeystreamRandom) -> np.ndarray:
     """``size`` samples of ``N_Z(0, sigma^2)``: ``P(x) ~ exp(-x^2 / (2 sigma^2))`` on the integers (int64).
     ``sigma = 0`` gives zeros; ValueError for a sigma that is negative, not finite or above 2^40."""
     if not (math.isfinite(sigma) and 0 <= sigma <= MAX_SIGMA):

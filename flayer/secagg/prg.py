@@ -13,12 +13,14 @@ seed knows every key and mask drawn from it.
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-__all__ = ["MAX_LENGTH", "SEED_LEN", "Entropy", "SeededEntropy", "expand", "randbelow_from"]
+__all__ = ["MAX_LENGTH", "SEED_LEN", "Entropy", "KeystreamRandom", "SeededEntropy", "expand", "randbelow_from"]
 
 SEED_LEN = 32
 MAX_LENGTH = 1 << 26  # coordinates of one vector (256 MiB of uint32)
@@ -72,3 +74,31 @@ def randbelow_from(entropy: Entropy) -> Callable[[int], int]:
                 return value
 
     return randbelow
+
+
+class KeystreamRandom:
+    """The draws a device's secret-dependent randomness needs (``random`` and ``geometric``, as numpy's
+    ``Generator`` names them: stochastic rounding and discrete Gaussian noise), from the ChaCha20 keystream under
+    a 32-byte key -- fresh from ``os.urandom`` by default. A cryptographic generator: unlike numpy's PCG64, its
+    outputs reveal nothing of its state, so no output predicts another."""
+
+    def __init__(self, key: bytes | None = None) -> None:
+        key = os.urandom(SEED_LEN) if key is None else key
+        if not isinstance(key, (bytes, bytearray)) or len(key) != SEED_LEN:
+            raise ValueError(f"key must be {SEED_LEN} bytes")
+        self._encryptor = Cipher(algorithms.ChaCha20(bytes(key), _NONCE), mode=None).encryptor()
+
+    def random(self, size: int | tuple[int, ...]) -> np.ndarray:
+        """Uniform floats in [0, 1): 53 bits of a keystream word each."""
+        n = int(np.prod(size))
+        words = np.frombuffer(self._encryptor.update(bytes(8 * n)), dtype="<u8")
+        return ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(size)
+
+    def geometric(self, p: float, size: int) -> np.ndarray:
+        """Trials to the first success of probability ``p`` (>= 1), by inversion: ceil(ln(1-u) / ln(1-p))."""
+        if not 0 < p <= 1:
+            raise ValueError(f"p must be in (0, 1], got {p!r}")
+        if p == 1:
+            return np.ones(size, dtype=np.int64)
+        u = self.random(size)
+        return np.maximum(1.0, np.ceil(np.log1p(-u) / math.log1p(-p))).astype(np.int64)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .prg import KeystreamRandom
+
 __all__ = ["RingSpec", "decode_sum", "encode"]
 
 MAX_BITS = 32  # the masks and the wire are uint32
@@ -103,7 +105,7 @@ def _largest_scale(clip: float, summands: int, limit: int) -> float:
     return scale
 
 
-def encode(values: np.ndarray, spec: RingSpec, rng: np.random.Generator | None) -> np.ndarray:
+def encode(values: np.ndarray, spec: RingSpec, rng: np.random.Generator | KeystreamRandom | None) -> np.ndarray:
     """Clip, scale, round (stochastic with ``rng``, to nearest without) and map into Z_{2^bits} (uint32).
 
     ValueError for a non-finite value (NaN or inf is an error upstream, never clipped away) or an

@@ -25,7 +25,7 @@ def _round(stage_s: float = 5.0) -> tuple[SecureRound, dict[str, SecAggClient], 
     ups = {d: _update(i) for i, d in enumerate(IDS)}
     lay = layout_of(ups["a"])
     params, _ = round_params(PrivacySettings(secure_aggregation=True), "fed.1.x", 1, IDS, lay, 0)
-    sec = SecureRound(PlannedSecure(params, lay.digest, False, stage_s), lay, None, stage_end=100.0 + stage_s)
+    sec = SecureRound(PlannedSecure(params, lay.digest, False, stage_s), lay, stage_end=100.0 + stage_s)
     return sec, {d: SecAggClient(params, d) for d in IDS}, ups
 
 

@@ -72,19 +72,19 @@ def test_dropouts_leave_the_survivors_sum_and_too_few_abandon_the_round():
     assert alone.update is None and "needs >= 2" in (alone.reason or "")
 
 
-def test_a_device_that_masks_values_past_its_clip_is_caught_in_the_sum():
+def test_every_device_clips_to_the_round_bound_and_the_sum_is_checked_against_it():
     rng = np.random.default_rng(3)
-    clip = 0.05
-    s = PrivacySettings(secure_aggregation=True, secure_clip_range=clip)
-    ups = {f"d{i}": _upload(rng, scale=0.005) for i in range(5)}
-    honest = secure_sum(s, "t", 1, 0, ups, clip)
-    assert honest.reason is None
-    big = ups["d4"]  # every coordinate at the ring's range: norm clip * 3, past the L2 clip
-    ups["d4"] = Update({k: TensorDelta(d.shape, np.full(d.count, clip, np.float32), d.indices)
-                        for k, d in big.deltas.items()}, big.num_samples)
-    out = secure_sum(s, "t", 1, 0, ups, clip / 4)
-    assert out.update is None and "outside its clip" in (out.reason or "")
-    assert check_sum(np.full(9, 0.01), 2, 1.0) is None and check_sum(np.full(9, 1.0), 2, 1.0)
+    s = PrivacySettings(secure_aggregation=True)
+    ups = {f"d{i}": _upload(rng, scale=0.5) for i in range(5)}  # norms about 1.2, the bound 0.3
+    out = secure_sum(s, "t", 1, 0, ups, 0.3)
+    assert out.reason is None and out.update is not None
+    total = np.concatenate([d.values.astype(np.float64) for d in out.update.deltas.values()])
+    raw = sum(np.concatenate([d.values.astype(np.float64) for d in u.deltas.values()]) for u in ups.values())
+    assert np.linalg.norm(total) <= 5 * 0.3 + 1e-4 < np.linalg.norm(raw)
+    assert check_sum(np.full(9, 0.01), 2, 1.0) is None and "norm" in (check_sum(np.full(9, 1.0), 2, 1.0) or "")
+    assert "coordinate 3" in (check_sum(np.eye(9)[3] * 2.5, 2, 10.0, 1.0) or "")
+    assert "clip-bit" in (check_sum(np.zeros(3), 4, 1.0, 1.0, (0.01, 0.01), 4.5) or "")
+    assert check_sum(np.zeros(3), 4, 1.0, 1.0, (0.01, 0.01), 4.0) is None
 
 
 def test_planned_drops_are_seeded_and_follow_the_rate():
@@ -184,17 +184,19 @@ def test_the_coordinator_reads_the_round_layout_off_a_synthetic_client(digits, c
 
 
 def test_the_plan_carries_the_round_parameters_and_malformed_ones_are_refused():
-    from flayer.engine.secure import plan_secure, round_params, secure_from_plan
+    from flayer.engine.secure import plan_round, plan_secure, secure_from_plan
 
     ups = {f"d{i}": _upload(np.random.default_rng(5)) for i in range(3)}
     lay = layout_of(ups["d0"])
-    params, _ = round_params(SECURE, "fed.3.ab", 3, tuple(ups), lay, 9)
-    raw = plan_secure(params, lay, False, 12.0)
+    planned = plan_round(SECURE, "fed.3.ab", 3, tuple(ups), lay, 9, None, 2.0, 12.0)
+    raw = plan_secure(planned)
     back = secure_from_plan(raw, 3, tuple(ups))
-    assert back is not None and back.params == params and back.layout == lay.digest and back.stage_s == 12.0
+    assert back == planned and back is not None and back.layout == lay.digest and back.stage_s == 12.0
+    assert back.bound == 2.0 and back.value_range == 2.0
     assert secure_from_plan({}, 3, tuple(ups)) is None
     for bad in ({**raw, "threshold": 99}, {**raw, "scale": 1e30}, {k: v for k, v in raw.items() if k != "length"},
-                {**raw, "graph_seed": "zz"}, {**raw, "layout": "short"}):
+                {**raw, "graph_seed": "zz"}, {**raw, "layout": "short"}, {**raw, "bound": float("nan")},
+                {**raw, "value_range": 1e9}, {**raw, "run_seed": "x"}):
         with pytest.raises(ValueError, match="secure-round parameters"):
             secure_from_plan(bad, 3, tuple(ups))
 

@@ -134,7 +134,7 @@ def test_a_device_answers_the_unmask_stage_once(staged):
 
 
 @pytest.mark.parametrize(("change", "reason"), [
-    ({"survivor_count": 2}, "2 survivors"),
+    ({"survivor_count": 2}, "survivor count 2 below"),
     ({"survivors": ("dev-01", "dev-02", "dev-03", "dev-04")}, "does not list this device"),
     ({"round": 9}, "unmask request is for dev-00 in round 9"),
     ({"device": "dev-01"}, "unmask request is for dev-01"),
