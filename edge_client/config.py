@@ -44,6 +44,7 @@
     [privacy]                    # optional: this device's own privacy budget (docs/explanation/privacy.md)
     device_budget = 4.0          # refuse private rounds once the next contribution would pass this epsilon
     delta = 1e-5                 # the delta it counts at (the smaller of this and the plan's; default: the plan's)
+    secure_corrupt_fraction = 0.0  # secure rounds: the colluding fraction this device assumes (t's floor), at least
 
 Relative paths (credentials, python_path, path, data_dir, partition_file, state_dir) are read
 relative to this file. A [data] table without ``source`` but with ``dataset`` is a partition.
@@ -95,6 +96,7 @@ class EdgeSettings:
     label: str = ""  # the device's kind (e.g. "jetson-orin"), in its status: the coordinator's metrics count by it
     device_budget: float = 0.0  # [privacy] device_budget: refuse private rounds past this epsilon (0: none)
     device_delta: float = 0.0  # [privacy] delta: the delta this device counts its epsilon at (0: the plan's)
+    secure_corrupt_fraction: float = 0.0  # [privacy]: secure rounds' colluders this device assumes, whatever the plan says
 
     def __post_init__(self) -> None:
         bad = [e for e in self.allow_entry_points if not (isinstance(e, str) and ENTRY_POINT.fullmatch(e))]
@@ -123,6 +125,8 @@ class EdgeSettings:
                               f"{self.device_budget}")
         if not 0 <= self.device_delta < 1:
             raise ConfigError(f"[privacy] delta must be in (0, 1) (or 0: the plan's), got {self.device_delta}")
+        if not 0 <= self.secure_corrupt_fraction < 0.5:
+            raise ConfigError(f"[privacy] secure_corrupt_fraction must be in [0, 0.5), got {self.secure_corrupt_fraction}")
         if not 5 <= self.keepalive_s <= 3600:
             raise ConfigError(f"keepalive_s must be in [5, 3600], got {self.keepalive_s}")
 
@@ -134,12 +138,15 @@ class DevicePrivacy:
 
     device_budget: float = 0.0  # refuse private rounds once the next contribution would pass this epsilon (0: none)
     delta: float = 0.0  # the delta this device counts its epsilon at: the smaller of this and the plan's (0: the plan's)
+    secure_corrupt_fraction: float = 0.0  # secure rounds: colluders this device assumes (t's floor), at least
 
     def __post_init__(self) -> None:
         if not (0 <= self.device_budget < float("inf")):
             raise ConfigError(f"device_budget must be a finite epsilon > 0 (or 0: none), got {self.device_budget}")
         if not 0 <= self.delta < 1:
             raise ConfigError(f"delta must be in (0, 1) (or 0: the plan's), got {self.delta}")
+        if not 0 <= self.secure_corrupt_fraction < 0.5:
+            raise ConfigError(f"secure_corrupt_fraction must be in [0, 0.5), got {self.secure_corrupt_fraction}")
 
 
 SOURCES = ("folder", "arrays", "python", "partition")
@@ -241,7 +248,8 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
         if key in tables[table]:
             tables[table][key] = resolve(tables[table][key])
     data = from_mapping(DeviceData, tables["data"], f"{path} [data]")
-    own = {k: v for k, v in (("device_budget", privacy.device_budget), ("device_delta", privacy.delta)) if v}
+    own = {k: v for k, v in (("device_budget", privacy.device_budget), ("device_delta", privacy.delta),
+                             ("secure_corrupt_fraction", privacy.secure_corrupt_fraction)) if v}
     edge = from_mapping(EdgeSettings, {**tables["edge"], **own, "client_index": data.client}, f"{path} [edge]")
     return DeviceConfig(Path(resolve(creds)), data, edge)
 

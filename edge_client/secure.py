@@ -100,6 +100,7 @@ class SecureRounds:
     """The edge client's secure rounds: a mixin of :class:`edge_client.client.EdgeClient` (module docstring)."""
 
     id: str
+    settings: Any
     creds: Any
     topics: Any
     link: Any
@@ -122,7 +123,8 @@ class SecureRounds:
     def _secure_plan(self, plan: Any) -> None:
         """A plan: open this device's session of a secure round it is selected for, and send its keys."""
         try:
-            planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected))
+            planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected),
+                                       self.settings.secure_corrupt_fraction)
         except ValueError as exc:
             log.warning("%s: ignoring the plan's secure round: %s", self.id, exc)
             return
