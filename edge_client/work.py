@@ -41,7 +41,7 @@ from flayer.state import save_model
 from flayer.strategies import make_strategy
 from flayer.strategies.base import ClientState, LocalResult, RoundContext, Strategy
 from flayer.train import ClientData, evaluate
-from flayer.update import TensorDelta, Update, float_state
+from flayer.update import Update, float_state, neutral_update
 from protocol import (
     Kind,
     Metrics,
@@ -230,12 +230,6 @@ def _report(result: LocalResult, ev: ClientEval, secure: bool = False) -> dict[s
         if isinstance(v, (int, float)) and math.isfinite(float(v)) and 1 <= len(k) <= 64:
             info.setdefault(k, float(v))
     return {k: v for k, v in info.items() if math.isfinite(v)}
-
-
-def neutral_update(update: Update) -> Update:
-    """``update``'s layout (its tensors and positions: public in a private round) with every value 0."""
-    return Update({k: TensorDelta(d.shape, np.zeros(d.values.shape, np.float32), d.indices)
-                   for k, d in update.deltas.items()}, 1, {})
 
 
 def private_upload(plan: Plan, result: LocalResult, private: RoundPrivacy) -> tuple[Update, bool]:

@@ -36,13 +36,20 @@ from .engine import (
     initial_global_state,
     select_clients,
 )
-from .engine.privacy import PrivacySettings, RoundPrivacy, next_clip, private_strategy, server_bound
+from .engine.privacy import (
+    PrivacySettings,
+    RoundPrivacy,
+    next_clip,
+    private_strategy,
+    privatize,
+    server_bound,
+)
 from .engine.round import noise_seed
 from .engine.secure import drops_for, secure_sum
 from .links import LinkHooks
-from .strategies.base import ClientState, RoundContext, Strategy, derive_seed
+from .strategies.base import ClientState, LocalResult, RoundContext, Strategy, derive_seed
 from .train import ClientData, evaluate
-from .update import Update
+from .update import Update, neutral_update
 
 __all__ = ["SimulationResult", "divergence", "simulate", "weighted"]
 
@@ -152,6 +159,10 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
                                       if rp is not None and i in selected else None)
             evals.append(ev)
             if result is not None and diverged is None:
+                if rp is not None and not all(np.isfinite(d.values).all() for d in result.update.deltas.values()):
+                    # as a device does in a private round: a neutral contribution, its state kept as it was
+                    result = LocalResult(privatize(neutral_update(result.update), rp,
+                                                   _noise_rng(seeded_noise, seed, r, i)), states[i], {})
                 states[i] = result.state
                 losses.append(result.metrics.get("train_loss", float("nan")))
                 update, wire = result.update, 0

@@ -78,3 +78,11 @@ def delta_update(local: Mapping[str, torch.Tensor], global_state: Mapping[str, t
             idx = idx.to("cpu", torch.int64).reshape(-1)
             deltas[name] = TensorDelta(tuple(local[name].shape), diff[idx].numpy().copy(), idx.numpy().copy())
     return Update(deltas, int(num_samples), dict(info or {}))
+
+
+def neutral_update(update: Update) -> Update:
+    """``update``'s layout (its tensors and positions) with every value 0, weight 1 and no info: what a
+    device sends in a private round whose local round went non-finite, so its failure does not show
+    (docs/reference/private-fields.md)."""
+    return Update({k: TensorDelta(d.shape, np.zeros(d.values.shape, np.float32), d.indices)
+                   for k, d in update.deltas.items()}, 1, {})
