@@ -33,20 +33,24 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
 import subprocess
 import time
-import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mqtt_broker.acl import parse_acl
+from mqtt_broker.cluster_files import (
+    ClusterFiles,
+    Layout,
+    node_of,
+    redis_password,
+    sync_cluster_files,
+    write_redis_conf,
+)
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
 from mqtt_broker.fsutil import atomic_write, find_executable, free_port, port_in_use, private_dir
-from mqtt_broker.passwords import read_passwd
 from mqtt_broker.process import (
     BrokerError,
     RunRecord,
@@ -56,8 +60,7 @@ from mqtt_broker.process import (
     _proc_start_ticks,
     recorded_process,
 )
-from mqtt_broker.state import BrokerFiles, list_users, save_credentials, write_broker_files
-from transport.credentials import Credentials
+from mqtt_broker.state import BrokerFiles, write_broker_files
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -83,26 +86,6 @@ AEDES_DIR = Path(__file__).resolve().parent / "aedes"
 NODE_PROGRAM = AEDES_DIR / "node.mjs"
 
 
-@dataclass(frozen=True)
-class ClusterFiles:
-    state_dir: Path
-
-    @classmethod
-    def at(cls, state_dir: str | Path) -> ClusterFiles:
-        return cls(BrokerFiles.at(state_dir).state_dir)
-
-    folder = property(lambda self: self.state_dir / "cluster")
-    layout = property(lambda self: self.folder / "cluster.json")
-    node_config = property(lambda self: self.folder / "aedes.json")
-    redis_conf = property(lambda self: self.folder / "redis.conf")
-    redis_dir = property(lambda self: self.folder / "redis")
-    redis_log = property(lambda self: self.folder / "redis.log")
-    run_record = property(lambda self: self.folder / "run.json")
-
-    def node_log(self, i: int) -> Path:
-        return self.folder / f"node-{i}.log"
-
-
 def cluster_missing() -> str | None:
     """Why a cluster cannot start here (what to install), or None."""
     if find_executable("node") is None:
@@ -112,97 +95,6 @@ def cluster_missing() -> str | None:
     if not (AEDES_DIR / "node_modules" / "aedes").is_dir():
         return f"the Aedes packages are not installed (run: npm ci --prefix {AEDES_DIR}, or make apt-cluster)"
     return None
-
-
-def node_of(user: str, role: str, nodes: int) -> int:
-    """The node a user connects to first: 0 for the coordinator and observers, another one for devices."""
-    if role != "device" or nodes == 1:
-        return 0
-    return 1 + zlib.crc32(user.encode()) % (nodes - 1)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """``cluster.json``: the node ports (node 0 = the state folder's ``port``) and Redis's port."""
-
-    ports: tuple[int, ...]
-    redis_port: int
-
-    @classmethod
-    def load(cls, path: Path) -> Layout | None:
-        try:
-            data = json.loads(path.read_text())
-            layout = cls(tuple(data["ports"]), data["redis_port"])
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise BrokerConfigError(f"{path}: unreadable cluster layout ({exc})") from exc
-        if not all(isinstance(p, int) and 1 <= p <= 65535 for p in (*layout.ports, layout.redis_port)):
-            raise BrokerConfigError(f"{path}: ports must be integers in 1-65535")
-        return layout
-
-    def save(self, path: Path) -> None:
-        atomic_write(path, json.dumps({"ports": list(self.ports), "redis_port": self.redis_port}, indent=2) + "\n")
-
-
-def _redis_password(files: ClusterFiles) -> str:
-    """Redis's password, made once and kept in ``aedes.json`` (0600)."""
-    try:
-        return str(json.loads(files.node_config.read_text())["redis"]["password"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return secrets.token_urlsafe(24)
-
-
-def sync_cluster_files(state_dir: str | Path) -> None:
-    """Bring ``aedes.json`` (hashes, ACL) and every credentials file (node and failover addresses) up to
-    date with the state folder; run after a device or observer is added or revoked, before the reload."""
-    files = ClusterFiles.at(state_dir)
-    bfiles = BrokerFiles.at(state_dir)
-    layout = Layout.load(files.layout)
-    if layout is None:
-        raise BrokerConfigError(f"{files.layout}: no cluster set up here (flayer broker start --cluster N)")
-    cfg = BrokerConfig.load(bfiles.config)
-    acl = parse_acl(bfiles.acl.read_text())
-    node_cfg = {
-        "federation": cfg.federation,
-        "host": cfg.plain_host,
-        "max_packet_size": cfg.max_packet_size,
-        "persistence": cfg.persistence,
-        "redis": {"host": "127.0.0.1", "port": layout.redis_port, "password": _redis_password(files)},
-        "passwd": read_passwd(bfiles.passwd),
-        "acl": {"users": {u: [list(r) for r in rules] for u, rules in acl.users.items()},
-                "patterns": [list(r) for r in acl.patterns]},
-    }
-    atomic_write(files.node_config, json.dumps(node_cfg, indent=1, sort_keys=True) + "\n", mode=0o600)
-    host = cfg.connect_host
-    n = len(layout.ports)
-    for user, role in list_users(state_dir):
-        path = bfiles.credentials(user)
-        creds = Credentials.load(path)
-        first = node_of(user, role, n)
-        order = [layout.ports[(first + k) % n] for k in range(n)]
-        want = replace(creds, host=host, port=order[0], failover=tuple((host, p) for p in order[1:]))
-        if want != creds:
-            save_credentials(want, path)
-
-
-def _write_redis_conf(files: ClusterFiles, cfg: BrokerConfig, port: int, password: str) -> None:
-    private_dir(files.redis_dir)
-    lines = [
-        "# Redis of a FLAYER Edge broker cluster, written by 'flayer broker start --cluster' (mqtt_broker.cluster).",
-        "bind 127.0.0.1",
-        f"port {port}",
-        "protected-mode yes",
-        f"requirepass {password}",
-        "daemonize no",
-        f"dir {files.redis_dir}",
-        'save ""',
-        f"appendonly {'yes' if cfg.persistence else 'no'}",
-        "appendfsync everysec",
-        "loglevel notice",
-        'logfile ""',
-    ]
-    atomic_write(files.redis_conf, "\n".join(lines) + "\n", mode=0o600)
 
 
 @dataclass(frozen=True)
@@ -380,8 +272,8 @@ class ClusterBroker:
         if missing:
             raise BrokerError(f"cannot start a broker cluster: {missing}")
         sync_cluster_files(self.files.state_dir)  # makes Redis's password on the first start
-        password = _redis_password(self.files)
-        _write_redis_conf(self.files, self.config, self.layout.redis_port, password)
+        password = redis_password(self.files)
+        write_redis_conf(self.files, self.config, self.layout.redis_port, password)
         if port_in_use("127.0.0.1", self.layout.redis_port):
             raise BrokerError(f"port {self.layout.redis_port} (redis) is already in use")
         redis = find_executable("redis-server")

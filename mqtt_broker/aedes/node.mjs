@@ -7,7 +7,9 @@
 // It enforces what the generated Mosquitto configuration enforces: no anonymous clients, the passwd
 // hashes and ACL rules Python wrote into the config file (auth.mjs), the client id equal to the username,
 // max_packet_size (a larger packet closes the connection), QoS 1, retained messages and persistent
-// sessions. A publish the ACL denies is acknowledged and dropped, as Mosquitto does. SIGHUP re-reads the
+// sessions. A publish the ACL denies is acknowledged and dropped, as Mosquitto does. A will is accepted
+// only on the client's own status topic, at CONNECT and again when a surviving node delivers the will of a
+// client of a node that died. SIGHUP re-reads the
 // config file (passwords, ACL) and closes the connections of users no longer in it; SIGTERM stops.
 //
 //   node node.mjs --check < cases.jsonl   answers ACL/password questions (one JSON per line) for the tests
@@ -78,6 +80,13 @@ function limitPacketSize (getLimit) {
 
 const DENIED = Symbol('denied')
 
+// A will may go only to the client's own status topic (fl/<federation>/status/<client id>, what every
+// device sets), and only where the ACL lets that user publish.
+function mayWill (cfg, user, topic) {
+  return typeof topic === 'string' && topic === `fl/${cfg.federation}/status/${user}` &&
+    allows(cfg.acl, user, user, topic, 'write')
+}
+
 async function serve (args) {
   const port = Number(args.port)
   if (!Number.isInteger(port) || port < 1 || port > 65535) throw new Error(`--port must be 1-65535, got ${args.port}`)
@@ -125,13 +134,30 @@ async function serve (args) {
     const hashed = Object.hasOwn(cfg.passwd, username) ? cfg.passwd[username] : null
     if (!hashed || !verifyPassword(password, hashed)) return refuse(`bad username or password for ${JSON.stringify(username)}`, 4)
     if (client.id !== username) return refuse(`client id differs from the username ${JSON.stringify(username)}`, 5)
+    // Aedes does not authorise a will at CONNECT, and a surviving node publishes a dead node's wills with no
+    // client to check: a will is accepted only on the client's own status topic, and only if the ACL lets
+    // the client publish there (Mosquitto refuses a will the ACL denies with the same code)
+    if (client._will && !mayWill(cfg, username, client._will.topic)) {
+      return refuse(`will on ${JSON.stringify(client._will.topic)} is not the client's own status topic`, 5)
+    }
     client.flayerUser = username
     done(null, true)
   }
   broker.authorizePublish = (client, packet, done) => {
-    if (client === null) return done(null) // a will of a client of a node that died: checked when it was set
+    if (client === null) {
+      // the will of a client of a node that died, published by this node: checked again under today's rules
+      // (its client id is the username it was accepted under; a revoked user's will is dropped too)
+      const owner = packet.clientId
+      if (typeof owner !== 'string' || !Object.hasOwn(cfg.passwd, owner) || !mayWill(cfg, owner, packet.topic)) {
+        log(`${args.name}: dropped the will of ${JSON.stringify(owner)} on ${JSON.stringify(packet.topic)}`)
+        packet[DENIED] = true // dropped, and removed from the store like a delivered will (no error: Aedes
+        // would emit it as a broker error and keep the will for the next sweep)
+      }
+      return done(null)
+    }
     if (packet.topic.startsWith('$SYS')) return done(new Error('$SYS topics are reserved'))
-    if (!allows(cfg.acl, client.flayerUser, client.id, packet.topic, 'write')) {
+    // a user revoked since it connected publishes nothing, not even the will its closing connection sends
+    if (!Object.hasOwn(cfg.passwd, client.flayerUser) || !allows(cfg.acl, client.flayerUser, client.id, packet.topic, 'write')) {
       log(`${args.name}: denied publish by ${client.flayerUser} to ${packet.topic}`)
       packet[DENIED] = true // acknowledged (QoS 1) and dropped, as Mosquitto does
     }
