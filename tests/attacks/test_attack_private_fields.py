@@ -34,6 +34,7 @@ from flayer.train import client_data
 from mqtt_broker import load_credentials, mosquitto_available
 from protocol import Kind, Metrics, Status, decode_envelope, decode_message, decode_update
 from protocol.chunks import Reassembler
+from protocol.metrics_schema import read_metrics
 from protocol.topics import OBSERVER_USER, Topics
 from transport.link import Received
 
@@ -173,6 +174,10 @@ def test_a_private_round_sends_only_the_documented_fields(tmp_path: Path, digits
             st = decode_message(bytes(m.payload))[1]
             assert isinstance(st, Status)
             last[parsed.client] = dict(st.info)
+    rounds = [r for r in read_metrics(tmp_path / "coord" / "metrics.jsonl") if r["kind"] == "round"]
+    assert len(rounds) == 2  # the round record holds no device's evaluation (there is none to hold)
+    assert all(r["acc"] is None and r["train_loss"] is None and all(d["acc"] is None for d in r["devices"])
+               for r in rounds), rounds
     dp = device_privacy(last.values())
     assert dp is not None and dp["devices"] == 4 and dp["with_epsilon"] == 4 and dp["at_budget"] == 0
     assert dp["min"] == dp["max"] > 0  # every device took part in both rounds
