@@ -17,8 +17,11 @@ only renders the registry (``prometheus_client``'s metric objects lock their own
 3. Gauges of the moment, at most every ``min_interval_s`` and when a round opens or closes: the open
    round, devices online / selected / reporting by their ``[edge] label`` (a device's profile in the
    emulator), the receive queue's fill, the round's norm bound (+Inf: none).
-4. Bounded labels: device ids never become label values; a label a device reports is kept when it matches
-   :data:`LABEL_RE`, up to :data:`MAX_LABELS` distinct ones (the rest count as ``other``; none: ``none``).
+4. Bounded labels, chosen again at every sync from the devices online now: device ids never become label
+   values; a label a device reports is kept when it matches :data:`LABEL_RE` and is among the
+   :data:`MAX_LABELS` labels carried by the most online devices (ties by name); the rest count as
+   ``other`` (none: ``none``), and a label no online device carries any more leaves the gauges. A device
+   that keeps changing its label holds one label at a time, so it cannot push the others out.
 
 5. Privacy, private runs only (the gauges appear with the first private round record or device ledger):
    ``flayer_privacy_epsilon`` and ``flayer_privacy_delta`` from each closed round's record (+Inf: no
@@ -46,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from protocol.messages import DEVICE_LABEL
 from protocol.metrics_schema import DEVICE_RESULTS
-from transport.access import token_allows, token_for
+from transport.access import REQUEST_TIMEOUT_S, token_allows, token_for
 from transport.hosts import is_loopback
 
 from .device_privacy import device_privacy
@@ -85,7 +88,7 @@ class FleetMetrics:
         self.min_interval_s = min_interval_s
         self._synced_at = -math.inf
         self._open_number = 0
-        self._labels: set[str] = set()
+        self._labels: set[str] = set()  # the label values exported by the latest sync (rule 4)
         r = self.registry
         Gauge("flayer_info", "The federation this coordinator runs (value 1)", ["federation", "strategy", "mode"],
               registry=r).labels(federation, strategy, mode).set(1)
@@ -177,12 +180,21 @@ class FleetMetrics:
             self.norm_bound.set(math.inf if bound is None else float(bound))
         registry = coord.registry
 
-        def labels(ids: Iterable[str]) -> TallyCounter[str]:
-            return TallyCounter(self._label(device_label(d.info if (d := registry.get(c)) else None)) for c in ids)
+        def raw(ids: Iterable[str]) -> list[str]:
+            return [device_label(d.info if (d := registry.get(c)) else None) for c in ids]
 
-        self._set(self.online, labels(coord._online(now)))
-        self._set(self.selected, labels(rnd.selected if rnd is not None else ()))
-        self._set(self.reporting, labels(rnd.accepted if rnd is not None else ()))
+        online = raw(coord._online(now))
+        kept = self._choose_labels(online)
+
+        def labels(values: Iterable[str]) -> TallyCounter[str]:
+            return TallyCounter(v if v in kept or v == NO_LABEL else OTHER_LABEL for v in values)
+
+        counts = [labels(online), labels(raw(rnd.selected if rnd is not None else ())),
+                  labels(raw(rnd.accepted if rnd is not None else ()))]
+        exported = {*kept, NO_LABEL, *(k for c in counts for k in c)}
+        for gauge, c in zip((self.online, self.selected, self.reporting), counts):
+            self._set(gauge, c, exported)
+        self._labels = exported
         self.devices_privacy(registry.infos())
 
     def devices_privacy(self, infos: Iterable[Mapping[str, Any]]) -> None:
@@ -234,17 +246,21 @@ class FleetMetrics:
                 metric.inc(delta)
             self._counted[name] = int(value)
 
-    def _label(self, label: str) -> str:
-        if label in self._labels or label in (NO_LABEL, OTHER_LABEL):
-            return label
-        if len(self._labels) >= MAX_LABELS:
-            return OTHER_LABEL
-        self._labels.add(label)
-        return label
+    @staticmethod
+    def _choose_labels(online: list[str]) -> set[str]:
+        """The labels kept (rule 4): the :data:`MAX_LABELS` carried by the most online devices, ties by name."""
+        tally = TallyCounter(v for v in online if v not in (NO_LABEL, OTHER_LABEL))
+        ranked = sorted(tally, key=lambda v: (-tally[v], v))
+        return set(ranked[:MAX_LABELS])
 
-    def _set(self, gauge: Gauge, counts: Mapping[str, int]) -> None:
-        for label in {*self._labels, NO_LABEL, *counts}:
+    def _set(self, gauge: Gauge, counts: Mapping[str, int], exported: set[str]) -> None:
+        for label in exported:
             gauge.labels(label).set(counts.get(label, 0))
+        for label in self._labels - exported:  # no online device carries it any more: the series goes
+            try:
+                gauge.remove(label)
+            except KeyError:
+                pass
 
 
 class MetricsServer(ThreadingHTTPServer):
@@ -254,8 +270,9 @@ class MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None) -> None:
+                 token: str | None = None, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.registry, self.token = registry, token_for(host, token)
+        self.request_timeout_s = request_timeout_s  # an idle or stalled connection is closed after this long
         self.scraped = threading.Condition()
         self.scrapes = 0
         super().__init__((host, port), _Handler)
@@ -282,6 +299,10 @@ class MetricsServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout_s  # the socket's timeout: an idle connection frees its thread
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)

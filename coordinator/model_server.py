@@ -83,6 +83,9 @@ http {{
     sendfile on;
     server_tokens off;
     keepalive_timeout 30s;
+    client_header_timeout 10s;
+    client_body_timeout 10s;
+    send_timeout 30s;
     server {{
         listen {listen};
 {tls}        root {_quote(root)};

@@ -33,6 +33,7 @@
     download_stall_s = 30.0      # re-subscribe to the model when no chunk came for this long
     http_models = true           # fetch the model over HTTP when the plan names a models_url (else the chunks)
     http_timeout_s = 30.0        # ... giving up (and taking the broker's chunks) after this long without a byte
+    http_deadline_s = 600.0      # ... or when one model's fetch is not done after this long, however it trickles
     max_update_bytes = 0         # refuse larger updates before sending (0: the plan's limit)
     exit_when_finished = true    # save the personal model and exit after the final plan
     upload = "plan"              # or "fit": value codec and top-k share fitted to the uplink and the round's close
@@ -85,6 +86,7 @@ class EdgeSettings:
     download_stall_s: float = 30.0
     http_models: bool = True  # fetch the plan's model and deltas from its models_url when it names one (docs/howto/http-models.md)
     http_timeout_s: float = 30.0  # an HTTP fetch silent this long falls back to the broker's chunks
+    http_deadline_s: float = 600.0  # an HTTP fetch not finished after this long falls back too (a slow drip)
     publish_timeout_s: float = 120.0
     max_update_bytes: int = 0
     exit_when_finished: bool = True
@@ -107,7 +109,7 @@ class EdgeSettings:
             raise ConfigError(f"label must be 1-40 letters, digits or _.:- (starting with a letter or digit), got "
                               f"{self.label!r}")
         for name in ("heartbeat_s", "ack_timeout_s", "backoff_s", "backoff_max_s", "download_stall_s",
-                     "publish_timeout_s", "http_timeout_s"):
+                     "publish_timeout_s", "http_timeout_s", "http_deadline_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.retries < 0 or self.threads < 0 or self.max_update_bytes < 0 or self.client_index < 0:

@@ -150,7 +150,8 @@ class ModelFetch:
             try:
                 ctx = tls_context(tls.ca_file if tls is not None else None) if target.url.startswith("https:") \
                     else None
-                blob, stats = fetch_blob(target, self.settings.state_dir, timeout_s=timeout, tls=ctx,
+                blob, stats = fetch_blob(target, self.settings.state_dir, timeout_s=timeout,
+                                         deadline_s=self.settings.http_deadline_s, tls=ctx,
                                          cancelled=fetch.stop.is_set, on_bytes=on_bytes)
                 self.events.put(HttpDone(fetch, blob, stats))
             except HttpFetchError as exc:

@@ -13,8 +13,12 @@ requests, keeping the partial file in the state folder so a cut resumes where it
   size, is refused before it is written;
 - the finished file is kept only if its sha256 is the digest; otherwise it is deleted.
 
-Anything else -- an HTTP status other than 200/206 (redirects are not followed), a timeout, a refused
-connection, a size or digest mismatch -- raises :class:`HttpFetchError`, whose ``reason`` says why;
+The whole fetch has a deadline (``deadline_s``, all attempts together): a server that keeps the
+connection alive by sending a byte now and then, never silent for the per-read ``timeout_s``, is given up
+when the deadline passes (each read waits at most until the deadline, and reads return what has arrived).
+
+Anything else -- an HTTP status other than 200/206 (redirects are not followed), a timeout, the deadline,
+a refused connection, a size or digest mismatch -- raises :class:`HttpFetchError`, whose ``reason`` says why;
 the client then downloads the broker's retained chunks (:mod:`edge_client.fetch`). HTTPS uses the
 federation's CA when the device's credentials name one (``[tls] ca_file``), else the system's.
 """
@@ -28,6 +32,7 @@ import os
 import re
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +49,8 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
 class HttpFetchError(Exception):
-    """``kind``: http (a status), timeout, connect, cut, size, digest, cancelled; ``reason``: in words."""
+    """``kind``: http (a status), timeout, deadline, connect, cut, size, digest, cancelled; ``reason``: in
+    words."""
 
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(reason)
@@ -102,7 +108,7 @@ def _connection(url: str, timeout_s: float, tls: ssl.SSLContext | None) -> tuple
 
 
 def fetch_blob(target: HttpTarget, state_dir: str | Path, *, timeout_s: float = 30.0,
-               tls: ssl.SSLContext | None = None, attempts: int = 3,
+               deadline_s: float = 600.0, tls: ssl.SSLContext | None = None, attempts: int = 3,
                cancelled: Callable[[], bool] = lambda: False,
                on_bytes: Callable[[int], None] | None = None) -> tuple[bytes, dict[str, int | str]]:
     """(the verified blob, stats for the progress event); HttpFetchError otherwise (module docstring)."""
@@ -117,13 +123,16 @@ def fetch_blob(target: HttpTarget, state_dir: str | Path, *, timeout_s: float = 
         part.unlink(missing_ok=True)
         held = 0
     stats = FetchStats(resumed_from=held)
+    if not deadline_s > 0:
+        raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+    clock = _Deadline(time.monotonic() + deadline_s, deadline_s, timeout_s)
     while True:
         if cancelled():
             raise HttpFetchError("cancelled", "cancelled")
         stats.attempts += 1
         before = held
         try:
-            held = _attempt(target, part, held, timeout_s, tls, stats, cancelled, on_bytes)
+            held = _attempt(target, part, held, clock, tls, stats, cancelled, on_bytes)
         except _Cut as cut:
             held = cut.held
             if held > before and stats.attempts < attempts:
@@ -144,25 +153,44 @@ def fetch_blob(target: HttpTarget, state_dir: str | Path, *, timeout_s: float = 
     return blob, stats.as_info()
 
 
+@dataclass(frozen=True)
+class _Deadline:
+    end: float  # time.monotonic() when the whole fetch must be done
+    total_s: float
+    timeout_s: float  # the longest wait for one read
+
+    def wait_s(self, target: HttpTarget, held: int) -> float:
+        """How long the next socket operation may wait; HttpFetchError("deadline") once the deadline passed."""
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise HttpFetchError("deadline", f"{target.url} was not fetched within {self.total_s:g} s ({held} of "
+                                             f"{target.size} bytes)")
+        return min(self.timeout_s, left)
+
+
 class _Cut(Exception):
     def __init__(self, held: int, reason: str) -> None:
         super().__init__(reason)
         self.held, self.reason = held, reason
 
 
-def _attempt(target: HttpTarget, part: Path, held: int, timeout_s: float, tls: ssl.SSLContext | None,
+def _attempt(target: HttpTarget, part: Path, held: int, clock: _Deadline, tls: ssl.SSLContext | None,
              stats: FetchStats, cancelled: Callable[[], bool], on_bytes: Callable[[int], None] | None) -> int:
     """One request from byte ``held``: the bytes held after it (the plan's size when complete); _Cut when
     the body stopped early, HttpFetchError for anything that is not worth a retry."""
-    conn, path = _connection(target.url, timeout_s, tls)
+    timeout_s = clock.timeout_s
+    conn, path = _connection(target.url, clock.wait_s(target, held), tls)
     headers = {"Accept-Encoding": "identity", "User-Agent": "flayer-edge"}
     if held:
         headers["Range"] = f"bytes={held}-"
     try:
         try:
+            conn.connect()
+            sock = conn.sock
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
         except (socket.timeout, TimeoutError):
+            clock.wait_s(target, held)  # the deadline, when it is what ran out
             raise HttpFetchError("timeout", f"no answer from {target.url} within {timeout_s:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
             raise HttpFetchError("connect", f"cannot reach {target.url}: {exc or type(exc).__name__}") from None
@@ -189,7 +217,8 @@ def _attempt(target: HttpTarget, part: Path, held: int, timeout_s: float, tls: s
                 while held < target.size:
                     if cancelled():
                         raise HttpFetchError("cancelled", "cancelled")
-                    block = resp.read(min(BLOCK, target.size - held))
+                    sock.settimeout(clock.wait_s(target, held))  # a read never outlasts the deadline
+                    block = resp.read1(min(BLOCK, target.size - held))  # what has arrived, not a full block
                     if not block:
                         raise _Cut(held, "the body ended early")
                     f.write(block)
@@ -200,6 +229,7 @@ def _attempt(target: HttpTarget, part: Path, held: int, timeout_s: float, tls: s
                 if length is None and resp.read(1):  # no length given: nothing may follow the plan's size
                     raise HttpFetchError("size", f"{target.url} sends more than the plan's {target.size} bytes")
             except (socket.timeout, TimeoutError):
+                clock.wait_s(target, held)
                 raise HttpFetchError("timeout", f"{target.url} sent nothing for {timeout_s:g} s at {held} of "
                                                 f"{target.size} bytes") from None
             except (http.client.IncompleteRead, ConnectionError, ssl.SSLError, http.client.HTTPException,

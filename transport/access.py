@@ -20,9 +20,13 @@ from urllib.parse import parse_qs, urlsplit
 
 from .hosts import is_loopback
 
-__all__ = ["MIN_TOKEN_CHARS", "presented_token", "token_allows", "token_for"]
+__all__ = ["MIN_TOKEN_CHARS", "REQUEST_TIMEOUT_S", "presented_token", "token_allows", "token_for"]
 
 MIN_TOKEN_CHARS = 16
+# Every socket of the HTTP endpoints a coordinator host serves (the Prometheus exporter, the dashboard) times
+# out after this long without progress: a connection that sends no request, or reads nothing, is closed
+# instead of holding a server thread for ever.
+REQUEST_TIMEOUT_S = 10.0
 
 
 class Headers(Protocol):

@@ -8,7 +8,8 @@ Routes (GET only; any other method gets 405): ``/`` the page, ``/app.js``, ``/st
 Access (the rule of :mod:`transport.access`): bound to 127.0.0.1 by default. Bound elsewhere it needs a
 token (generated when none is given): ``?token=...`` on the first request, or ``Authorization: Bearer
 ...``; a correct token sets an HttpOnly, SameSite=Strict cookie so the page's own requests carry it. A missing or wrong token gets
-401 and no data. Nothing the server does can change the federation: its only inputs are GET requests,
+401 and no data. A connection idle for ``REQUEST_TIMEOUT_S`` (no request, or a stream nobody reads) is
+closed. Nothing the server does can change the federation: its only inputs are GET requests,
 and its broker credentials are the observer's, which the ACL lets publish nothing.
 """
 
@@ -24,7 +25,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
-from transport.access import token_allows, token_for
+from transport.access import REQUEST_TIMEOUT_S, token_allows, token_for
 from transport.hosts import is_loopback
 
 from .watch import FleetWatch
@@ -52,8 +53,10 @@ def _asset(name: str) -> bytes:
 class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, watch: FleetWatch, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+    def __init__(self, watch: FleetWatch, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.watch, self.token = watch, token_for(host, token)  # transport.access: the rule, written once
+        self.request_timeout_s = request_timeout_s  # an idle or stalled connection is closed after this long
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self.closing = threading.Event()
         self.assets = {path: (_asset(name), ctype) for path, (name, ctype) in ASSETS.items()}
@@ -80,6 +83,10 @@ class DashboardServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: DashboardServer
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout_s  # an idle keep-alive or a stalled reader frees its thread
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)

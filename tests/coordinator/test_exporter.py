@@ -120,7 +120,7 @@ def test_devices_online_selected_and_reporting_are_counted_by_label() -> None:
     assert _value(m, "flayer_open_round") == 4 and _value(m, "flayer_receive_queue_bytes") == 321
     assert _value(m, "flayer_norm_bound") == math.inf  # no bound
     m.sync(_coordinator({"d1": {"label": "jetson"}}, set(), set(), 12.5))
-    assert _value(m, "flayer_devices_online", label="phone") == 0  # a label seen before drops to 0
+    assert _value(m, "flayer_devices_online", label="phone") is None  # no online device carries it: gone
     assert _value(m, "flayer_norm_bound") == 12.5
     rendered = m.registry.collect()
     assert not any("d1" in str(s.labels) for metric in rendered for s in metric.samples)  # no device ids

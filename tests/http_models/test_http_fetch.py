@@ -6,19 +6,17 @@ plan's size and a file whose sha256 is not the plan's are refused, and a device 
 from __future__ import annotations
 
 import hashlib
-import queue
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from cutproxy import CutProxy
+from fetchlib import FetchDevice
 
-from edge_client.delta_fetch import HeldModel
-from edge_client.fetch import HttpDone, ModelFetch
+from edge_client.fetch import HttpDone
 from edge_client.http_fetch import HttpFetchError, HttpTarget, fetch_blob, part_path
-from protocol import Kind, Plan, Topics, WireLimits, blob_digest, chunk_blob
+from protocol import Kind, Plan, Topics, blob_digest, chunk_blob
 
 SIZE = 300_000
 
@@ -105,39 +103,6 @@ def test_a_body_larger_than_the_plan_says_and_a_wrong_digest_are_refused(tmp_pat
     assert not part_path(tmp_path, digest).exists()  # a refused file is not resumed from
 
 
-class _Link:
-    def __init__(self) -> None:
-        self.subscribed: list[str] = []
-
-    def subscribe(self, topics: list[str]) -> None:
-        self.subscribed += topics
-
-    def unsubscribe(self, topics: list[str]) -> None: ...
-
-
-class _Device(ModelFetch):
-    """The state ModelFetch needs (the real device: edge_client.client.EdgeClient); a recorded link."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.id, self.link, self.topics, self.limits = "dev", _Link(), Topics("fed"), WireLimits()  # type: ignore[assignment]
-        self.settings = SimpleNamespace(state_dir=str(state_dir), http_models=True, http_timeout_s=5.0)
-        self.creds = SimpleNamespace(tls=None)
-        self.plan = None
-        self.strategies = SimpleNamespace(get=lambda plan: None)  # type: ignore[assignment]
-        self.clock, self.sleep, self.shaper = (lambda: 0.0), (lambda s: None), None
-        self._download, self._delta, self._held, self._model, self._link_kbps = None, None, HeldModel(state_dir), None, None
-        self._http, self._http_failed = None, set()
-        self.events: queue.Queue[Any] = queue.Queue()
-        self.progress: list[tuple[str, dict[str, Any]]] = []
-
-    def _set_state(self, name: str) -> None: ...
-
-    def _progress(self, kind: str, **info: Any) -> None:
-        self.progress.append((kind, info))
-
-    def _model_ready(self) -> None: ...
-
-
 @pytest.fixture
 def raw_model(monkeypatch: pytest.MonkeyPatch) -> None:
     import edge_client.fetch as fetch_mod
@@ -154,7 +119,7 @@ def test_a_device_whose_http_fetch_fails_takes_the_brokers_chunks(tmp_path: Path
         (nginx.root / digest).write_bytes(blob[:-1] + bytes([blob[-1] ^ 0xFF]))
     chunks = chunk_blob(blob, Kind.MODEL_CHUNK, "fed", "coordinator", 1, 8192)
     plan = Plan(1, ("dev",), 0.0, "fedavg", {}, {"name": "cnn"}, digest, len(chunks), len(blob), models_url=nginx.url)
-    dev = _Device(tmp_path)
+    dev = FetchDevice(tmp_path)
     dev.plan = plan
     dev._fetch(plan)
     assert dev._http is not None and dev.link.subscribed == []  # over HTTP: no chunk subscription
@@ -178,7 +143,7 @@ def test_a_device_fetches_the_plans_model_over_http_without_subscribing_to_chunk
     digest = blob_digest(blob)
     (nginx.root / digest).write_bytes(blob)
     plan = Plan(1, ("dev",), 0.0, "fedavg", {}, {"name": "cnn"}, digest, 7, len(blob), models_url=nginx.url)
-    dev = _Device(tmp_path)
+    dev = FetchDevice(tmp_path)
     dev.plan = plan
     dev._fetch(plan)
     dev._on_http_done(dev.events.get(timeout=10))
