@@ -2,7 +2,9 @@
 with nginx, for devices that fetch the global model and its deltas by range requests.
 
 It writes an nginx configuration for the folder into ``--state-dir`` (GET only, byte ranges, no
-listing, dotfiles refused, an access log with the bytes sent; TLS with ``--tls-cert``/``--tls-key``),
+listing, dotfiles refused, an access log with the bytes sent; TLS with ``--tls-cert``/``--tls-key``;
+only the federation's devices and coordinator, from the broker state folder's ``models.htpasswd``, with
+``--broker-state``; ``--open`` serves anyone instead),
 starts nginx in the foreground as its child, prints the URL to put in ``[federation] models_url`` and
 nginx's PID, and stops that PID on Ctrl-C or SIGTERM. ``--print-config`` prints the configuration
 instead, for a system nginx (docs/howto/http-models.md).
@@ -33,6 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="nginx's configuration, pid file and logs (default: DIR/../nginx)")
     s.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM) ...")
     s.add_argument("--tls-key", metavar="FILE", help="... and its key")
+    s.add_argument("--broker-state", metavar="DIR",
+                   help="the broker's state folder: serve only its devices and coordinator (models.htpasswd)")
+    s.add_argument("--open", action="store_true",
+                   help="serve the files to anyone who can reach the port (no --broker-state)")
     s.add_argument("--print-config", action="store_true", help="print the nginx configuration and exit")
     p.set_defaults(func=run)
 
@@ -42,6 +48,17 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise CliError("--tls-cert and --tls-key go together")
+    if (args.broker_state is None) == (not args.open):
+        raise CliError("say who may fetch the models: --broker-state DIR (the federation's devices and "
+                       "coordinator) or --open (anyone who can reach the port)")
+    htpasswd = None
+    if args.broker_state is not None:
+        from mqtt_broker.state import BrokerFiles, write_models_htpasswd
+
+        files = BrokerFiles.at(args.broker_state)
+        if not files.config.is_file():
+            raise CliError(f"{args.broker_state}: not a broker state folder (no {files.config.name})")
+        htpasswd = write_models_htpasswd(files)
     for f in (args.tls_cert, args.tls_key):
         if f is not None and not Path(f).is_file():
             raise CliError(f"{f}: no such file")
@@ -51,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
     key = Path(args.tls_key) if args.tls_key else None
     try:
         if args.print_config:
-            print(nginx_config(root, prefix, args.host, args.port or 8080, cert, key), end="")
+            print(nginx_config(root, prefix, args.host, args.port or 8080, cert, key, htpasswd), end="")
             return 0
-        server = NginxServer(root, prefix, args.host, args.port, cert, key).start()
+        server = NginxServer(root, prefix, args.host, args.port, cert, key, htpasswd).start()
     except NginxError as exc:
         raise CliError(str(exc)) from None
     stop = threading.Event()

@@ -2,8 +2,10 @@
 
 :func:`nginx_config` writes the whole nginx configuration for one folder: GET and HEAD only, byte ranges
 (nginx serves ``Range`` natively for static files), no directory listing, dotfiles (the coordinator's
-temporary files) refused, an access log with the bytes each response sent (``$bytes_sent``), and TLS
-when given a certificate and key. :class:`NginxServer` runs nginx in the foreground (``daemon off``)
+temporary files) refused, an access log with the bytes each response sent (``$bytes_sent``), timeouts on
+every connection, TLS when given a certificate and key, and -- given the broker state folder's
+``models.htpasswd`` -- the federation's devices and coordinator only (HTTP basic authentication with the
+token :mod:`transport.models_auth` derives from each one's broker password; anyone else gets 401). :class:`NginxServer` runs nginx in the foreground (``daemon off``)
 as a child of this process with its own prefix folder (pid file, logs, temporary folders), waits until
 it accepts connections, and stops it by its PID (SIGQUIT, then SIGTERM/SIGKILL): ``flayer models serve``,
 the emulator's ``--http-models`` and the tests use it. nginx is not started by its Debian package here
@@ -12,9 +14,9 @@ the emulator's ``--http-models`` and the tests use it. nginx is not started by i
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
-import grp
 import shutil
 import signal
 import socket
@@ -45,7 +47,7 @@ def _quote(value: str | Path) -> str:
 
 
 def nginx_config(root: str | Path, prefix: str | Path, host: str, port: int, tls_cert: str | Path | None = None,
-                 tls_key: str | Path | None = None) -> str:
+                 tls_key: str | Path | None = None, htpasswd: str | Path | None = None) -> str:
     """The nginx.conf serving ``root`` at ``http(s)://host:port/`` (module docstring)."""
     root, prefix = Path(root).resolve(), Path(prefix).resolve()
     if (tls_cert is None) != (tls_key is None):
@@ -63,6 +65,10 @@ def nginx_config(root: str | Path, prefix: str | Path, host: str, port: int, tls
                f"        ssl_certificate_key {_quote(Path(tls_key).resolve())};\n"
                f"        ssl_protocols TLSv1.2 TLSv1.3;\n")
     tmp = prefix / "tmp"
+    auth = ""
+    if htpasswd is not None:  # read by nginx on every request: a user added or revoked counts at once
+        auth = (f'            auth_basic "flayer models";\n'
+                f"            auth_basic_user_file {_quote(Path(htpasswd).resolve())};\n")
     return f"""# written by flayer (coordinator.model_server): the model files of one federation
 {user}daemon off;
 master_process on;
@@ -92,7 +98,7 @@ http {{
         autoindex off;
         location / {{
             limit_except GET {{ deny all; }}
-            add_header Cache-Control "public, max-age=31536000, immutable";
+{auth}            add_header Cache-Control "public, max-age=31536000, immutable";
         }}
         location ~ /\\. {{ deny all; }}
     }}
@@ -116,6 +122,7 @@ class NginxServer:
     port: int = 0
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    htpasswd: Path | None = None  # the broker state folder's models.htpasswd: who may fetch (None: anyone)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -145,7 +152,8 @@ class NginxServer:
         for attempt in range(attempts):
             self.port = fixed or free_port(self.host)
             conf = self.prefix / "nginx.conf"
-            conf.write_text(nginx_config(self.root, self.prefix, self.host, self.port, self.tls_cert, self.tls_key))
+            conf.write_text(nginx_config(self.root, self.prefix, self.host, self.port, self.tls_cert, self.tls_key,
+                                         self.htpasswd))
             err = self.prefix / "error.log"
             check = subprocess.run([binary, "-t", "-q", "-p", str(self.prefix), "-c", str(conf), "-e", str(err)],
                                    capture_output=True, text=True)

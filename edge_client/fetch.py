@@ -25,6 +25,7 @@ import torch
 from protocol import Plan, Topics, WireError, WireLimits
 from protocol.model_delta import CHAIN, DeltaRef
 from transport.link import MqttLink
+from transport.models_auth import authorization
 
 from .delta_fetch import HeldModel, delta_source, rebuild
 from .download import ModelDownload
@@ -139,6 +140,8 @@ class ModelFetch:
         fetch = self._http = HttpDownload(target.digest, chunks, self.clock())
         tls = self.creds.tls
         timeout = self.settings.http_timeout_s
+        # the model server lets the federation's devices in by their models token (transport.models_auth)
+        auth = authorization(self.creds.username, self.creds.password) if self.creds.password else None
 
         def on_bytes(n: int) -> None:
             if self.on_http_bytes is not None:
@@ -151,7 +154,7 @@ class ModelFetch:
                 ctx = tls_context(tls.ca_file if tls is not None else None) if target.url.startswith("https:") \
                     else None
                 blob, stats = fetch_blob(target, self.settings.state_dir, timeout_s=timeout,
-                                         deadline_s=self.settings.http_deadline_s, tls=ctx,
+                                         deadline_s=self.settings.http_deadline_s, tls=ctx, authorization=auth,
                                          cancelled=fetch.stop.is_set, on_bytes=on_bytes)
                 self.events.put(HttpDone(fetch, blob, stats))
             except HttpFetchError as exc:

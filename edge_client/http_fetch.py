@@ -20,7 +20,9 @@ when the deadline passes (each read waits at most until the deadline, and reads 
 Anything else -- an HTTP status other than 200/206 (redirects are not followed), a timeout, the deadline,
 a refused connection, a size or digest mismatch -- raises :class:`HttpFetchError`, whose ``reason`` says why;
 the client then downloads the broker's retained chunks (:mod:`edge_client.fetch`). HTTPS uses the
-federation's CA when the device's credentials name one (``[tls] ca_file``), else the system's.
+federation's CA when the device's credentials name one (``[tls] ca_file``), else the system's. Each request
+carries ``authorization`` (the device's user name and models token, :mod:`transport.models_auth`) when
+given: the model server refuses anyone else.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import http.client
 import logging
 import os
 import re
-import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -109,6 +110,7 @@ def _connection(url: str, timeout_s: float, tls: ssl.SSLContext | None) -> tuple
 
 def fetch_blob(target: HttpTarget, state_dir: str | Path, *, timeout_s: float = 30.0,
                deadline_s: float = 600.0, tls: ssl.SSLContext | None = None, attempts: int = 3,
+               authorization: str | None = None,
                cancelled: Callable[[], bool] = lambda: False,
                on_bytes: Callable[[int], None] | None = None) -> tuple[bytes, dict[str, int | str]]:
     """(the verified blob, stats for the progress event); HttpFetchError otherwise (module docstring)."""
@@ -132,7 +134,7 @@ def fetch_blob(target: HttpTarget, state_dir: str | Path, *, timeout_s: float = 
         stats.attempts += 1
         before = held
         try:
-            held = _attempt(target, part, held, clock, tls, stats, cancelled, on_bytes)
+            held = _attempt(target, part, held, clock, tls, stats, cancelled, on_bytes, authorization)
         except _Cut as cut:
             held = cut.held
             if held > before and stats.attempts < attempts:
@@ -175,12 +177,15 @@ class _Cut(Exception):
 
 
 def _attempt(target: HttpTarget, part: Path, held: int, clock: _Deadline, tls: ssl.SSLContext | None,
-             stats: FetchStats, cancelled: Callable[[], bool], on_bytes: Callable[[int], None] | None) -> int:
+             stats: FetchStats, cancelled: Callable[[], bool], on_bytes: Callable[[int], None] | None,
+             authorization: str | None = None) -> int:
     """One request from byte ``held``: the bytes held after it (the plan's size when complete); _Cut when
     the body stopped early, HttpFetchError for anything that is not worth a retry."""
     timeout_s = clock.timeout_s
     conn, path = _connection(target.url, clock.wait_s(target, held), tls)
     headers = {"Accept-Encoding": "identity", "User-Agent": "flayer-edge"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
     if held:
         headers["Range"] = f"bytes={held}-"
     try:
@@ -189,7 +194,7 @@ def _attempt(target: HttpTarget, part: Path, held: int, clock: _Deadline, tls: s
             sock = conn.sock
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             clock.wait_s(target, held)  # the deadline, when it is what ran out
             raise HttpFetchError("timeout", f"no answer from {target.url} within {timeout_s:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
@@ -228,7 +233,7 @@ def _attempt(target: HttpTarget, part: Path, held: int, clock: _Deadline, tls: s
                         on_bytes(len(block))
                 if length is None and resp.read(1):  # no length given: nothing may follow the plan's size
                     raise HttpFetchError("size", f"{target.url} sends more than the plan's {target.size} bytes")
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 clock.wait_s(target, held)
                 raise HttpFetchError("timeout", f"{target.url} sent nothing for {timeout_s:g} s at {held} of "
                                                 f"{target.size} bytes") from None

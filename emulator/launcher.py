@@ -168,7 +168,7 @@ class _Launch:
                 clear_round_plan(coord)
             fed = federation_table(cfg, n)
             if emu.http_models:  # models over HTTP: nginx serves the coordinator's model files for the run
-                fed.update(self._model_server())
+                fed.update(self._model_server(state))
             run = self._secure_dropout(cfg.run, profiles.profiles, assigned, float(fed["deadline_s"]), trace)
             write_federation_toml(self.out / "federation.toml", fed, run,
                                   state / "credentials/coordinator.toml",
@@ -193,14 +193,18 @@ class _Launch:
                   f"secure_dropout to set it)")
         return dataclasses.replace(run, privacy=dataclasses.replace(run.privacy, secure_dropout=rate))
 
-    def _model_server(self) -> dict[str, str]:
+    def _model_server(self, state: Path) -> dict[str, str]:
         from coordinator.model_server import NginxServer
+        from mqtt_broker.state import BrokerFiles, write_models_htpasswd
 
         taken = sorted({"models_dir", "models_url"} & set(self.cfg.federation))
         if taken:
             raise ConfigError(f"[federation] {', '.join(taken)}: set by the emulator with http_models; leave them out")
-        self.nginx = NginxServer(self.out / "models", self.out / "nginx").start()
-        self.note(f"models over HTTP: nginx pid {self.nginx.pid} serving {self.nginx.root} at {self.nginx.url}")
+        files = BrokerFiles.at(state)  # the federation's devices and coordinator only (transport.models_auth)
+        htpasswd = write_models_htpasswd(files) if files.config.exists() else None
+        self.nginx = NginxServer(self.out / "models", self.out / "nginx", htpasswd=htpasswd).start()
+        self.note(f"models over HTTP: nginx pid {self.nginx.pid} serving {self.nginx.root} at {self.nginx.url}"
+                  + (" to the federation's devices" if htpasswd is not None else " to anyone (no broker.json)"))
         return {"models_dir": str(self.nginx.root), "models_url": self.nginx.url}
 
     def _broker(self, o: LaunchOptions) -> Path:

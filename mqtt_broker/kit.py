@@ -38,7 +38,15 @@ from pathlib import Path
 from mqtt_broker.bridge import drop_gateway_device
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
 from mqtt_broker.passwords import remove_passwd_entry
-from mqtt_broker.state import BrokerFiles, _locked, _write_acl, list_users, read_revoked, write_revoked
+from mqtt_broker.state import (
+    BrokerFiles,
+    _locked,
+    _write_acl,
+    list_users,
+    read_revoked,
+    set_models_htpasswd_entry,
+    write_revoked,
+)
 from mqtt_broker.tls import client_cert_paths
 from protocol.topics import TopicError, validate_id
 from transport.credentials import Credentials, TlsSettings
@@ -136,6 +144,7 @@ def revoke_device(state_dir: str | Path, device_id: str) -> bool:
         for f in client_cert_paths(files.tls_dir, device_id):
             f.unlink(missing_ok=True)
         _write_acl(files, cfg, [u for u, r in list_users(files.state_dir) if r == "observer"])
+        set_models_htpasswd_entry(files, device_id, None)  # nginx reads it on every request: no model from now on
         first = device_id not in revoked
         revoked.setdefault(device_id, time.time())
         write_revoked(files, revoked)

@@ -8,6 +8,8 @@ Layout (default ``.flayer/broker``, mode 0700)::
     mosquitto.conf         generated
     acl                    generated from protocol.topics.acl_rules
     passwd                 username:hash (0600)
+    models.htpasswd        who may fetch the model files over HTTP: the coordinator and the devices
+                           (transport.models_auth; 0600)
     credentials/<user>.toml one per device, for the coordinator and the read-only observer (0600, holds
                            the password)
     tls/                   CA, server and client certificates (keys 0600), when TLS is on
@@ -36,6 +38,7 @@ from mqtt_broker.passwords import hash_password, new_password, set_passwd_entry
 from mqtt_broker.tls import client_cert_paths, ensure_ca_and_server, make_client_cert
 from protocol.topics import OBSERVER_USER, TopicError, validate_id
 from transport.credentials import Credentials, TlsSettings
+from transport.models_auth import HTPASSWD_NAME, htpasswd_line
 
 __all__ = [
     "BrokerFiles",
@@ -70,6 +73,7 @@ class BrokerFiles:
     mosquitto_conf = property(lambda self: self.state_dir / "mosquitto.conf")
     acl = property(lambda self: self.state_dir / "acl")
     passwd = property(lambda self: self.state_dir / "passwd")
+    models_htpasswd = property(lambda self: self.state_dir / HTPASSWD_NAME)
     credentials_dir = property(lambda self: self.state_dir / "credentials")
     tls_dir = property(lambda self: self.state_dir / "tls")
     data_dir = property(lambda self: self.state_dir / "data")
@@ -143,6 +147,7 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
             _add_user(files, cfg, cfg.coordinator_user, "coordinator")
         if not files.credentials(OBSERVER_USER).exists():
             _add_user(files, cfg, OBSERVER_USER, "observer")
+        write_models_htpasswd(files)
     log.info("broker files for federation %s written to %s", cfg.federation, files.state_dir)
     return files
 
@@ -205,11 +210,34 @@ def _add(state_dir: str | Path, user: str, role: str, rotate: bool, exist_ok: bo
             raise BrokerConfigError(f"{role} {user!r} already exists ({path}); pass rotate=True (--rotate) "
                                     "for a new password")
         creds = _add_user(files, cfg, user, role)
+        if role in ("coordinator", "device"):
+            set_models_htpasswd_entry(files, user, creds.password)
         revoked = read_revoked(files)
         if revoked.pop(user, None) is not None:  # a new kit for a revoked device lets it back in
             write_revoked(files, revoked)
             log.info("%s is no longer revoked", user)
         return creds
+
+
+def write_models_htpasswd(files: BrokerFiles) -> Path:
+    """Who may fetch the model files over HTTP (:mod:`transport.models_auth`): the coordinator and every
+    device with a credentials file here, observers not; rewritten whenever a user is added or revoked."""
+    lines = [htpasswd_line(user, Credentials.load(files.credentials(user)).password)
+             for user, role in list_users(files.state_dir) if role in ("coordinator", "device")]
+    atomic_write(files.models_htpasswd, "".join(line + "\n" for line in lines), mode=0o600)
+    return files.models_htpasswd
+
+
+def set_models_htpasswd_entry(files: BrokerFiles, user: str, password: str | None) -> None:
+    """Add, replace (``password``) or remove (None) one user's line of ``models.htpasswd``."""
+    try:
+        lines = files.models_htpasswd.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    kept = [line for line in lines if line.split(":", 1)[0] != user]
+    if password is not None:
+        kept.append(htpasswd_line(user, password))
+    atomic_write(files.models_htpasswd, "".join(line + "\n" for line in kept), mode=0o600)
 
 
 def read_revoked(files: BrokerFiles) -> dict[str, float]:

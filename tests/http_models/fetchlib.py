@@ -28,11 +28,12 @@ class RecordedLink:
 class FetchDevice(ModelFetch):
     """The state ModelFetch needs (the real device: edge_client.client.EdgeClient); a recorded link."""
 
-    def __init__(self, state_dir: Path, http_timeout_s: float = 5.0, http_deadline_s: float = 600.0) -> None:
+    def __init__(self, state_dir: Path, http_timeout_s: float = 5.0, http_deadline_s: float = 600.0,
+                 username: str = "dev", password: str = "") -> None:
         self.id, self.link, self.topics, self.limits = "dev", RecordedLink(), Topics("fed"), WireLimits()  # type: ignore[assignment]
         self.settings = SimpleNamespace(state_dir=str(state_dir), http_models=True,
                                         http_timeout_s=http_timeout_s, http_deadline_s=http_deadline_s)
-        self.creds = SimpleNamespace(tls=None)
+        self.creds = SimpleNamespace(tls=None, username=username, password=password)
         self.plan = None
         self.strategies = SimpleNamespace(get=lambda plan: None)  # type: ignore[assignment]
         self.clock, self.sleep, self.shaper = (lambda: 0.0), (lambda s: None), None
