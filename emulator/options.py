@@ -123,7 +123,10 @@ def load_emulate_config(path: str | Path | None, overrides: Mapping[str, Mapping
     taken = sorted({"credentials", "state_dir"} & set(fed))
     if taken:
         raise ConfigError(f"{src} [federation]: {', '.join(taken)} are set by the emulator; leave them out")
-    from_mapping(FederationSettings, {**fed, "credentials": "set-by-the-emulator"}, f"{src} [federation]")
+    check = {**fed, "credentials": "set-by-the-emulator"}
+    if "quorum" in fed:  # an unset min_devices is the quorum, as federation_table sets it (not the class's 1)
+        check.setdefault("min_devices", fed["quorum"])
+    from_mapping(FederationSettings, check, f"{src} [federation]")
     edge_values = merged("edge")
     if "state_dir" in edge_values or "client_index" in edge_values:
         raise ConfigError(f"{src} [edge]: state_dir and client_index are set per device by the emulator")
