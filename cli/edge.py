@@ -55,8 +55,12 @@ def _show(kind: str, info: dict[str, Any]) -> None:
     if kind == "trained":
         acc = f"{info['acc']:.4f}" if info.get("acc") is not None else "-"
         loss = f", train loss {info['train_loss']:.4f}" if info.get("train_loss") is not None else ""
-        print(f"round {info['round']}: trained, sent {info['bytes'] / 1e6:.2f} MB (test acc before training {acc}"
-              f"{loss})", flush=True)
+        sent = "masking the update once the round's shares are in" if info.get("secure") else \
+            f"sent {info['bytes'] / 1e6:.2f} MB"
+        print(f"round {info['round']}: trained, {sent} (test acc before training {acc}{loss})", flush=True)
+    elif kind == "sent":  # a secure round's masked input, sent once the shares were in
+        print(f"round {info['round']}: sent {info['bytes'] / 1e6:.2f} MB (the masked update of a secure round)",
+              flush=True)
     elif kind == "ack":
         reason = f" ({info['reason']})" if info.get("reason") else ""
         print(f"round {info['round']}: {info['status']}{reason}", flush=True)

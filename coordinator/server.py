@@ -72,6 +72,7 @@ from .receive import ReceiveQueue
 from .registry import DeviceRegistry
 from .result import CoordinatorError, CoordinatorResult, StateWriteError
 from .revocations import RevocationList
+from .round_log import closing_notes
 from .rounds import select_devices
 from .secure_phase import SecurePhase, secure_strategy
 
@@ -396,7 +397,7 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
         self.history.append(record)
         prune_journals(self.journal_dir, r, self.fs.keep_journals)
         self.open = None
-        log.info("round %d closed (%s): %d accepted", r, reason, record["accepted"])
+        log.info("round %d closed (%s): %d accepted%s", r, reason, record["accepted"], closing_notes(record))
         if self.on_round is not None:
             self.on_round(record)
         if self.asynchronous:

@@ -208,4 +208,5 @@ class SecureRounds:
         items = self._update_items(payloads, r)
         self._pending = Pending("update", r, digest, items)
         log.info("%s: round %d masked input sent (%d bytes)", self.id, r, len(blob))
+        self._progress("sent", round=r, bytes=len(blob), secure=True)  # the bytes of the masked input
         self._submit("published", r, self._publish, items)

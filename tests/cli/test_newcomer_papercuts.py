@@ -23,3 +23,25 @@ def test_emulate_config_takes_the_quorum_as_min_devices():
 
     cfg = load_emulate_config(None, {"data": {"clients": 4}, "federation": {"quorum": 3}})
     assert federation_table(cfg, 4)["min_devices"] == 3
+
+
+def test_a_secure_device_prints_the_masked_bytes_it_sent_not_zero(capsys):
+    from cli.edge import _show
+
+    _show("trained", {"round": 3, "bytes": 0, "acc": 0.5, "secure": True})
+    _show("sent", {"round": 3, "bytes": 223_740, "secure": True})
+    out = capsys.readouterr().out
+    assert "0.00 MB" not in out and "round 3: sent 0.22 MB (the masked update of a secure round)" in out
+
+
+def test_the_coordinators_round_line_says_unmasked_or_abandoned_and_the_epsilon():
+    from coordinator.round_log import closing_notes
+
+    assert closing_notes({"accepted": 4}) == ""
+    unmasked = closing_notes({"secure_survivors": ["a", "b", "c"], "secure_dropped": ["d"], "secure_abandoned": None,
+                              "epsilon": 1.23456, "delta": 1e-5})
+    assert "secure round unmasked: the sum of 3 masked inputs only, 1 device(s) dropped out" in unmasked
+    assert "epsilon 1.235 spent so far at delta 1e-05" in unmasked
+    gone = closing_notes({"secure_survivors": ["a"], "secure_abandoned": "1 survivor < t = 2", "epsilon": "inf",
+                          "delta": 1e-5})
+    assert "secure round abandoned (1 survivor < t = 2), nothing unmasked" in gone and "epsilon inf" in gone

@@ -6,6 +6,7 @@ vanishes, the round goes on with the survivors; a forged protocol message is ref
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,10 @@ def _federation(tmp: Path, fb: Any, devices: int, rounds: int, stage_s: float = 
 
 
 @pytest.mark.timeout(300)
-def test_secure_rounds_over_the_broker_fold_only_the_sum_and_equal_the_simulator(tmp_path: Path, digits: Any) -> None:
+def test_secure_rounds_over_the_broker_fold_only_the_sum_and_equal_the_simulator(tmp_path: Path, digits: Any,
+                                                                                  caplog: Any) -> None:
+    caplog.set_level(logging.INFO, logger="coordinator")
+    sent: list[tuple[str, int, int]] = []  # (device, round, bytes) of each masked input a device reports sent
     part = make_partition(digits.y, digits.num_classes, 4, "dir0.5", seed=0, samples=400,
                           meta={"dataset": digits.name, "dataset_fingerprint": digits.fingerprint()})
     pfile = save_partition(part, tmp_path / "digits-4.npz")
@@ -54,11 +58,23 @@ def test_secure_rounds_over_the_broker_fold_only_the_sum_and_equal_the_simulator
         for i, name in enumerate(DEVICES):
             path = device_toml(tmp_path / f"{name}.toml", fb.state_dir / f"credentials/{name}.toml", dataset="digits",
                                partition_file=pfile, client=i, state_dir=tmp_path / name)
-            devices.append(EdgeClient(load_device_config(path).edge, fb.devices[name], clients[i]))
+            devices.append(EdgeClient(load_device_config(path).edge, fb.devices[name], clients[i],
+                                      on_progress=lambda kind, info, name=name: sent.append(
+                                          (name, info["round"], info["bytes"])) if kind == "sent" else None))
             devices[-1].start()
         result = finished(coord, thread, 240, rounds=2)
         for dev in devices:
             assert dev.wait(60) and dev.error is None and dev.rounds_trained == [1, 2], dev.error
+        # each device reports the masked input it sent, its real size (not 0 bytes)
+        from coordinator.journal import journal_path, read_journal
+
+        masked = sorted(len(rec.data) for rec in read_journal(journal_path(tmp_path / "coord/journal", 2)).updates)
+        assert sorted(b for _, r, b in sent if r == 2) == masked and min(masked) > 0
+        assert sorted((d, r) for d, r, _ in sent) == sorted((d, r) for d in DEVICES for r in (1, 2))
+        # the coordinator's log says the round unmasked, and no norm bound it cannot apply to masked inputs
+        said = [rec.getMessage() for rec in caplog.records]
+        assert sum("secure round unmasked: the sum of 4 masked inputs" in m for m in said) == 2, said
+        assert not any("update norm bound" in m for m in said), said
         worst = max(float((result.global_state[k] - reference.global_state[k]).abs().max()) for k in reference.global_state)
         assert worst <= 1e-5, f"secure rounds over MQTT differ from the simulated secure rounds by {worst:.3g}"
         assert max(float((plain[k] - result.global_state[k]).abs().max()) for k in plain) > 1e-4  # not the plain rule
@@ -66,7 +82,6 @@ def test_secure_rounds_over_the_broker_fold_only_the_sum_and_equal_the_simulator
         assert [r["secure_survivors"] for r in rounds] == [DEVICES, DEVICES]
         assert all(r["secure_abandoned"] is None and r["accepted"] == 4 and r["acc"] is not None for r in rounds)
         # the journal holds masked inputs only: no record decodes as an update
-        from coordinator.journal import journal_path, read_journal
         from protocol import WireError, read_update_head
 
         recs = read_journal(journal_path(tmp_path / "coord/journal", 2)).updates
