@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 OUT ?= runs/demo-fleet
 
-.PHONY: demo test test-all test-loaded docs bench apt-data apt-broker apt-browser apt-service apt-http apt-cluster clean-venv
+.PHONY: demo test test-slow test-attacks test-all test-loaded docs bench apt-data apt-broker apt-browser apt-service apt-http apt-cluster clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -75,10 +75,26 @@ apt-cluster:
 demo: apt-data $(VENV)/.stamp-main
 	$(BIN)/flayer emulate --config configs/emulate-demo.toml --out $(OUT) --dashboard
 
+# -n $(WORKERS): pytest-xdist, one worker per core (every test takes its own ports, folders and brokers);
 # --durations=10: the ten slowest tests show in every run (and so in every CI log)
-test: apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all docs
-	@$(BIN)/python -m pytest --durations=10; rc=$$?; \
+WORKERS ?= auto
+TEST_DEPS := apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all
+test: $(TEST_DEPS) docs
+	@$(BIN)/python -m pytest -n $(WORKERS) --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
+
+# the tests kept out of the default run (-m slow: crash, failover, cluster, gateway and SIGTERM faults), in
+# parallel too; none collected (exit 5) is no failure here
+test-slow: $(TEST_DEPS)
+	@$(BIN)/python -m pytest -n $(WORKERS) -m slow --durations=10; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test-slow: no slow tests collected"; exit 0; fi; exit $$rc
+
+# the attack tests (tests/attacks/: each guarantee the docs state, tried as its adversary would), slow ones too;
+# a tree with none yet (exit 5) is no failure
+test-attacks: $(TEST_DEPS)
+	@if [ ! -d tests/attacks ]; then echo "make test-attacks: no tests/attacks folder"; exit 0; fi; \
+	  $(BIN)/python -m pytest -n $(WORKERS) -m '' tests/attacks --durations=10; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test-attacks: no attack tests collected"; exit 0; fi; exit $$rc
 
 # the documentation site: a broken link or anchor, a page missing from the nav or a failing generated
 # reference fails the build (not --quiet: with it, mkdocs 1.6 does not count the warnings --strict fails on)
@@ -86,8 +102,8 @@ docs: $(VENV)/.stamp-all
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # slow and benchmark-like tests too
-test-all: apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all
-	$(BIN)/python -m pytest -m ''
+test-all: $(TEST_DEPS)
+	$(BIN)/python -m pytest -n $(WORKERS) -m ''
 
 # the default suite with one core kept busy by a bounded process of its own, beside an idle run
 test-loaded: apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all docs
