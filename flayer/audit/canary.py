@@ -42,8 +42,19 @@ from flayer.strategies.fedavg import FedAvg
 from flayer.train import ClientData
 from flayer.update import TensorDelta, Update
 
-__all__ = ["ADVERSARIES", "AuditFederation", "CanaryFedAvg", "RunView", "audit_mlp", "digits_clients", "flatten",
-           "adversary_vectors", "regenerated_noise", "run_federation", "scores"]
+__all__ = [
+    "ADVERSARIES",
+    "AuditFederation",
+    "CanaryFedAvg",
+    "RunView",
+    "adversary_vectors",
+    "audit_mlp",
+    "digits_clients",
+    "flatten",
+    "regenerated_noise",
+    "run_federation",
+    "scores",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +102,8 @@ class CanaryFedAvg(FedAvg):
             values = np.zeros(n) if u is None else self.scale * u[at:at + n]
             deltas[name] = TensorDelta(tuple(v.shape), values.astype(np.float32))
             at += n
-        return LocalResult(Update(deltas, max(1, data.num_train), {}), state, {})
+        # a loss for the driver's round record (a private round sends none); it did not train
+        return LocalResult(Update(deltas, max(1, data.num_train), {}), state, {"train_loss": 0.0})
 
 
 def digits_clients(clients: int, seed: int = 0, samples: int = 600) -> list[ClientData]:
@@ -162,7 +174,7 @@ def run_federation(fed: AuditFederation, datas: Sequence[ClientData], directions
         rp = RoundPrivacy.of(settings.resolve(fed.population, fed.population), rec.clip)
         plans.append({"seed": seed, "round": rec.round, "selected": list(rec.selected), "privacy": rp.as_plan()})
 
-    extra = {"seeded_noise": True} if seeded_noise else {}
+    extra: dict[str, Any] = {"seeded_noise": True} if seeded_noise else {}
     result = simulate(strategy, clients, fed.rounds, seed, 1.0, global_state=global_state, on_round=on_round,
                       privacy=settings, **extra)
     if result.diverged is not None or len(result.rounds) != fed.rounds:

@@ -26,8 +26,17 @@ import numpy as np
 import torch
 
 from .bounds import AuditBound, epsilon_lower_bound, gaussian_pair_epsilon
-from .canary import ADVERSARIES, AuditFederation, adversary_vectors, digits_clients, initial_state, model_dim, \
-    random_directions, run_federation, scores
+from .canary import (
+    ADVERSARIES,
+    AuditFederation,
+    adversary_vectors,
+    digits_clients,
+    initial_state,
+    model_dim,
+    random_directions,
+    run_federation,
+    scores,
+)
 
 __all__ = ["OneRunEstimate", "TrialAudit", "audit_trials", "one_run_estimate"]
 

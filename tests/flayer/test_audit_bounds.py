@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from flayer.audit.bounds import clopper_pearson_upper, epsilon_from_rates, epsilon_lower_bound, gaussian_pair_epsilon
+from flayer.audit.bounds import (
+    clopper_pearson_upper,
+    epsilon_from_rates,
+    epsilon_lower_bound,
+    gaussian_pair_epsilon,
+)
 from flayer.engine.accountant import gaussian_epsilon
 
 
