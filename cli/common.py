@@ -13,7 +13,7 @@ from typing import Any
 from flayer.config import STRATEGY_NAMES, ConfigError, RunConfig, load_run_config
 from flayer.data import DATASETS, DataError, Dataset, load_dataset
 from flayer.partition import Partition, PartitionError, load_partition, make_partition
-from flayer.spec import BUILTIN_NAMES
+from flayer.spec import BUILTIN_NAMES, ENTRY_POINT
 
 try:
     import tomllib
@@ -36,6 +36,15 @@ def port_arg(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in [0, 65535] (0: a free one), got {value}")
     return value
+
+
+def model_arg(text: str) -> str:
+    """argparse type of ``--model``: a built-in model or an entry point ``package.module:function`` (the
+    registry builds either; an entry point is imported only where it is allowed: docs/howto/own-model.md)."""
+    if text in BUILTIN_NAMES or ENTRY_POINT.fullmatch(text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected {', '.join(BUILTIN_NAMES)} or an entry point "
+                                     f"package.module:function, got {text!r}")
 
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, PartitionError)
@@ -64,7 +73,9 @@ def add_common_flags(p: argparse.ArgumentParser, rounds: bool = True, strategy: 
         g.add_argument("--threads", type=int, help="torch threads (0 = torch's default)")
         g.add_argument("--set", action="append", default=[], metavar="STRATEGY.KEY=VALUE",
                        help="a strategy option, e.g. --set flayer.server_rule=zero (VALUE in TOML syntax)")
-    g.add_argument("--model", choices=BUILTIN_NAMES, help="default: cnn for images, fasttext for text")
+    g.add_argument("--model", type=model_arg, metavar="NAME",
+                   help=f"{', '.join(BUILTIN_NAMES)} or an entry point package.module:function (docs/howto/"
+                        f"own-model.md); default: cnn for images, fasttext for text")
     g.add_argument("--out", metavar="DIR", help="output folder (default: runs/<command>-<time>)")
 
 

@@ -35,6 +35,8 @@ class Table:
     only: tuple[str, ...] = ()  # when set: just these fields
     defaults: Mapping[str, Any] = field(default_factory=dict)  # defaults that differ in this file
     note: str = ""
+    types: Mapping[str, str] = field(default_factory=dict)  # what the file holds, where the field stores it otherwise
+    extra: tuple[tuple[str, str, str, str], ...] = ()  # keys the loader reads besides the fields: key, type, default, meaning
 
     def documented(self) -> list[dataclasses.Field[Any]]:
         return [f for f in dataclasses.fields(self.cls)
@@ -183,9 +185,22 @@ def table_rows(table: Table) -> list[str]:
     rules = checks(table.cls)
     rows = ["| key | type | default | checks | meaning |", "|---|---|---|---|---|"]
     for f in table.documented():
-        rows.append(f"| `{f.name}` | {_type(hints[f.name])} | {_default(f, table.defaults)} | "
+        rows.append(f"| `{f.name}` | {table.types.get(f.name) or _type(hints[f.name])} | "
+                    f"{_default(f, table.defaults)} | "
                     f"{md_escape('; '.join(rules.get(f.name, [])))} | {md_escape(about.get(f.name, ''))} |")
+    for key, kind, default, meaning in table.extra:
+        rows.append(f"| `{key}` | {kind} | {default} |  | {md_escape(meaning)} |")
     return rows
+
+
+# [model] of federation.toml: the loader (coordinator.config.model_spec_from_table) reads a table of keyword
+# arguments and a list of class names, stored in the spec as canonical JSON text, and two keys of its own
+MODEL_TYPES = {"args": "table", "classes": "list of string"}
+MODEL_EXTRA = (
+    ("initial_model", "string", "none", "a .safetensors checkpoint the federation starts from (relative: to the file)"),
+    ("python_path", "list of string", "`[]`", "folders searched for the entry point's module (relative: to the "
+                                              "file); docs/howto/own-model.md"),
+)
 
 
 # ---- what the project reads ------------------------------------------------------------------------------
@@ -228,7 +243,8 @@ def config_files() -> tuple[ConfigFile, ...]:
                    "(`[run]`, `[data]`, `[train]`, `[strategy.NAME]`: options must be scalars, since they "
                    "travel in the round plan) and, instead of `[data]`'s data set, an optional `[model]`. "
                    "Relative paths are read relative to the file. Example: `configs/federation.toml`.",
-                   (Table("[federation]", FederationSettings), Table("[model]", ModelSpec))),
+                   (Table("[federation]", FederationSettings),
+                    Table("[model]", ModelSpec, types=MODEL_TYPES, extra=MODEL_EXTRA))),
         ConfigFile("Device: device.toml", "device",
                    "Read by `flayer edge --config`. Relative paths are read relative to the file. "
                    "Example: `configs/device-1.toml`.",

@@ -45,3 +45,39 @@ def test_the_coordinators_round_line_says_unmasked_or_abandoned_and_the_epsilon(
     gone = closing_notes({"secure_survivors": ["a"], "secure_abandoned": "1 survivor < t = 2", "epsilon": "inf",
                           "delta": 1e-5})
     assert "secure round abandoned (1 survivor < t = 2), nothing unmasked" in gone and "epsilon inf" in gone
+
+
+def test_the_config_reference_has_every_model_key_with_the_type_the_files_write():
+    """Every key ``[model]``'s loader reads (its own pops and the spec's fields) is in the generated reference,
+    ``args`` a table and ``classes`` a list, as the tutorials write them and the loader takes them."""
+    import inspect
+    import re
+
+    from cli.configdoc import config_reference, config_files
+    from coordinator.config import model_spec_from_table
+
+    md = config_reference(config_files())
+    section = md.split("### federation.toml `[model]`")[1].split("\n## ")[0].split("\n### ")[0]
+    rows = {m.group(1): m.group(2).strip() for m in re.finditer(r"^\| `(\w+)` \| ([^|]+) \|", section, re.M)}
+    own = set(re.findall(r'fields\.pop\("(\w+)"', inspect.getsource(model_spec_from_table)))
+    assert own == {"initial_model", "python_path"} and own <= set(rows), rows
+    assert rows["python_path"] == "list of string" and rows["args"] == "table" and rows["classes"] == "list of string"
+
+
+def test_model_flag_takes_an_entry_point_as_the_registry_does(tmp_path, monkeypatch, capsys):
+    (tmp_path / "papercut_tiny.py").write_text(
+        "from torch import nn\n\n\ndef build():\n    return nn.Sequential(nn.Flatten(), nn.Linear(256, 10))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["simulate", "--dataset", "digits", "--clients", "2", "--samples", "200", "--rounds", "1",
+                 "--strategy", "fedavg", "--model", "papercut_tiny:build", "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run").is_dir()
+
+
+def test_model_flag_refuses_what_is_neither_a_builtin_nor_an_entry_point(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--model", "resnet 18"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--model" in err and "an entry point package.module:function, got 'resnet 18'" in err
