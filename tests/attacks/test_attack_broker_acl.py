@@ -22,8 +22,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
-
 from mqtt_broker import add_observer, load_credentials
 from protocol.topics import Topics
 from tests.mqtt_broker.broker_testlib import (
@@ -101,7 +99,7 @@ def test_strangers_devices_and_observers_read_and_write_only_what_they_may(tmp_p
                        (T.update_chunk("dev-b", 1, 0), b"update of b"), (T.secreq("dev-b"), b"secreq for b")]:
             assert secret not in read_by_obs, f"the observer read {secret}"
         got = [m[1] for m in coord.messages]
-        leaked = [p for p in got if p.startswith(b"forged") or p.startswith(b"observer")]
+        leaked = [p for p in got if p.startswith((b"forged", b"observer"))]
         assert leaked == [], f"writes the ACL forbids reached the coordinator: {leaked}"
     finally:
         for p in probes:

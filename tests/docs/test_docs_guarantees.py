@@ -21,7 +21,7 @@ def test_every_attack_test_the_guarantees_page_names_exists() -> None:
 
 
 def test_every_section_of_the_guarantees_page_has_a_test_or_says_it_has_none() -> None:
-    sections = re.split(r"^## ", PAGE.read_text(), flags=re.M)[1:]
+    sections = re.split(r"^## ", PAGE.read_text(), flags=re.MULTILINE)[1:]
     assert len(sections) >= 7
     for section in sections:
         title = section.splitlines()[0]
