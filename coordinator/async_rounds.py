@@ -162,6 +162,8 @@ class AsyncRounds:
                 self._publish_plan()
                 self.pacer.changed(now)
         accepted = rnd.aggregate.tally.accepted
+        if accepted >= self.fs.buffer and self._last_awaits(rnd, now):
+            return
         if accepted >= self.fs.buffer:
             self._close_round(f"buffer of {self.fs.buffer} update(s) full")
         elif now >= rnd.timer.deadline:
@@ -170,6 +172,21 @@ class AsyncRounds:
             else:
                 rnd.timer.deadline = now + self.fs.deadline_s  # nothing to publish yet: keep buffering
                 self.pacer.renew()
+
+    def _last_awaits(self, rnd: Any, now: float) -> bool:
+        """The last version waits, past a full buffer, for uploads devices announced (at most
+        ``announce_wait_s`` after the buffer filled): what the slowest had in flight counts, not cut off by
+        the end of the run (earlier versions need not: such an upload goes into the next buffer)."""
+        a = rnd.timer.announced
+        if rnd.number < self.cfg.run.rounds or a is None or self.fs.announce_wait_s <= 0:
+            return False
+        if a.held_since is None:
+            a.held_since = now  # the buffer filled now: the bound runs from here
+        until = a.awaited(now, rnd.accepted)
+        if until is None or now >= a.held_since + self.fs.announce_wait_s:
+            return False
+        a.wake = min(until, a.held_since + self.fs.announce_wait_s)
+        return now < a.wake
 
     def _window_record(self) -> dict[str, Any]:
         """The checkpoint's version window (asynchronous rounds), with the slot holders (restored after a

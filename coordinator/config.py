@@ -12,6 +12,8 @@
     grace_s = 5.0                   # after the quorum, stragglers get this long
     min_updates = 1                 # fewer at the deadline: extend once by extend_s, else close anyway
     extend_s = 0.0
+    announce_wait_s = 10.0          # after quorum + grace, uploads devices announced are awaited this long at
+                                    #   most (0: not at all); docs/results/demo-defaults.md
     max_update_bytes = 67108864     # larger update blobs are refused (devices check before sending)
     norm_bound = 50.0               # explicit L2 bound on an update's deltas (default: automatic)
     norm_policy = "reject"          # or "clip": scale an update down to the bound
@@ -97,6 +99,7 @@ class FederationSettings:
     grace_s: float = 5.0
     min_updates: int = 1
     extend_s: float = 0.0
+    announce_wait_s: float = 10.0  # sync: the close waits this long at most for uploads devices announced (coordinator.rounds)
     max_update_bytes: int = 64 * 2**20
     norm_bound: float | None = None
     norm_policy: Literal["reject", "clip"] = "reject"
@@ -145,6 +148,8 @@ class FederationSettings:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.grace_s < 0 or self.extend_s < 0:
             raise ConfigError("grace_s and extend_s must be >= 0")
+        if not (0 <= self.announce_wait_s <= self.deadline_s and math.isfinite(self.announce_wait_s)):
+            raise ConfigError(f"announce_wait_s must be in [0, deadline_s], got {self.announce_wait_s}")
         if self.max_update_bytes < 1 or self.max_pending_bytes < self.max_update_bytes:
             raise ConfigError(f"max_update_bytes must be >= 1 and max_pending_bytes ({self.max_pending_bytes}) "
                               f">= max_update_bytes ({self.max_update_bytes})")

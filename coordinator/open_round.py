@@ -34,7 +34,7 @@ from .guard import Quarantine, finite_fold
 from .intake import IntakeContext, validate
 from .journal import Journal, JournalRecord, JournalReplay, journal_path, read_journal
 from .metrics import RoundStats
-from .rounds import RoundTimer
+from .rounds import Announcements, RoundTimer
 
 __all__ = ["OpenRound", "folded_in", "journaled_round", "journaled_selection"]
 
@@ -80,7 +80,8 @@ class OpenRound:
 
     def start_timer(self, fs: FederationSettings, now: float) -> RoundTimer:
         self.timer = RoundTimer(now, now + fs.deadline_s, len(self.selected), fs.quorum, fs.grace_s, fs.min_updates,
-                                fs.extend_s)
+                                fs.extend_s, announce_wait_s=fs.announce_wait_s,
+                                announced=Announcements(self.number, frozenset(self.selected)), arrived=self.accepted)
         self.timer.accepted(len(self.accepted), now)
         return self.timer
 

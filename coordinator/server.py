@@ -239,8 +239,10 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
         if rnd.secure is not None and rnd.secure.stage != 3:
             return rnd.secure.stage_end
         if self.asynchronous:  # a version closes at its buffer or its deadline, never at quorum + grace
-            return rnd.timer.deadline
-        return rnd.timer.next_wakeup()
+            a = rnd.timer.announced  # (the last version may wait for announced uploads: coordinator.async_rounds)
+            return min(rnd.timer.deadline, a.wake) if a is not None and a.wake is not None and a.wake > now \
+                else rnd.timer.deadline
+        return rnd.timer.next_wakeup(now)
 
     def _handle(self, ev: Any) -> None:
         if isinstance(ev, Received):
@@ -291,6 +293,7 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
             assert parsed.client is not None
             if isinstance(msg, Status):
                 self.registry.observe(parsed.client, msg, self.clock(), ev.retain)
+                self._announced(parsed.client, msg, ev.retain)
             elif isinstance(msg, Metrics) and self._secure_metrics(parsed.client, msg):
                 pass  # a secure round's evaluation report (coordinator.secure_phase)
             elif isinstance(msg, Metrics) and self.calibration is not None and msg.round == 0:
@@ -298,6 +301,19 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
                 if status != "accepted":
                     self.inbox.count(status if status in ("duplicate", "not_selected") else "bad_message", reason)
                 self.inbox.ack(parsed.client, 0, env.digest, status, reason)
+
+    def _announced(self, client: str, msg: Status, retained: bool) -> None:
+        """A device's status announcing an upload it has started: the round's close may wait for it
+        (coordinator.rounds, Announcements; a retained copy says nothing about now)."""
+        rnd = self.open
+        if retained or msg.state != "uploading" or rnd is None or rnd.timer is None or rnd.timer.announced is None:
+            return
+        if self.asynchronous:  # any slot holder, for a version still young enough (waited for at the last version)
+            rnd.timer.announced.selected = frozenset(self.slots.held) | rnd.selected
+            rnd.timer.announced.rounds = range(max(1, rnd.number - self.fs.max_staleness), rnd.number + 1)
+        why = rnd.timer.announced.add(client, msg.info, self.clock(), rnd.accepted)
+        if why and "upload_round" in msg.info:
+            log.debug("%s: announcement not taken (%s)", client, why)
 
     def _accept(self, up: CompleteUpdate) -> None:
         rnd = self.open
@@ -391,7 +407,10 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
             self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
         rnd.stats.wire_to = self.wire.snapshot()
         record = {**rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted), **dp}
-        self.durations = [*self.durations[-4:], float(record["wall_s"])]
+        # the plan's close_by aims for quorum + grace: a round that waited for announced uploads counts to there
+        base = rnd.timer.quorum_at + rnd.timer.grace_s - rnd.timer.opened_at \
+            if rnd.timer is not None and rnd.timer.quorum_at is not None and not self.asynchronous else float("inf")
+        self.durations = [*self.durations[-4:], min(float(record["wall_s"]), base)]
         self.metrics.write(record)
         self.exporter.round_closed(record)  # the same record: the scrape and the file agree
         self.history.append(record)

@@ -161,6 +161,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
         self._pending: Pending | None = None  # sent, not acknowledged yet
         self._early_acks: list[Ack] = []  # acks that came while the job that sent their message still ran
         self._heartbeat_at = 0.0
+        self._announcing: dict[str, int | float] = {}
         self._state_name = "online"
         self._link_kbps: float | None = None  # the last model download's rate (the status carries it)
         self._crashed = False
@@ -487,5 +488,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
                 reason = ROUND_SKIPPED  # the reason stays in this device's log (docs/reference/private-fields.md)
             info.update({"skipped_round": last, "skip_reason": reason[:256]})
         info.update(self._privacy_status())
+        if state == "uploading" and self._announcing:
+            info.update(self._announcing)  # the upload started (edge_client.jobs, _announce)
         r = self.plan.round if self.plan is not None else 0
         return encode_message(Status(r, state, self.clock(), info), self.creds.federation, self.id)

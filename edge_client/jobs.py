@@ -62,6 +62,7 @@ class Jobs:
     _stopped: Any
 
     _heartbeat_at: float
+    _announcing: dict[str, int | float]  # the upload announced in the status until it is answered
     _download: Any
     _delta: Any
     _state_name: str
@@ -104,8 +105,19 @@ class Jobs:
         record = UploadRecord(plan.round, upload.digest, len(upload.blob))
         self._record_contribution(plan.privacy, False, plan.round)  # a private round: in its ledger, same file
         self.store.save(StoredState(upload.state, plan.round, record, False, self.stored.extra))
+        self._announce(plan.round, sum(len(p) for p in upload.payloads))
         self._publish(self._update_items(upload.payloads, plan.round))
         return upload
+
+    def _announce(self, round_: int, nbytes: int) -> None:
+        """Tell the coordinator, on the small status message, that an upload of ``nbytes`` for ``round_``
+        starts now and how long it should take at the uplink rate (0: no rate known yet): a round whose
+        quorum is in may wait for it, within its bound (coordinator.rounds, Announcements)."""
+        rate = self.thin.rate
+        self._announcing = {"upload_round": round_, "upload_bytes": nbytes,
+                            "upload_s": round(nbytes / rate, 3) if rate else 0.0}
+        if self.link.connected.is_set():
+            self.link.publish(self.topics.status(self.id), self._status_payload("uploading"), retain=True)
 
     def _calibrate_job(self, strategy: Any, plan: Plan, global_state: Any) -> Pending:
         ctx = round_context(plan, self.settings.client_index, self.device)
@@ -226,6 +238,7 @@ class Jobs:
     def _settle(self, status: str) -> None:
         """The pending message (or a stored upload) is done with: acked, refused, or given up."""
         p, self._pending = self._pending, None
+        self._announcing = {}
         if p is not None and p.kind == "calibration":
             self.stored.extra["calibrated"] = p.model
         elif self.stored.upload is not None:
