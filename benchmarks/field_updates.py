@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -56,15 +57,16 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ms(xs: list[float], digits: int = 2) -> str:
-    xs = [x for x in xs if x == x]
+    xs = [x for x in xs if not math.isnan(x)]
     if not xs:
         return "-"
     return f"{statistics.mean(xs):.{digits}f}" + (f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else "")
 
 
 def table(rows: list[dict[str, Any]], baseline: list[float]) -> str:
-    lines = ["| mode | seed | run | flaky-field accepted / trained | MB down per selected device / dense model "
-             "| mean round s | personal acc % (field, jetson, laptop, phone) | load (1 min) |", "|---" * 8 + "|"]
+    head = ("| mode | seed | run | flaky-field accepted / trained | MB down per selected device / dense model "
+            "| mean round s | personal acc % (field, jetson, laptop, phone) | load (1, 5, 15 min) |")
+    lines = [head, "|---" * 8 + "|"]
     for r in rows:
         acc = ", ".join(f"{100 * v:.1f}" if v is not None else "-" for v in r["acc"].values())
         lines.append(f"| {r['mode']} | {r['seed']} | {r['repeat']} | {r['field_accepted']}/{r['field_trained']} = "

@@ -15,8 +15,9 @@ Closing (:class:`RoundTimer`, first rule that holds):
 
 Announced uploads (:class:`Announcements`, ``announce_wait_s > 0``): rule 2 holds off while a selected
 device that announced an upload it has started (its status ``uploading`` with ``upload_round`` and
-``upload_s``, the seconds it expects the upload to take) is still expected: until its expected finish
-(``upload_s`` x ``ANNOUNCE_SLACK`` + ``ANNOUNCE_EXTRA_S`` after the announcement arrived), and never past
+``upload_s``, the seconds it expects the upload to take; 0 when it knows no uplink rate yet) is still
+expected: until its expected finish (``upload_s`` x ``ANNOUNCE_SLACK`` + ``ANNOUNCE_EXTRA_S`` after the
+announcement arrived; with 0, until the bound), and never past
 ``quorum + grace + announce_wait_s`` nor the deadline. One announcement per device and round counts (the
 first); one from a device not selected, already in, of another round, or with a value that is not a
 finite number >= 0 is ignored. A device that announces and vanishes costs the round at most
@@ -72,7 +73,8 @@ class Announcements:
             return "announced already"
         if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not math.isfinite(secs) or secs < 0:
             return f"upload_s must be a finite number >= 0, got {secs!r}"
-        self.finish[client] = now + float(secs) * ANNOUNCE_SLACK + ANNOUNCE_EXTRA_S
+        # 0: the device knows no rate yet (its first upload): awaited up to the bound, like any long one
+        self.finish[client] = now + float(secs) * ANNOUNCE_SLACK + ANNOUNCE_EXTRA_S if secs > 0 else math.inf
         return ""
 
     def awaited(self, now: float, accepted: Collection[str]) -> float | None:
