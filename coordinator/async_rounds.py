@@ -133,6 +133,7 @@ class AsyncRounds:
     fs: Any
     topics: Any
     creds: Any
+    cfg: Any  # coordinator.config.CoordinatorConfig
 
     def _online(self, now: float) -> Any: ...  # coordinator.server
     def _plan(self, phase: str = "train") -> Any: ...  # coordinator.phases

@@ -69,4 +69,4 @@ def test_a_slow_uplink_device_is_accepted_not_refused_as_late(tmp_path: Path, fe
     acks = [(i["round"], i["status"]) for k, i in events["dev-slow"] if k == "ack"]
     assert acks == [(1, "accepted"), (2, "accepted")], acks
     assert [r["accepted"] for r in result.history] == [3, 3], [(r["accepted"], r["closed"]) for r in result.history]
-    assert all(r["wall_s"] < 3 + 0.5 + 10 + 10 for r in result.history)  # training, grace, the bound: no deadline
+    assert all(r["wall_s"] < 40 for r in result.history)  # quorum + grace + the 10 s bound, not the 60 s deadline
