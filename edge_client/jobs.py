@@ -63,6 +63,7 @@ class Jobs:
 
     _heartbeat_at: float
     _announcing: dict[str, int | float]  # the upload announced in the status until it is answered
+    _private_federation: bool | None  # edge_client.client
     _download: Any
     _delta: Any
     _state_name: str
@@ -114,8 +115,11 @@ class Jobs:
         starts now and how long it should take at the uplink rate (0: no rate known yet): a round whose
         quorum is in may wait for it, within its bound (coordinator.rounds, Announcements)."""
         rate = self.thin.rate
-        self._announcing = {"upload_round": round_, "upload_bytes": nbytes,
-                            "upload_s": round(nbytes / rate, 3) if rate else 0.0}
+        if self._private_federation is not False:  # the size follows what was sent: not in a private federation
+            self._announcing = {"upload_round": round_, "upload_s": 0.0}
+        else:
+            self._announcing = {"upload_round": round_, "upload_bytes": nbytes,
+                                "upload_s": round(nbytes / rate, 3) if rate else 0.0}
         if self.link.connected.is_set():
             self.link.publish(self.topics.status(self.id), self._status_payload("uploading"), retain=True)
 
