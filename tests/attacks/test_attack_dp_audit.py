@@ -60,12 +60,13 @@ def test_one_run_canary_estimate_stays_near_the_accountant():
 def test_seeded_noise_lets_the_plan_reader_bound_epsilon_far_above():
     """The audit's power: ``flayer simulate --dp-seeded-noise`` (labelled not private) draws the noise from the
     run seed the plans carry; the plan reader's replay separates the worlds and its bound passes the
-    accountant's several times over, while the models reader's stays below."""
+    accountant's several times over (105 certified trials a world cap it at 3.3), while the models reader's
+    stays below."""
     fed = _federation(1.0)
-    seeded = audit_trials(fed, trials=120, seed=3, seeded_noise=True)
-    assert seeded.bounds["plans"].epsilon > 3 * seeded.accountant, seeded.bounds["plans"]
+    seeded = audit_trials(fed, trials=150, seed=3, seeded_noise=True)
+    assert seeded.bounds["plans"].epsilon > 2.5 * seeded.accountant, seeded.bounds["plans"]
     assert seeded.bounds["models"].epsilon < seeded.accountant
-    shipped = audit_trials(fed, trials=120, seed=4)
+    shipped = audit_trials(fed, trials=150, seed=4)
     _below(shipped)
     one = one_run_estimate(_federation(1.0, rounds=2, canaries=40), seed=5, unobserved=400, seeded_noise=True)
     assert one.estimate["plans"] > 20 * one.accountant
