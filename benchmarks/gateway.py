@@ -45,9 +45,9 @@ from fedtestlib import FedBroker, device_toml, federation_toml
 
 from cli.report import table
 from mqtt_broker import BrokerConfig, add_device, load_credentials, start_broker
-from mqtt_broker.bridge import add_gateway, set_gateway
+from mqtt_broker.bridge import set_gateway
 from mqtt_broker.process import BrokerProcess
-from mqtt_broker.state import write_broker_files
+from mqtt_broker.state import add_gateway, write_broker_files
 
 FEDERATION = "gwbench"
 CENTRE_IP, ROOT_IP = "10.231.7.2", "10.231.7.1"

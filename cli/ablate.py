@@ -108,7 +108,7 @@ def _tuned_points(args: argparse.Namespace, cfg: Any, names: list[str]) -> dict[
     """Each variant's strategy -> (chosen learning rate, chosen options) from ``--tuned``; without it and
     without a learning rate in the flags or the config file, each method's default."""
     from cli.common import parse_set
-    from cli.tune import load_tuned
+    from cli.tuned import load_tuned
 
     if not args.tuned:
         from flayer.config import DEFAULT_LRS, read_toml

@@ -213,7 +213,7 @@ def check_jobs(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cli import bench_report as rep
-    from cli.tune import load_tuned
+    from cli.tuned import load_tuned
 
     check_jobs(args)
     if args.target is not None and not (math.isfinite(args.target) and 0 < args.target <= 1):
@@ -289,7 +289,7 @@ def reuse_tuning_runs(tuned_file: Path, out: Path, tuned: dict[str, Any], seeds:
     import shutil
 
     from cli import bench_report as rep
-    from cli.tune import Point
+    from cli.tuned import Point
 
     tune_dir = tuned_file.parent
     try:

@@ -412,7 +412,8 @@ def _add_device(args: argparse.Namespace) -> int:
 
 
 def _add_gateway(args: argparse.Namespace, files: Any) -> int:
-    from mqtt_broker.bridge import add_gateway, read_gateways
+    from mqtt_broker.bridge import read_gateways
+    from mqtt_broker.state import add_gateway
 
     if args.kit or args.allow_entry_point:
         raise CliError("--gateway-for creates a gateway's credentials; --kit and --allow-entry-point are for devices "

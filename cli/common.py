@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cli.errors import CliError
 from flayer.config import STRATEGY_NAMES, ConfigError, RunConfig, load_run_config
 from flayer.data import DATASETS, DataError, Dataset, load_dataset
 from flayer.partition import Partition, PartitionError, load_partition, make_partition
@@ -21,10 +22,6 @@ except ModuleNotFoundError:  # Python 3.10 (a Jetson image): the same parser as 
     import tomli as tomllib
 
 log = logging.getLogger(__name__)
-
-
-class CliError(Exception):
-    """A user error the CLI reports in one line (exit code 2)."""
 
 
 def port_arg(text: str) -> int:

@@ -198,8 +198,8 @@ def table_rows(table: Table) -> list[str]:
 MODEL_TYPES = {"args": "table", "classes": "list of string"}
 MODEL_EXTRA = (
     ("initial_model", "string", "none", "a .safetensors checkpoint the federation starts from (relative: to the file)"),
-    ("python_path", "list of string", "`[]`", "folders searched for the entry point's module (relative: to the "
-                                              "file); docs/howto/own-model.md"),
+    ("python_path", "list of string", "`[]`",
+     "folders searched for the entry point's module (relative: to the file); docs/howto/own-model.md"),
 )
 
 

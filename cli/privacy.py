@@ -8,7 +8,7 @@ import argparse
 import math
 from typing import Any
 
-from cli.common import CliError
+from cli.errors import CliError
 
 __all__ = ["add_privacy_flags", "plan_text", "privacy_overrides"]
 

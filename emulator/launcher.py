@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from .options import EmulateConfig, federation_table
 from .procs import Child
 from .profiles import assign_profiles, load_profiles, parse_mix, secure_dropout_for
 from .progress import FleetProgress
-from .report import emulate_round_record
+from .report import FleetResult, emulate_round_record
 from .setup import (
     clear_round_plan,
     ensure_credentials,
@@ -65,19 +65,6 @@ class LaunchOptions:
     broker_url: str | None = None
     broker_state: Path | None = None
     verbose: int = 0
-
-
-@dataclass
-class FleetResult:
-    out: Path
-    spec: FleetSpec
-    progress: FleetProgress
-    rows: list[dict[str, Any]]
-    setup_s: float
-    run_s: float
-    broker: str
-    finished: bool
-    exits: dict[str, int | None] = field(default_factory=dict)
 
 
 class _Launch:

@@ -16,13 +16,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .launcher import FleetResult
+    from .fleet import FleetSpec
+    from .progress import FleetProgress
 
-__all__ = ["device_rows", "emulate_round_record", "profile_rows", "write_outputs"]
+__all__ = ["FleetResult", "device_rows", "emulate_round_record", "profile_rows", "write_outputs"]
+
+
+@dataclass
+class FleetResult:
+    """What a fleet run (emulator.launcher.run_fleet) leaves: its folder, its fleet, what was seen of it."""
+
+    out: Path
+    spec: FleetSpec
+    progress: FleetProgress
+    rows: list[dict[str, Any]]
+    setup_s: float
+    run_s: float
+    broker: str
+    finished: bool
+    exits: dict[str, int | None] = field(default_factory=dict)
 
 
 def emulate_round_record(rec: dict[str, Any], opened: dict[str, Any], online_close: int | None,

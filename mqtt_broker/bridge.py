@@ -38,7 +38,7 @@ patterns would give it under its own name are denied. The wildcard topic lines a
 carry, on the central broker, only what the gateway's ACL lets through; the site's own ACL (the
 usual device patterns) keeps each device to its own topics. The list lives in ``gateways.json`` of
 the central state folder; a device is behind at most one gateway and has no direct credentials on
-the central broker.
+the central broker (mqtt_broker.gateway_list; ``add_gateway`` of mqtt_broker.state adds one).
 """
 
 from __future__ import annotations
@@ -47,14 +47,19 @@ import ipaddress
 import json
 import re
 import shutil
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from mqtt_broker.config import BrokerConfig, BrokerConfigError, _check_host
 from mqtt_broker.fsutil import atomic_write, private_dir
-from protocol.topics import OBSERVER_USER, TopicError, Topics, validate_id
+from mqtt_broker.gateway_list import (  # re-exported: the central side's list of gateways
+    drop_gateway_device,
+    gateway_acl,
+    read_gateways,
+    validate_gateway_devices,
+)
+from protocol.topics import Topics
 from transport.credentials import Credentials, CredentialsError, TlsSettings
 
 __all__ = [
@@ -77,15 +82,10 @@ __all__ = [
 BRIDGE_NAME = "flayer-gateway"
 DEFAULT_KEEPALIVE_S = 30
 DEFAULT_RESTART_S = (2, 30)
-MAX_DEVICES_PER_GATEWAY = 10_000
 _PORT = re.compile(r"[0-9]{1,5}")
 
 
 # ---- paths -------------------------------------------------------------------------------------------
-
-
-def _gateways_file(state_dir: Path) -> Path:  # central side: gateway -> its devices
-    return state_dir / "gateways.json"
 
 
 def _site_dir(state_dir: Path) -> Path:  # site side: the gateway identity and its settings
@@ -94,87 +94,6 @@ def _site_dir(state_dir: Path) -> Path:  # site side: the gateway identity and i
 
 def _bridge_dir(state_dir: Path) -> Path:
     return state_dir / "bridge.d"
-
-
-# ---- the central side ---------------------------------------------------------------------------------
-
-
-def read_gateways(state_dir: Path) -> dict[str, list[str]]:
-    """Gateway user -> the device ids behind it (empty when no gateway was added)."""
-    path = _gateways_file(state_dir)
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise BrokerConfigError(f"{path}: unreadable ({exc})") from exc
-    if not isinstance(data, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(d, str) for d in v) for k, v in data.items()):
-        raise BrokerConfigError(f"{path}: expected a JSON object of gateway -> list of device ids")
-    return data
-
-
-def write_gateways(state_dir: Path, gateways: dict[str, list[str]]) -> None:
-    atomic_write(_gateways_file(state_dir), json.dumps(gateways, indent=1, sort_keys=True) + "\n", mode=0o600)
-
-
-def validate_gateway_devices(gateway: str, devices: Iterable[str], users: dict[str, str],
-                             gateways: dict[str, list[str]], coordinator_user: str) -> list[str]:
-    """The device ids behind ``gateway``, checked: valid ids, none a user of this broker (``users``: name
-    -> role), none behind another gateway, at least one. Returns them sorted, without repeats."""
-    out = []
-    for d in devices:
-        try:
-            validate_id(d, "device id")
-        except TopicError as exc:
-            raise BrokerConfigError(f"--gateway-for: {exc}") from exc
-        out.append(d)
-    out = sorted(set(out))
-    if not out:
-        raise BrokerConfigError(f"gateway {gateway!r} needs at least one device behind it (--gateway-for DEV[,DEV...])")
-    if len(out) > MAX_DEVICES_PER_GATEWAY:
-        raise BrokerConfigError(f"gateway {gateway!r}: {len(out)} devices, at most {MAX_DEVICES_PER_GATEWAY}")
-    for d in out:
-        if d == gateway:
-            raise BrokerConfigError(f"device {d!r} cannot have the name of its own gateway")
-        if d in (coordinator_user, OBSERVER_USER):
-            raise BrokerConfigError(f"{d!r} is a reserved user name; a device cannot use it")
-        if d in users:
-            raise BrokerConfigError(f"{d!r} already has its own {users[d]} credentials on this broker; a device "
-                                    f"behind a gateway has credentials on the site broker only (revoke it here first)")
-        other = next((g for g, ds in gateways.items() if g != gateway and d in ds), None)
-        if other is not None:
-            raise BrokerConfigError(f"device {d!r} is already behind gateway {other!r}")
-    return out
-
-
-def gateway_acl(federation: str, gateways: dict[str, list[str]]) -> str:
-    """The central ACL's block of each gateway user (see the module docstring)."""
-    p = Topics(federation).prefix
-    lines: list[str] = []
-    for gw in sorted(gateways):
-        validate_id(gw, "gateway id")
-        lines += ["", f"# gateway {gw}: the topics of the {len(gateways[gw])} device(s) behind it", f"user {gw}"]
-        # deny what the device patterns would give the gateway under its own name
-        lines += [f"topic deny {p}/{kind}/{gw}" for kind in ("ack", "secreq", "secagg", "status", "metrics")]
-        lines += [f"topic deny {p}/update/{gw}/#", f"topic read {p}/round", f"topic read {p}/model/#"]
-        for d in sorted(gateways[gw]):
-            validate_id(d, "device id")
-            lines += [f"topic read {p}/ack/{d}", f"topic read {p}/secreq/{d}", f"topic write {p}/update/{d}/#",
-                      f"topic write {p}/status/{d}", f"topic write {p}/metrics/{d}", f"topic write {p}/secagg/{d}"]
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-def drop_gateway_device(state_dir: Path, device_id: str) -> str | None:
-    """Take ``device_id`` off its gateway's list (``flayer broker revoke`` on the central broker); the
-    gateway it was behind, or None. The caller rewrites the ACL and reloads."""
-    gateways = read_gateways(state_dir)
-    for gw, devices in gateways.items():
-        if device_id in devices:
-            devices.remove(device_id)
-            write_gateways(state_dir, gateways)
-            return gw
-    return None
 
 
 # ---- the site side ------------------------------------------------------------------------------------
@@ -429,40 +348,3 @@ def describe(state_dir: Path) -> list[str]:
         out.append(f"  gateway {gw} serves {len(devices)} device(s): {', '.join(devices[:8])}"
                    f"{' ...' if len(devices) > 8 else ''}")
     return out
-
-
-def add_gateway(state_dir: str | Path, name: str, devices: Iterable[str], rotate: bool = False) -> Credentials:
-    """On the central broker: the gateway user ``name`` (its 0600 credentials file, role ``gateway``)
-    serving exactly ``devices``. Run again for an existing gateway, it replaces the list (the password
-    stays unless ``rotate``). A running Mosquitto applies the new ACL after a reload."""
-    from mqtt_broker.state import BrokerFiles, _add, _locked, _write_acl, list_users
-
-    files = BrokerFiles.at(state_dir)
-    cfg = BrokerConfig.load(files.config)
-    try:
-        validate_id(name, "gateway id")
-    except TopicError as exc:
-        raise BrokerConfigError(str(exc)) from exc
-    if name in (cfg.coordinator_user, OBSERVER_USER):
-        raise BrokerConfigError(f"{name!r} is a reserved user name; a gateway cannot use it")
-    wanted = list(devices)
-
-    def check() -> list[str]:
-        users = dict(list_users(files.state_dir))
-        gateways = read_gateways(files.state_dir)
-        if name in users and users[name] != "gateway":
-            raise BrokerConfigError(f"{name!r} already exists as a {users[name]}")
-        if any(name in ds for ds in gateways.values()):
-            raise BrokerConfigError(f"{name!r} is a device behind a gateway; a gateway cannot take its name")
-        return validate_gateway_devices(name, wanted, users, gateways, cfg.coordinator_user)
-
-    with _locked(files):
-        check()
-    creds = _add(files.state_dir, name, "gateway", rotate, exist_ok=True)
-    with _locked(files):
-        served = check()
-        gateways = read_gateways(files.state_dir)
-        gateways[name] = served
-        write_gateways(files.state_dir, gateways)
-        _write_acl(files, cfg, [u for u, r in list_users(files.state_dir) if r == "observer"])
-    return creds

@@ -24,15 +24,16 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mqtt_broker.acl import render_acl
-from mqtt_broker.bridge import gateway_acl, read_gateways, write_bridge_files
+from mqtt_broker.bridge import write_bridge_files
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
 from mqtt_broker.fsutil import atomic_write, free_port, private_dir
+from mqtt_broker.gateway_list import gateway_acl, read_gateways, validate_gateway_devices, write_gateways
 from mqtt_broker.mosquitto_conf import render_mosquitto_conf
 from mqtt_broker.passwords import hash_password, new_password, set_passwd_entry
 from mqtt_broker.tls import client_cert_paths, ensure_ca_and_server, make_client_cert
@@ -44,6 +45,7 @@ __all__ = [
     "BrokerFiles",
     "add_coordinator",
     "add_device",
+    "add_gateway",
     "add_observer",
     "list_users",
     "load_credentials",
@@ -301,3 +303,38 @@ def list_users(state_dir: str | Path) -> list[tuple[str, str]]:
             raise BrokerConfigError(f"{path}: holds user {creds.username!r}, not {path.stem!r}")
         out.append((creds.username, creds.role))
     return out
+
+
+def add_gateway(state_dir: str | Path, name: str, devices: Iterable[str], rotate: bool = False) -> Credentials:
+    """On the central broker: the gateway user ``name`` (its 0600 credentials file, role ``gateway``)
+    serving exactly ``devices``. Run again for an existing gateway, it replaces the list (the password
+    stays unless ``rotate``). A running Mosquitto applies the new ACL after a reload."""
+    files = BrokerFiles.at(state_dir)
+    cfg = BrokerConfig.load(files.config)
+    try:
+        validate_id(name, "gateway id")
+    except TopicError as exc:
+        raise BrokerConfigError(str(exc)) from exc
+    if name in (cfg.coordinator_user, OBSERVER_USER):
+        raise BrokerConfigError(f"{name!r} is a reserved user name; a gateway cannot use it")
+    wanted = list(devices)
+
+    def check() -> list[str]:
+        users = dict(list_users(files.state_dir))
+        gateways = read_gateways(files.state_dir)
+        if name in users and users[name] != "gateway":
+            raise BrokerConfigError(f"{name!r} already exists as a {users[name]}")
+        if any(name in ds for ds in gateways.values()):
+            raise BrokerConfigError(f"{name!r} is a device behind a gateway; a gateway cannot take its name")
+        return validate_gateway_devices(name, wanted, users, gateways, cfg.coordinator_user)
+
+    with _locked(files):
+        check()
+    creds = _add(files.state_dir, name, "gateway", rotate, exist_ok=True)
+    with _locked(files):
+        served = check()
+        gateways = read_gateways(files.state_dir)
+        gateways[name] = served
+        write_gateways(files.state_dir, gateways)
+        _write_acl(files, cfg, [u for u, r in list_users(files.state_dir) if r == "observer"])
+    return creds

@@ -12,7 +12,8 @@ import pytest
 
 from cli.common import CliError
 from cli.main import main
-from cli.tune import FORMAT, Point, choose, grid_points, load_tuned, parse_grid, parse_lrs
+from cli.tune import FORMAT, Point, choose, grid_points, parse_grid, parse_lrs
+from cli.tuned import load_tuned
 from flayer.config import TrainConfig
 from flayer.partition import make_partition
 from flayer.simulation import simulate

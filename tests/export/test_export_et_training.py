@@ -155,6 +155,7 @@ def test_groups_from_gradients_like_flayer(cnn_program):
 
 
 @needs_executorch
+@pytest.mark.slow  # the cnn program checks the training path step by step in the default suite
 def test_fasttext_parity():
     from export.et_round import TrainingProgram, torch_round
 
@@ -186,6 +187,7 @@ def test_state_loading_is_checked(cnn_program):
 # --- the measured mismatches behind the refusals -------------------------------------------------
 
 @needs_executorch
+@pytest.mark.slow  # why the exported cnn avoids MaxPool2d; the cnn parity covers the model
 def test_torch_max_pool2d_gradients_are_wrong():
     """FedAvgCNN with nn.MaxPool2d: the loss and the gradients downstream of the pools match, but every
     gradient upstream of a max_pool2d is wrong (ExecuTorch 1.5.1's max_pool2d_with_indices_backward)."""
@@ -276,6 +278,7 @@ def test_xnnpack_lowered_training_program_misnames_parameters():
 
 
 @needs_executorch
+@pytest.mark.slow  # exports twice beside a training thread; the exports themselves run in the default suite
 def test_exporting_leaves_other_threads_training_untouched():
     """torch.export patches torch.nn.Module.__call__ and FX's node-meta preservation process-wide while
     it traces (measured: 73 of 814 forward/backward passes of a second thread ran under the patch);

@@ -20,7 +20,8 @@ from loopproxy import LoopbackProxy, ProxyConn
 
 from flayer.partition import make_partition, save_partition
 from mqtt_broker import BrokerConfig, ManagedBroker, add_device, load_credentials, start_broker
-from mqtt_broker.bridge import add_gateway, set_gateway
+from mqtt_broker.bridge import set_gateway
+from mqtt_broker.state import add_gateway
 
 GATEWAY = "site-a"
 

@@ -106,6 +106,7 @@ def test_bad_strategy_option_is_a_one_line_error(tmp_path, capsys):
     assert rc == 2 and "mask_floor" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # flayer ablate itself runs in test_simulate_and_ablate_commands
 def test_ablate_takes_the_runs_a_bench_already_ran(tmp_path, capsys):
     data = ["--dataset", "digits", "--clients", "3", "--rounds", "2", "--seed", "0", "--samples", "300",
             "--partition", "iid", "--lr", "0.05"]

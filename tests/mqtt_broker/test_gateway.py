@@ -24,7 +24,6 @@ from mqtt_broker import (
 from mqtt_broker.acl import parse_acl
 from mqtt_broker.bridge import (
     GatewaySettings,
-    add_gateway,
     parse_address,
     parse_restart,
     read_gateways,
@@ -32,7 +31,7 @@ from mqtt_broker.bridge import (
     set_gateway,
 )
 from mqtt_broker.kit import revoke_device
-from mqtt_broker.state import write_broker_files
+from mqtt_broker.state import add_gateway, write_broker_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from fedtestlib import Recorder
