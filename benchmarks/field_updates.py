@@ -11,6 +11,8 @@ run again, so an interrupted measurement picks up where it stopped::
 
     python benchmarks/field_updates.py --out docs/results/field-updates
 
+``--tabulate``: run nothing; tabulate the newest finished run of each planned (mode, seed, run) in
+``--out``, whatever code made it (each folder's ``settings.json`` names its command and key).
 ``--baseline DIR``: also tabulate earlier runs of the same demo (folders holding ``rounds.jsonl``) as
 the round length to compare against.
 """
@@ -41,6 +43,15 @@ def plan(seeds: list[int], repeats: int, modes: list[str]) -> list[tuple[str, in
     order += [(m, s, 0) for s in seeds[1:] for m in modes]
     order += [(m, seeds[0], r) for r in range(1, repeats + 1) for m in modes]
     return order
+
+
+def finished_run(folder: Path) -> dict[str, Any]:
+    """A finished run's summary, rounds and devices, as :func:`thin_demo.emulate` returns them."""
+    def lines(name: str) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in (folder / name).read_text().splitlines() if x.strip()]
+
+    return {"summary": json.loads((folder / "summary.json").read_text()), "rounds": lines("rounds.jsonl"),
+            "devices": lines("devices.jsonl"), "folder": folder}
 
 
 def row(run: dict[str, Any]) -> dict[str, Any]:
@@ -93,6 +104,7 @@ def main() -> int:
     p.add_argument("--modes", default="sync,async")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--baseline", type=Path, nargs="*", default=[])
+    p.add_argument("--tabulate", action="store_true", help="run nothing: tabulate the finished runs in --out")
     args = p.parse_args()
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
@@ -107,12 +119,18 @@ def main() -> int:
     rows = []
     for mode, seed, rep in plan(seeds, args.repeats, modes):
         name = f"{mode}-r{rep}"
-        run = emulate(args.out, name, MODES[mode], seed, args.rounds)
+        if args.tabulate:
+            done = sorted(args.out.glob(f"{name}-s{seed}-*/summary.json"), key=lambda f: f.stat().st_mtime)
+            if not done:
+                continue
+            run = finished_run(done[-1].parent)
+        else:
+            run = emulate(args.out, name, MODES[mode], seed, args.rounds)
         key = run["folder"].name
-        if key not in loads:
+        if key not in loads and not args.tabulate:
             loads[key] = " ".join(f"{x:.1f}" for x in os.getloadavg())
             loads_file.write_text(json.dumps(loads, indent=1, sort_keys=True))
-        rows.append({"mode": mode, "seed": seed, "repeat": rep, "load": loads[key], **row(run)})
+        rows.append({"mode": mode, "seed": seed, "repeat": rep, "load": loads.get(key, "-"), **row(run)})
         (args.out / "results.md").write_text(table(rows, []))
     baseline = [statistics.mean(json.loads(x)["wall_s"] for x in (d / "rounds.jsonl").read_text().splitlines()
                                 if x.strip()) for d in args.baseline if (d / "rounds.jsonl").exists()]

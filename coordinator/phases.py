@@ -223,7 +223,8 @@ class Phases:
 
     def _close_by(self, opened_at: float, deadline: float) -> float:
         """The plan's ``close_by``: :func:`flayer.engine.versions.expected_close` (0: no history yet)."""
-        close = expected_close(self.fs.mode, opened_at, deadline, self.durations, self.fs.max_staleness)
+        last = self.open is not None and self.open.number >= self.cfg.run.rounds
+        close = expected_close(self.fs.mode, opened_at, deadline, self.durations, self.fs.max_staleness, last)
         return 0.0 if close is None else close
 
     def _publish_model(self, round_: int) -> None:

@@ -148,3 +148,7 @@ def test_the_time_left_is_the_rounds_expected_close_when_the_plan_gives_one() ->
     assert time_left(dataclasses.replace(plan, close_by=1012.0), 1000.0) == 12.0  # a round closes ~12 s in
     assert time_left(dataclasses.replace(plan, close_by=1090.0), 1000.0) == 60.0  # never past the deadline
     assert time_left(dataclasses.replace(plan, close_by=1090.0, mode="async", max_staleness=8), 1000.0) == 90.0
+    from flayer.engine import expected_close
+    assert expected_close("async", 1000.0, 1060.0, [10.0, 30.0, 20.0], 8) == 1040.0  # two versions of the median
+    assert expected_close("async", 1000.0, 1060.0, [10.0, 30.0, 20.0], 8, last=True) == 1020.0  # the last: one
+    assert expected_close("async", 1000.0, 1060.0, [20.0], 0) == 1020.0  # never past max_staleness + 1
