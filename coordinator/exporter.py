@@ -100,6 +100,8 @@ class FleetMetrics:
                                 registry=r)
         self.refused = Counter("flayer_updates_refused", "Refused updates and messages, by the coordinator's "
                                "counter (cumulative, as in metrics.jsonl's counters)", ["reason"], registry=r)
+        self.secure_abandoned = Counter("flayer_secure_rounds_abandoned", "Secure rounds abandoned, by kind of "
+                                        "reason (flayer.engine.secure.ABANDON_KINDS)", ["reason"], registry=r)
         self.clipped = Counter("flayer_updates_clipped", "Updates scaled down to the norm bound (policy clip)",
                                registry=r)
         self.bytes_up = Counter("flayer_bytes_up", "Bytes the coordinator's connection received while rounds "
@@ -157,6 +159,8 @@ class FleetMetrics:
         if self.staleness is not None and record.get("staleness_mean") is not None:
             self.staleness.set(float(record["staleness_mean"]))
         self.last_closed.set(float(record["time"]))
+        if record.get("secure_abandoned_kind"):
+            self.secure_abandoned.labels(str(record["secure_abandoned_kind"])).inc()
         eps = record.get("epsilon")
         if eps is not None and record.get("delta") is not None:  # a private round (rule 5)
             self._gauges()["epsilon"].set(math.inf if eps == "inf" else float(eps))

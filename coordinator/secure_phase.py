@@ -15,7 +15,7 @@ import logging
 import secrets
 from typing import Any
 
-from flayer.engine.secure import plan_round, plan_secure
+from flayer.engine.secure import abandon_kind, plan_round, plan_secure
 from flayer.engine.secure_layout import round_layout
 from flayer.secagg import SecAggAbandoned
 from protocol import Envelope, Kind, Metrics, WireError, check_topic, decode_envelope
@@ -55,6 +55,15 @@ class SecurePhase:
     counters: Any
 
     _close_round: Any  # coordinator.server
+
+    @property
+    def secure_excluded(self) -> dict[str, str]:
+        """Devices a secure round proved faulty (a refused key, a false share) -> the proof: left out of every
+        later round's selection, as a device over its strikes is cut off (in memory: a restart forgets them)."""
+        found = self.__dict__.get("_secure_excluded")
+        if found is None:
+            found = self.__dict__["_secure_excluded"] = {}
+        return found
 
     @property
     def secure(self) -> bool:
@@ -150,6 +159,12 @@ class SecurePhase:
         else:
             log.warning("round %d: secure round abandoned: %s; the model stays as it was", rnd.number, out.reason)
             self.counters["secure_abandoned"] += 1
+        faulty = dict(rnd.secure.server.faulty)
+        for device, proof in sorted(faulty.items()):
+            if device not in self.secure_excluded:
+                log.warning("round %d: %s is left out of later rounds: %s", rnd.number, device, proof)
+            self.secure_excluded[device] = proof
         rnd.stats.extra.update({"secure_survivors": list(out.survivors), "secure_dropped": list(out.dropped),
-                                "secure_abandoned": out.reason, "secure_bytes_out": rnd.secure.sent_bytes})
+                                "secure_abandoned": out.reason, "secure_abandoned_kind": abandon_kind(out.reason),
+                                "secure_faulty": faulty, "secure_bytes_out": rnd.secure.sent_bytes})
         self._close_round(rnd.stats.extra.get("secure_closed") or ("abandoned" if out.update is None else "secure"))

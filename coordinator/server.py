@@ -378,9 +378,9 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
             self._close_round(decision.reason)
 
     def _online(self, now: float) -> list[str]:
-        """The devices online now, revoked ones left out."""
+        """The devices online now, revoked ones and those a secure round proved faulty left out."""
         revoked = self.revoked.refresh()
-        return [c for c in self.registry.online(now) if c not in revoked]
+        return [c for c in self.registry.online(now) if c not in revoked and c not in self.secure_excluded]
 
     def _close_round(self, reason: str) -> None:
         rnd = self.open

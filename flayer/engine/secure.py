@@ -39,7 +39,7 @@ from flayer.update import Update
 from .privacy import UNCLIPPED_KEY, RoundPrivacy
 from .secure_layout import Layout, flatten, layout_of, unflatten
 
-__all__ = ["DROP_STAGES", "PlannedSecure", "SecureSum", "allowances", "check_sum", "contribution_bounds", "corrupt_fraction",
+__all__ = ["ABANDON_KINDS", "DROP_STAGES", "abandon_kind", "PlannedSecure", "SecureSum", "allowances", "check_sum", "contribution_bounds", "corrupt_fraction",
            "csprng", "device_vector", "drops_for", "graph_seed_of", "plan_round", "plan_secure", "ring_noise",
            "round_params", "secure_from_plan", "secure_sum", "sum_update"]
 
@@ -195,6 +195,23 @@ def sum_update(ring_sum: np.ndarray, planned: PlannedSecure, layout: Layout, cou
     if why is not None:
         return None, 0.0, why
     return unflatten(total, layout, count), bits or 0.0, None
+
+
+ABANDON_KINDS = ("too_few", "split", "shares", "sum_check", "restart", "other")
+
+
+def abandon_kind(reason: str | None) -> str | None:
+    """The kind of a secure round's abandon reason, for the records and the exporter's ``reason`` label: too few
+    devices at a stage, a split survivors' graph, shares that rebuild nothing, a sum failing the checks, a
+    coordinator restart, or other (None: not abandoned)."""
+    if reason is None:
+        return None
+    for kind, marks in (("restart", ("restarted",)), ("too_few", ("fewer than t", "needs >= 2")),
+                        ("split", ("split",)), ("sum_check", ("unmasked sum", "clip-bit", "out of range")),
+                        ("shares", ("shares of", "rebuild"))):
+        if any(m in reason for m in marks):
+            return kind
+    return "other"
 
 
 def drops_for(selected: tuple[str, ...], rate: float, seed: int, round_: int) -> dict[str, str]:

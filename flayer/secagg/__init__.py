@@ -35,8 +35,11 @@ and the default rule takes t a strict majority of the k+1 holders. An *active* c
 more, and nothing here stops it: substitute public keys in the bundles it relays (the adverts are not
 signed; Bonawitz's active variant signs them with long-term keys) and so read every share, or tell
 different devices different survivor sets (the majority threshold keeps two disjoint groups of honest
-devices from handing it both secrets of one device, but colluders break that); a lying device can
-also spoil the sum with a false share of b_u (a false share of s_u is caught against s_u's advert).
+devices from handing it both secrets of one device, but colluders break that; devices check t against
+a floor they compute, the graph seed and the survivor list). A false share is caught: b_u is checked
+against the commitment in u's advert, s_u against its public key, every share beyond t against the
+rebuilt polynomial, and the holder of a false one is named (``SecAggServer.faulty``), as is a device
+advertising a low-order, shared or repeated key.
 Device authentication rides on the broker: each device publishes only under its own credentials and
 ACL, so the coordinator knows which device sent which message; the sealed shares' associated data
 binds (session, round, sender, receiver, stage) against replay, forgery and misaddressing.

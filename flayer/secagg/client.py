@@ -2,8 +2,9 @@
 
 Bonawitz et al. (CCS 2017), Fig. 4, restricted to the device's neighbours N(u) (Bell et al., CCS 2020):
 
-0. :meth:`SecAggClient.advertise`: fresh X25519 pairs (c_u for encryption, s_u for masks).
-1. :meth:`SecAggClient.share_keys`: draw the self-mask seed b_u; Shamir-split b_u and s_u^SK t-of-(k+1)
+0. :meth:`SecAggClient.advertise`: fresh X25519 pairs (c_u for encryption, s_u for masks), the self-mask
+   seed b_u drawn and committed to (its hash, bound to session, round and device, rides in the advert).
+1. :meth:`SecAggClient.share_keys`: Shamir-split b_u and s_u^SK t-of-(k+1)
    at x = index + 1 of each neighbour that advertised and of u itself; seal each neighbour's pair
    of shares under c_uv; keep u's own share of b_u.
 2. :meth:`SecAggClient.masked_input`: open the shares received (their senders are the neighbours that
@@ -83,8 +84,11 @@ class SecAggClient:
         self._enter(0, "advertise")
         self._c = keys.generate_keypair(self._entropy)
         self._s = keys.generate_keypair(self._entropy)
+        self._b = bytes(self._entropy(SEED_LEN))
         self._stage = 1
-        return KeyAdvert(self.params.round, self.device, self._c.public, self._s.public)
+        p = self.params
+        return KeyAdvert(p.round, self.device, self._c.public, self._s.public,
+                         keys.commit_seed(self._b, p.session, p.round, self.device))
 
     def share_keys(self, bundle: KeyBundle) -> ShareBatch:
         """Stage 2: sealed shares of b_u and s_u^SK for each neighbour in ``bundle``."""
@@ -100,12 +104,17 @@ class SecAggClient:
                 raise self._refuse(f"key bundle holds {advert.device}, not a neighbour")
             if advert.c_pk in seen or advert.s_pk in seen or advert.c_pk == advert.s_pk:
                 raise self._refuse(f"key bundle repeats a public key ({advert.device})")
+            try:
+                keys.check_public_key(advert.c_pk, f"{advert.device}'s c_pk")
+                keys.check_public_key(advert.s_pk, f"{advert.device}'s s_pk")
+            except SecAggError as exc:
+                raise self._refuse(str(exc)) from None
             seen |= {advert.c_pk, advert.s_pk}
         if len(bundle.adverts) + 1 < p.threshold:
             raise self._refuse(f"{len(bundle.adverts)} neighbours advertised; t={p.threshold} needs "
                                f"{p.threshold - 1}")
         self._peers = {a.device: a for a in bundle.adverts}
-        self._b = bytes(self._entropy(SEED_LEN))
+        assert self._b is not None
         xs = [p.x_of(v) for v in sorted(self._peers)] + [p.x_of(me)]
         randbelow = randbelow_from(self._entropy)
         b_shares = shamir.split(self._b, p.threshold, xs, randbelow)

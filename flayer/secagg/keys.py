@@ -36,13 +36,16 @@ from .errors import SecAggError
 from .prg import Entropy
 
 __all__ = [
+    "COMMIT_LEN",
     "KEY_LEN",
     "NONCE_LEN",
     "TAG_LEN",
     "KeyPair",
     "agree",
     "associated_data",
+    "check_public_key",
     "check_session",
+    "commit_seed",
     "derive_aead_key",
     "derive_mask_seed",
     "generate_keypair",
@@ -52,6 +55,8 @@ __all__ = [
 ]
 
 KEY_LEN = 32
+COMMIT_LEN = 32
+_PROBE = bytes([9] + [0] * 30 + [64])  # a fixed scalar: low-order public keys give an all-zero agreement with it
 NONCE_LEN = 12
 TAG_LEN = 16
 _DOMAIN = b"flayer-secagg/v1/"
@@ -96,6 +101,24 @@ def agree(private: bytes, peer_public: bytes) -> bytes:
             X25519PublicKey.from_public_bytes(bytes(peer_public)))
     except ValueError as exc:  # the library refuses an all-zero shared secret (a low-order point)
         raise SecAggError(f"key agreement failed: {exc}") from None
+
+
+def check_public_key(public: bytes, what: str) -> None:
+    """SecAggError unless ``public`` is a usable X25519 key: 32 bytes whose agreement with a fixed scalar is not
+    all-zero (an all-zero key and the other low-order points give every peer the all-zero secret)."""
+    try:
+        agree(_PROBE, public)
+    except SecAggError as exc:
+        raise SecAggError(f"{what} is no usable X25519 key (all-zero or low-order): {exc}") from None
+
+
+def commit_seed(seed: bytes, session: str, round_id: int, device: str) -> bytes:
+    """SHA-256 commitment to a device's self-mask seed b_u (32 random bytes: hiding), bound to session, round
+    and device; the coordinator checks the b_u it rebuilds against it and names the holders of false shares."""
+    h = hashes.Hash(hashes.SHA256())
+    h.update(_DOMAIN + b"b-commit\x00" + _lp(check_session(session).encode()) + _U32.pack(round_id)
+             + _lp(device.encode()) + bytes(seed))
+    return h.finalize()
 
 
 def _lp(raw: bytes) -> bytes:

@@ -17,7 +17,7 @@ from ._wire import (
     pack_u16,
 )
 from .errors import SecAggError
-from .keys import KEY_LEN, NONCE_LEN, TAG_LEN
+from .keys import COMMIT_LEN, KEY_LEN, NONCE_LEN, TAG_LEN
 from .shamir import SHARE_LEN
 
 __all__ = ["CIPHERTEXT_LEN", "EncryptedShare", "KeyAdvert", "KeyBundle", "ShareBatch"]
@@ -27,21 +27,24 @@ CIPHERTEXT_LEN = NONCE_LEN + 2 * SHARE_LEN + TAG_LEN  # nonce, share of b_u and 
 
 @dataclass(frozen=True)
 class KeyAdvert:
-    """Stage 1, device -> server: the device's two public keys of this round."""
+    """Stage 1, device -> server: the device's two public keys of this round and its commitment to its
+    self-mask seed b_u (:func:`~flayer.secagg.keys.commit_seed`: the rebuilt b_u is checked against it)."""
 
     round: int
     device: str
     c_pk: bytes
     s_pk: bytes
+    b_commit: bytes = bytes(COMMIT_LEN)
 
     def __post_init__(self) -> None:
         check_round(self.round)
         check_id(self.device, "KeyAdvert device")
         check_bytes(self.c_pk, KEY_LEN, "KeyAdvert c_pk")
         check_bytes(self.s_pk, KEY_LEN, "KeyAdvert s_pk")
+        check_bytes(self.b_commit, COMMIT_LEN, "KeyAdvert b_commit")
 
     def _body(self) -> bytes:
-        return pack_id(self.device) + self.c_pk + self.s_pk
+        return pack_id(self.device) + self.c_pk + self.s_pk + self.b_commit
 
     def to_bytes(self) -> bytes:
         return header(1, self.round) + self._body()
@@ -49,7 +52,8 @@ class KeyAdvert:
     @classmethod
     def _read(cls, r: Reader, round_id: int, what: str) -> KeyAdvert:
         device = r.device(f"{what} device")
-        return cls(round_id, device, r.take(KEY_LEN, f"{what} c_pk"), r.take(KEY_LEN, f"{what} s_pk"))
+        return cls(round_id, device, r.take(KEY_LEN, f"{what} c_pk"), r.take(KEY_LEN, f"{what} s_pk"),
+                   r.take(COMMIT_LEN, f"{what} b_commit"))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> KeyAdvert:

@@ -15,7 +15,8 @@ on its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Mapping
+import random
+from collections.abc import Container, Iterator, Mapping
 
 import numpy as np
 
@@ -49,6 +50,7 @@ class SecAggServer:
         self._shares: dict[str, dict[str, dict[int, int]]] = {"b": {}, "s": {}}
         self._reconstructed: dict[str, set[str]] = {}
         self._result: np.ndarray | None = None
+        self.faulty: dict[str, str] = {}  # device -> what proves it faulty this round (named, left out later)
 
     # -- the device sets ----------------------------------------------------------------------------
     @property
@@ -114,7 +116,26 @@ class SecAggServer:
         self._check(advert.round, advert.device, self.params.participants, "key advert")
         if advert.device in self._adverts:
             raise SecAggError(f"second key advert from {advert.device}")
+        why = self._bad_keys(advert)
+        if why is not None:
+            self.faulty[advert.device] = why
+            raise SecAggError(why)
         self._adverts[advert.device] = advert
+
+    def _bad_keys(self, advert: KeyAdvert) -> str | None:
+        """Why an advert's keys are refused (its sender proven faulty: anyone can check it), or None."""
+        if advert.c_pk == advert.s_pk:
+            return f"{advert.device} advertised one key for both purposes"
+        for key, what in ((advert.c_pk, "c_pk"), (advert.s_pk, "s_pk")):
+            try:
+                keys.check_public_key(key, f"{advert.device}'s {what}")
+            except SecAggError as exc:
+                return str(exc)
+        taken = {k: d for d, a in self._adverts.items() for k in (a.c_pk, a.s_pk)}
+        for key in (advert.c_pk, advert.s_pk):
+            if key in taken:
+                return f"{advert.device} advertised a public key {taken[key]} advertised first"
+        return None
 
     def key_bundle(self, device: str) -> KeyBundle:
         """The adverts of ``device``'s neighbours that advertised (closes stage 1 on the first call)."""
@@ -217,16 +238,37 @@ class SecAggServer:
             self._shares[kind].setdefault(owner, {})[x] = y
 
     def _reconstruct(self, owner: str, kind: str) -> bytes:
-        """One secret of ``owner``; SecAggError if its other secret was rebuilt (the never-both rule)."""
+        """One secret of ``owner``, checked against what it advertised (the commitment to b_u, the key s_u^PK);
+        every share beyond the t used is checked too, and the holder of a share off the secret's polynomial is
+        named in :attr:`faulty`. SecAggError if its other secret was rebuilt (the never-both rule);
+        SecAggAbandoned if no t of the shares give the advertised secret."""
         assert kind in _KINDS
         done = self._reconstructed.setdefault(owner, set())
         if done - {kind}:
             raise SecAggError(f"refusing to rebuild {kind}_{owner}: its other secret was rebuilt")
         done.add(kind)
-        try:
-            return shamir.combine(self._shares[kind][owner], self.params.threshold)
-        except ValueError as exc:
-            raise self._abandon(f"the shares of {kind}_{owner} do not combine: {exc}") from None
+        p, advert, shares = self.params, self._adverts[owner], self._shares[kind][owner]
+
+        def genuine(secret: bytes) -> bool:
+            if kind == "b":
+                return keys.commit_seed(secret, p.session, p.round, owner) == advert.b_commit
+            return keys.public_from_private(secret) == advert.s_pk
+
+        for subset in _subsets(sorted(shares), p.threshold):
+            used = {x: shares[x] for x in subset}
+            try:
+                secret = shamir.combine(used, p.threshold)
+            except ValueError:
+                continue
+            if genuine(secret):
+                for x in sorted(set(shares) - set(subset)):
+                    if shamir.evaluate(used, x) != shares[x]:
+                        holder = p.participants[x - 1]
+                        self.faulty[holder] = f"{holder} sent a false share of {kind}_{owner}"
+                        log.warning("secagg round %d: %s", p.round, self.faulty[holder])
+                return secret
+        raise self._abandon(f"no {p.threshold} of the {len(shares)} shares of {kind}_{owner} rebuild the "
+                            f"{'seed it committed to' if kind == 'b' else 'key it advertised'}")
 
     def result(self) -> np.ndarray:
         """The ring sum (uint32, mod 2^32) of the survivors' inputs; SecAggAbandoned if it cannot be had."""
@@ -245,8 +287,6 @@ class SecAggServer:
             total -= expand(self._reconstruct(u, "b"), p.length)
         for v in sorted(self.dropped):
             s_sk = self._reconstruct(v, "s")
-            if keys.public_from_private(s_sk) != self._adverts[v].s_pk:
-                raise self._abandon(f"the shares of s_{v} do not rebuild the key {v} advertised")
             for u in sorted(p.neighbours(v) & self.survivors):
                 seed = keys.derive_mask_seed(keys.agree(s_sk, self._adverts[u].s_pk), p.session, p.round, u, v)
                 if p.index(v) > p.index(u):  # y_u added PRG(s_uv) for v > u, subtracted it for v < u
@@ -256,3 +296,18 @@ class SecAggServer:
         self._shares = {"b": {}, "s": {}}
         self._result = total
         return total.copy()
+
+
+def _subsets(xs: list[int], t: int, tries: int = 256) -> Iterator[tuple[int, ...]]:
+    """t-subsets of the share positions ``xs`` to try, most likely clean first: the t smallest, each window of t
+    consecutive ones (with one false share among m > t, some window leaves it out), then ``tries`` random ones
+    (a fixed generator: nothing here is secret)."""
+    if len(xs) < t:
+        return
+    yield tuple(xs[:t])
+    m = len(xs)
+    for i in range(1, m if m > t else 0):
+        yield tuple(sorted(xs[(i + j) % m] for j in range(t)))
+    pick = random.Random(m * 65537 + t)
+    for _ in range(tries if m > t else 0):
+        yield tuple(sorted(pick.sample(xs, t)))

@@ -25,6 +25,7 @@ __all__ = [
     "combine",
     "decode_share",
     "encode_share",
+    "evaluate",
     "lagrange_at_zero",
     "split",
 ]
@@ -114,6 +115,22 @@ def combine(shares: Mapping[int, int], threshold: int) -> bytes:
     if value >= 1 << (8 * SECRET_LEN):
         raise ValueError("the shares are inconsistent: they interpolate to no 32-byte secret")
     return value.to_bytes(SECRET_LEN, "big")
+
+
+def evaluate(shares: Mapping[int, int], x: int) -> int:
+    """The polynomial of degree < len(shares) through ``shares``, evaluated at ``x`` (Lagrange, mod p): the
+    value an honest share at ``x`` must hold when ``shares`` are honest."""
+    xs = sorted(shares)
+    _check_xs(xs)
+    total = 0
+    for xi in xs:
+        num, den = 1, 1
+        for xj in xs:
+            if xj != xi:
+                num = num * (x - xj) % PRIME
+                den = den * (xi - xj) % PRIME
+        total = (total + shares[xi] * num * pow(den, -1, PRIME)) % PRIME
+    return total
 
 
 def encode_share(x: int, y: int) -> bytes:

@@ -54,7 +54,7 @@ def test_every_message_round_trips(messages, name):
 
 
 def test_sizes_are_what_the_layout_says(messages):
-    assert len(messages["advert"].to_bytes()) == 10 + 7 + 64
+    assert len(messages["advert"].to_bytes()) == 10 + 7 + 96
     assert len(messages["masked"].to_bytes()) == 10 + 7 + 4 + 4 * 16
     assert len(messages["batch"].to_bytes()) == 10 + 7 + 2 + 4 * (7 + 7 + 164)
     assert len(messages["answer"].to_bytes()) == 10 + 7 + 2 + 5 * (7 + SHARE_LEN) + 2
@@ -123,11 +123,11 @@ def test_bad_ids_counts_and_lengths_are_named(messages):
 
 
 def test_an_oversized_message_is_refused_before_it_is_parsed(messages, monkeypatch):
-    assert len(messages["masked"].to_bytes()) == 85 and len(messages["advert"].to_bytes()) == 81
-    monkeypatch.setattr(_wire, "MAX_MESSAGE", 84)
-    with pytest.raises(SecAggError, match="85 bytes exceed any message"):
-        decode_message(messages["masked"].to_bytes())
-    decode_message(messages["advert"].to_bytes())
+    assert len(messages["masked"].to_bytes()) == 85 and len(messages["advert"].to_bytes()) == 113
+    monkeypatch.setattr(_wire, "MAX_MESSAGE", 112)
+    with pytest.raises(SecAggError, match="113 bytes exceed any message"):
+        decode_message(messages["advert"].to_bytes())
+    decode_message(messages["masked"].to_bytes())
 
 
 def test_messages_refuse_bad_fields_when_built(messages):

@@ -1,0 +1,163 @@
+"""A device that spoils secure rounds is named and left out (docs/explanation/secure-aggregation.md, "Faults
+named and left out").
+
+The adversary is one selected device of a federation over a real broker: it holds its own credentials, reads
+the plan and the messages addressed to it, and sends what it likes under its own topics. Its moves:
+
+* a **low-order key**: its key advert carries the all-zero X25519 key (a low-order point), so every honest
+  neighbour's key agreement with it fails (on the old code each refused the round: abandoned);
+* a **false Shamir share**: it runs the protocol honestly but, asked to unmask, returns a false share of a
+  neighbour's self-mask seed (on the old code the coordinator combined whichever t shares came first and
+  folded garbage, or abandoned the round).
+
+The guarantee: the round goes on with the others and is unmasked, the sender is named in the round's record
+(``secure_faulty``, with the proof), and it is left out of every later round, which are unmasked too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+
+from fedtestlib import Recorder, device_toml, federation_toml, finished, start_fed_broker  # noqa: E402
+
+from coordinator.config import load_coordinator_config  # noqa: E402
+from coordinator.server import Coordinator  # noqa: E402
+from edge_client.client import EdgeClient  # noqa: E402
+from edge_client.config import load_device_config  # noqa: E402
+from flayer.partition import make_partition, save_partition  # noqa: E402
+from flayer.secagg import SecAggClient  # noqa: E402
+from flayer.train import client_data  # noqa: E402
+from mqtt_broker import mosquitto_available  # noqa: E402
+from protocol.metrics_schema import read_metrics  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+HONEST = [f"dev-{i}" for i in range(4)]
+
+
+def _federation(tmp: Path, fb: Any, rounds: int) -> Path:
+    fed = federation_toml(tmp / "federation.toml", fb.state_dir / "credentials/coordinator.toml", tmp / "coord",
+                          strategy="flayer", rounds=rounds, dataset="digits", seed=0, lr=0.05, quorum=4,
+                          min_devices=4, deadline_s=120.0)
+    text = fed.read_text().replace("over_selection = 1.0", "over_selection = 1.25")
+    fed.write_text(text + "[privacy]\nsecure_aggregation = true\nsecure_stage_s = 4.0\n")
+    return fed
+
+
+def _devices(tmp: Path, fb: Any, digits: Any, names: list[str]) -> list[EdgeClient]:
+    part = make_partition(digits.y, digits.num_classes, len(names), "dir0.5", seed=0, samples=400,
+                          meta={"dataset": digits.name, "dataset_fingerprint": digits.fingerprint()})
+    pfile = save_partition(part, tmp / "digits.npz")
+    out = []
+    for i, name in enumerate(names):
+        path = device_toml(tmp / f"{name}.toml", fb.state_dir / f"credentials/{name}.toml", dataset="digits",
+                           partition_file=pfile, client=i, state_dir=tmp / name)
+        out.append(EdgeClient(load_device_config(path).edge, fb.devices[name], client_data(digits, part.clients[i])))
+    return out
+
+
+class _LowOrderKey:
+    """Online, selected; advertises the all-zero X25519 key for round 1 and is heard no more."""
+
+    def __init__(self, creds: Any) -> None:
+        from protocol import Status, Topics, encode_message
+
+        self.creds, self.t = creds, Topics("itest")
+        self.rec = Recorder(creds, [self.t.round()])
+        status = encode_message(Status(0, "online", time.time()), "itest", creds.username)
+        self.rec.link.wait_published([self.rec.link.publish(self.t.status(creds.username), status, retain=True)], 5)
+
+    def advertise(self) -> None:
+        from flayer.engine.secure import secure_from_plan
+        from flayer.secagg import KeyAdvert
+        from protocol import Envelope, Kind, decode_message
+
+        msg = self.rec.wait_message(lambda m: m.topic == self.t.round() and bool(m.payload), 60)
+        assert msg is not None
+        plan = decode_message(msg.payload)[1]
+        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected))
+        me = self.creds.username
+        assert planned is not None and me in plan.selected
+        honest = SecAggClient(planned.params, me).advertise()
+        body = KeyAdvert(honest.round, me, bytes(32), honest.s_pk, honest.b_commit).to_bytes()
+        env = Envelope(Kind.SECAGG, "itest", me, plan.round, 0, 1, len(body), hashlib.sha256(body).hexdigest(), body)
+        assert self.rec.link.publish_all([(self.t.secagg(me), env.encode(), False)], 10.0)
+
+    def close(self) -> None:
+        self.rec.close()
+
+
+def _check(tmp: Path, hostile: str, proof: str) -> None:
+    rounds = [r for r in read_metrics(tmp / "coord/metrics.jsonl") if r["kind"] == "round"]
+    assert [r["round"] for r in rounds] == [1, 2]
+    first, second = rounds
+    assert hostile in first["selected"] and first["secure_abandoned"] is None, first["secure_abandoned"]
+    assert first["accepted"] >= 3 and proof in first["secure_faulty"].get(hostile, ""), first["secure_faulty"]
+    assert set(first["secure_faulty"]) == {hostile}
+    assert hostile not in second["selected"] and second["secure_abandoned"] is None
+    assert second["accepted"] >= 3 and set(second["secure_survivors"]) <= set(HONEST)
+
+
+@pytest.mark.timeout(300)
+def test_a_low_order_key_gets_its_sender_named_and_left_out(tmp_path: Path, digits: Any) -> None:
+    names = [*HONEST, "evil"]
+    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", names)
+    devices: list[EdgeClient] = []
+    evil = _LowOrderKey(fb.devices["evil"])
+    try:
+        coord = Coordinator(load_coordinator_config(_federation(tmp_path, fb, 2)), fb.coordinator)
+        thread = coord.start()
+        devices = _devices(tmp_path, fb, digits, HONEST)
+        for dev in devices:
+            dev.start()
+        evil.advertise()
+        finished(coord, thread, 240, rounds=2)
+        _check(tmp_path, "evil", "low-order")
+    finally:
+        evil.close()
+        for dev in devices:
+            dev.stop()
+        fb.broker.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_false_shamir_share_gets_its_sender_named_and_left_out(tmp_path: Path, digits: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from flayer.secagg.shamir import PRIME, decode_share, encode_share
+
+    names = [*HONEST, "dev-x"]
+    real = SecAggClient.unmask
+
+    def lying_unmask(self: SecAggClient, request: Any) -> Any:  # dev-x's own answer, altered by dev-x
+        out = real(self, request)
+        if self.device != "dev-x":
+            return out
+        (owner, raw), *rest = [e for e in out.b_shares if e[0] != "dev-x"] or [("", b"")]
+        x, y = decode_share(raw)
+        false = (owner, encode_share(x, (y + 12345) % PRIME))
+        return replace(out, b_shares=tuple(false if e[0] == owner else e for e in out.b_shares))
+
+    monkeypatch.setattr(SecAggClient, "unmask", lying_unmask)
+    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", names)
+    devices: list[EdgeClient] = []
+    try:
+        coord = Coordinator(load_coordinator_config(_federation(tmp_path, fb, 2)), fb.coordinator)
+        thread = coord.start()
+        devices = _devices(tmp_path, fb, digits, names)
+        for dev in devices:
+            dev.start()
+        finished(coord, thread, 240, rounds=2)
+        _check(tmp_path, "dev-x", "false share of b_")
+    finally:
+        for dev in devices:
+            dev.stop()
+        fb.broker.stop()
