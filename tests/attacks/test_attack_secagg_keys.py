@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from flayer.secagg import KeyAdvert, RingSpec, SecAggClient, SecAggError, SecAggParams, SecAggServer
+from flayer.secagg import RingSpec, SecAggClient, SecAggError, SecAggParams, SecAggServer
 from flayer.secagg.shamir import PRIME, decode_share, encode_share
 
 IDS = tuple(f"dev-{i}" for i in range(6))
@@ -58,7 +58,7 @@ def test_a_bad_key_advert_is_refused_and_its_sender_named(kind):
     c_pk, s_pk = {"all-zero": (bytes(32), own.s_pk), "order-8": (own.c_pk, ORDER_8),
                   "one key twice": (own.c_pk, own.c_pk), "another's key": (adverts["dev-0"].c_pk, own.s_pk)}[kind]
     with pytest.raises(SecAggError):
-        server.receive_advert(KeyAdvert(1, "dev-5", c_pk, s_pk, own.b_commit))
+        server.receive_advert(replace(own, c_pk=c_pk, s_pk=s_pk))  # the rest as its honest advert
     assert "dev-5" in server.faulty and "dev-5" not in server.advertised
     _finish(server, clients, honest)  # the others' round goes on and is unmasked
 
