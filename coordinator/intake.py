@@ -60,6 +60,7 @@ REJECTION_COUNTERS = ("future_round", "late", "stale", "in_buffer", "not_selecte
 # (coordinator.inbox; secure: a secure-round protocol message refused); late, stale, not_selected and duplicate are what honest devices send, and never count
 STRIKES = frozenset({"future_round", "oversize", "malformed", "wrong_sender", "wrong_model", "invalid", "norm",
                      "bad_chunk", "secure"})
+LATE_MASKED = "late: "  # coordinator.secure_round: a masked input after the survivors were named (no strike)
 HEAD_SLACK = 8192  # an update blob's header and info entries, at most (protocol.update_codec)
 
 
@@ -108,6 +109,8 @@ def validate(client: str, blob: bytes, ctx: IntakeContext, round_: int | None = 
         if expected != ctx.round:
             return refuse("rejected", "malformed", f"a masked input of round {expected} in secure round {ctx.round}")
         why = ctx.masked(client, blob)
+        if why is not None and why.startswith(LATE_MASKED):  # the unmasking began: late, as a slow honest device is
+            return refuse("late", "late", why)
         return refuse("rejected", "secure", why) if why is not None else Verdict("accepted")
     try:
         head = read_update_head(blob, ctx.limits)

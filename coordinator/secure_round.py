@@ -89,6 +89,8 @@ class SecureRound:
 
     def masked(self, client: str, blob: bytes) -> str | None:
         """A device's masked input (its update blob in this round); the reason it is refused, or None."""
+        if self.stage > 3:  # a slow honest device: acked late, no strike (coordinator.intake)
+            return f"late: the secure round's unmasking began (stage {self.stage}); the survivors are named"
         if self.stage != 3:
             return f"a masked input in stage {self.stage} of the secure round"
         try:

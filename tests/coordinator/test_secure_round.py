@@ -59,6 +59,12 @@ def test_a_whole_round_gives_the_sum_and_each_stage_takes_only_its_message():
     assert sec.masked("a", blobs["a"]) is not None  # a second one
     requests = _deliver(sec.advance(102.0, masked_done=True))
     assert sec.stage == 4 and set(requests) == {"a", "c", "d"}
+    from coordinator.intake import IntakeContext, validate
+    from protocol import WireLimits
+
+    ctx = IntakeContext("fed", 1, {1: "0" * 64}, {}, WireLimits(), 1 << 20, masked=sec.masked)
+    late = validate("b", blobs["b"], ctx)  # b was slow: its masked input came after the survivors were named
+    assert late.status == "late" and late.counter == "late" and "unmasking began" in late.reason
     assert not sec.unmask_done(102.0)
     for d, req in requests.items():
         assert sec.receive(d, clients[d].unmask(req).to_bytes()) is None
