@@ -26,17 +26,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
-from fedtestlib import Recorder, device_toml, federation_toml, finished, start_fed_broker  # noqa: E402
+from fedtestlib import Recorder, device_toml, federation_toml, finished, start_fed_broker
 
-from coordinator.config import load_coordinator_config  # noqa: E402
-from coordinator.server import Coordinator  # noqa: E402
-from edge_client.client import EdgeClient  # noqa: E402
-from edge_client.config import load_device_config  # noqa: E402
-from flayer.partition import make_partition, save_partition  # noqa: E402
-from flayer.secagg import SecAggClient  # noqa: E402
-from flayer.train import client_data  # noqa: E402
-from mqtt_broker import mosquitto_available  # noqa: E402
-from protocol.metrics_schema import read_metrics  # noqa: E402
+from coordinator.config import load_coordinator_config
+from coordinator.server import Coordinator
+from edge_client.client import EdgeClient
+from edge_client.config import load_device_config
+from flayer.partition import make_partition, save_partition
+from flayer.secagg import SecAggClient
+from flayer.train import client_data
+from mqtt_broker import mosquitto_available
+from protocol.metrics_schema import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HONEST = [f"dev-{i}" for i in range(4)]
@@ -63,6 +63,15 @@ def _devices(tmp: Path, fb: Any, digits: Any, names: list[str]) -> list[EdgeClie
     return out
 
 
+def _online_first(devices: list[EdgeClient]) -> None:
+    """Every device online (its retained status out) before the coordinator starts: round 1 selects them all."""
+    for dev in devices:
+        dev.start()
+    for dev in devices:
+        assert dev.link.connected.wait(60)
+    time.sleep(2.0)
+
+
 class _LowOrderKey:
     """Online, selected; advertises the all-zero X25519 key for round 1 and is heard no more."""
 
@@ -75,8 +84,9 @@ class _LowOrderKey:
         self.rec.link.wait_published([self.rec.link.publish(self.t.status(creds.username), status, retain=True)], 5)
 
     def advertise(self) -> None:
+        from dataclasses import replace
+
         from flayer.engine.secure import secure_from_plan
-        from flayer.secagg import KeyAdvert
         from protocol import Envelope, Kind, decode_message
 
         msg = self.rec.wait_message(lambda m: m.topic == self.t.round() and bool(m.payload), 60)
@@ -86,7 +96,7 @@ class _LowOrderKey:
         me = self.creds.username
         assert planned is not None and me in plan.selected
         honest = SecAggClient(planned.params, me).advertise()
-        body = KeyAdvert(honest.round, me, bytes(32), honest.s_pk, honest.b_commit).to_bytes()
+        body = replace(honest, c_pk=bytes(32)).to_bytes()  # the rest as its honest advert
         env = Envelope(Kind.SECAGG, "itest", me, plan.round, 0, 1, len(body), hashlib.sha256(body).hexdigest(), body)
         assert self.rec.link.publish_all([(self.t.secagg(me), env.encode(), False)], 10.0)
 
@@ -112,11 +122,10 @@ def test_a_low_order_key_gets_its_sender_named_and_left_out(tmp_path: Path, digi
     devices: list[EdgeClient] = []
     evil = _LowOrderKey(fb.devices["evil"])
     try:
+        devices = _devices(tmp_path, fb, digits, HONEST)
+        _online_first(devices)
         coord = Coordinator(load_coordinator_config(_federation(tmp_path, fb, 2)), fb.coordinator)
         thread = coord.start()
-        devices = _devices(tmp_path, fb, digits, HONEST)
-        for dev in devices:
-            dev.start()
         evil.advertise()
         finished(coord, thread, 240, rounds=2)
         _check(tmp_path, "evil", "low-order")
@@ -141,7 +150,7 @@ def test_a_false_shamir_share_gets_its_sender_named_and_left_out(tmp_path: Path,
         out = real(self, request)
         if self.device != "dev-x":
             return out
-        (owner, raw), *rest = [e for e in out.b_shares if e[0] != "dev-x"] or [("", b"")]
+        owner, raw = next(e for e in out.b_shares if e[0] != "dev-x")  # a neighbour's b, not its own
         x, y = decode_share(raw)
         false = (owner, encode_share(x, (y + 12345) % PRIME))
         return replace(out, b_shares=tuple(false if e[0] == owner else e for e in out.b_shares))
@@ -150,11 +159,10 @@ def test_a_false_shamir_share_gets_its_sender_named_and_left_out(tmp_path: Path,
     fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", names)
     devices: list[EdgeClient] = []
     try:
+        devices = _devices(tmp_path, fb, digits, names)
+        _online_first(devices)
         coord = Coordinator(load_coordinator_config(_federation(tmp_path, fb, 2)), fb.coordinator)
         thread = coord.start()
-        devices = _devices(tmp_path, fb, digits, names)
-        for dev in devices:
-            dev.start()
         finished(coord, thread, 240, rounds=2)
         _check(tmp_path, "dev-x", "false share of b_")
     finally:
