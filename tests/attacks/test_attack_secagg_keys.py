@@ -49,7 +49,7 @@ def _finish(server: SecAggServer, clients: dict[str, SecAggClient], devices: lis
 
 @pytest.mark.parametrize("kind", ["all-zero", "order-8", "one key twice", "another's key"])
 def test_a_bad_key_advert_is_refused_and_its_sender_named(kind):
-    params, server, clients = _round()
+    _, server, clients = _round()
     honest = [d for d in IDS if d != "dev-5"]
     adverts = {d: clients[d].advertise() for d in honest}
     for d in honest:
