@@ -39,9 +39,10 @@ from flayer.update import Update
 from .privacy import UNCLIPPED_KEY, RoundPrivacy
 from .secure_layout import Layout, flatten, layout_of, unflatten
 
-__all__ = ["ABANDON_KINDS", "DROP_STAGES", "abandon_kind", "PlannedSecure", "SecureSum", "allowances", "check_sum", "contribution_bounds", "corrupt_fraction",
-           "csprng", "device_vector", "drops_for", "graph_seed_of", "plan_round", "plan_secure", "ring_noise",
-           "round_params", "secure_from_plan", "secure_sum", "sum_update"]
+__all__ = ["ABANDON_KINDS", "DROP_STAGES", "PlannedSecure", "SecureSum", "abandon_kind", "allowances",
+           "check_sum", "contribution_bounds", "corrupt_fraction", "csprng", "device_vector", "drops_for",
+           "graph_seed_of", "plan_round", "plan_secure", "ring_noise", "round_params", "secure_from_plan",
+           "secure_sum", "sum_update"]
 
 DROP_STAGES = ("after_keys", "after_shares", "after_masked")
 
