@@ -68,9 +68,7 @@ class Phases:
     metrics_server: MetricsServer | None
     _stopping: bool
 
-    _secure_plan: Any  # coordinator.secure_phase (a method of the mixin after this one)
-    _secure_close: Any
-    _secure_open: Any
+    secure_phase: Any  # coordinator.secure_phase.SecurePhase
     secure: bool
     wire: Any
     pacer: Any
@@ -126,7 +124,7 @@ class Phases:
         if found is not None and found[0].secure:  # keys and shares were in the devices' memory only: abandoned
             self.open = self._begin(found[0].round, found[0].selected)
             self.open.open_journal(self.journal_dir)
-            self._secure_close(self.open, self.open.secure.abandon_early(
+            self.secure_phase.close(self.open, self.open.secure.abandon_early(
                 "the coordinator restarted during the round's protocol; a secure round is never resumed"))
             return
         if found is not None:
@@ -164,8 +162,8 @@ class Phases:
         if self.window is not None:
             rnd.on_fold = self.window.fold
             rnd.stats.mode = "async"
-        if self.secure:  # coordinator.secure_phase: the round's protocol, a fresh session
-            self._secure_open(rnd)
+        if self.secure_phase.enabled:  # coordinator.secure_phase: the round's protocol, a fresh session
+            self.secure_phase.open(rnd)
         return rnd
 
     def _open_round(self) -> None:
@@ -208,7 +206,7 @@ class Phases:
         return dataclasses.replace(plan, delta=self.deltas.plan_field(self.model.digest),  # thin links
                                    delta_chain=self.deltas.chain_field(self.model.digest), close_by=close_by,
                                    privacy=self._plan_privacy(private),
-                                   secure=self._secure_plan(rnd))
+                                   secure=self.secure_phase.plan(rnd))
 
     def _plan_privacy(self, private: Any) -> dict[str, Any]:
         """A private round's plan mapping: its parameters, the delta epsilon is counted at and the devices'

@@ -1,6 +1,6 @@
 """The coordinator's secure rounds (``[privacy] secure_aggregation = true``; docs/explanation/secure-aggregation.md).
 
-A mixin of :class:`coordinator.server.Coordinator`: it opens a round's protocol beside the round
+A component :class:`coordinator.server.Coordinator` holds (``secure_phase``): it opens a round's protocol beside the round
 (:class:`coordinator.secure_round.SecureRound`), takes the devices' protocol messages from ``secagg/<client>``,
 sends each device its own on ``secreq/<client>``, moves the stages on the worker thread's ticks, and at the
 end folds the unmasked sum -- the only update of a secure round the coordinator ever holds -- or abandons
@@ -40,84 +40,70 @@ def secure_strategy(strategy: Any) -> Any:
 
 
 class SecurePhase:
-    """Secure rounds at the coordinator (module docstring)."""
+    """Secure rounds at the coordinator, a component the coordinator holds (``coord.secure_phase``; module
+    docstring). It reads and writes the coordinator's round state through ``coord`` and keeps its own: the
+    devices a secure round proved faulty."""
 
-    cfg: Any
-    creds: Any
-    clock: Any
-    strategy: Any
-    global_state: Any
-    link: Any
-    topics: Any
-    limits: Any
-    inbox: Any
-    open: Any
-    counters: Any
-
-    _close_round: Any  # coordinator.server
+    def __init__(self, coord: Any) -> None:
+        self.coord = coord
+        # device -> the proof (a refused key, a false share): left out of every later round's selection, as a
+        # device over its strikes is cut off (in memory: a restart forgets them)
+        self.excluded: dict[str, str] = {}
 
     @property
-    def secure_excluded(self) -> dict[str, str]:
-        """Devices a secure round proved faulty (a refused key, a false share) -> the proof: left out of every
-        later round's selection, as a device over its strikes is cut off (in memory: a restart forgets them)."""
-        found = self.__dict__.get("_secure_excluded")
-        if found is None:
-            found = self.__dict__["_secure_excluded"] = {}
-        return found
+    def enabled(self) -> bool:
+        return bool(self.coord.cfg.run.privacy.secure_aggregation)
 
-    @property
-    def secure(self) -> bool:
-        return bool(self.cfg.run.privacy.secure_aggregation)
-
-    def _secure_open(self, rnd: Any) -> None:
+    def open(self, rnd: Any) -> None:
         """Give the round just begun its protocol: the common layout, the public parameters, a fresh session."""
-        s = self.cfg.run.privacy
+        c = self.coord
+        s = c.cfg.run.privacy
         selected = tuple(sorted(rnd.selected))
-        layout = round_layout(self.strategy, self.global_state, rnd.number, self.cfg.run.seed)
-        session = f"{self.creds.federation}.{rnd.number}.{secrets.token_hex(8)}"
+        layout = round_layout(c.strategy, c.global_state, rnd.number, c.cfg.run.seed)
+        session = f"{c.creds.federation}.{rnd.number}.{secrets.token_hex(8)}"
         private = rnd.aggregate.privacy
         if private is not None and private.mode == "local":  # distributed DP: the shares are drawn in the ring
             private = rnd.aggregate.privacy = dataclasses.replace(private, ring=True)
-        planned = plan_round(s, session, rnd.number, selected, layout, self.cfg.run.seed, private,
+        planned = plan_round(s, session, rnd.number, selected, layout, c.cfg.run.seed, private,
                              rnd.ctx.bounds.norm_bound)
         params = planned.params
-        rnd.secure = SecureRound(planned, layout, self.clock() + s.secure_stage_s)
+        rnd.secure = SecureRound(planned, layout, c.clock() + s.secure_stage_s)
         rnd.ctx = dataclasses.replace(rnd.ctx, masked=rnd.secure.masked)
         log.info("round %d: secure aggregation over %d devices, t = %d, %d neighbours each, %d coordinates, "
                  "contributions clipped to L2 %.4g", rnd.number, len(selected), params.threshold, params.degree,
                  params.length, planned.bound)
 
-    def _secure_plan(self, rnd: Any) -> dict[str, Any]:
+    def plan(self, rnd: Any) -> dict[str, Any]:
         sec = rnd.secure if rnd is not None else None
         if sec is None:
             return {}
         return plan_secure(sec.planned)
 
-    def _on_secagg(self, client: str, parsed: Any, payload: bytes) -> None:
+    def on_message(self, client: str, parsed: Any, payload: bytes) -> None:
         """A device's protocol message: checked, handed to the round's protocol, stages moved on."""
-        rnd = self.open
+        rnd, inbox = self.coord.open, self.coord.inbox
         try:
-            env = decode_envelope(payload, self.limits)
+            env = decode_envelope(payload, self.coord.limits)
             check_topic(env, parsed)
         except WireError as exc:
-            self.inbox.count("bad_message", f"secure-round message from {client}: {exc.reason}", client)
+            inbox.count("bad_message", f"secure-round message from {client}: {exc.reason}", client)
             return
         if rnd is None or rnd.secure is None or env.round != rnd.number:
-            self.inbox.count("late", f"secure-round message of round {env.round} from {client}: no such secure round "
+            inbox.count("late", f"secure-round message of round {env.round} from {client}: no such secure round "
                                      f"open", client)
             return
         if client not in rnd.selected:
-            self.inbox.count("not_selected", f"secure-round message from {client}, not selected", client)
+            inbox.count("not_selected", f"secure-round message from {client}, not selected", client)
             return
         why = rnd.secure.receive(client, env.body)
         if why is not None:
-            self.inbox.count("secure", f"{client} round {env.round}: {why}", client)
+            inbox.count("secure", f"{client} round {env.round}: {why}", client)
             return
-        self._secure_tick(rnd, self.clock())
+        self.tick(rnd, self.coord.clock())
 
-    def _secure_metrics(self, client: str, msg: Metrics) -> bool:
+    def metrics(self, client: str, msg: Metrics) -> bool:
         """A secure round's evaluation report (the counts the round record shows, outside the masked sum)."""
-        rnd = self.open
+        rnd = self.coord.open
         if rnd is None or rnd.secure is None or msg.round != rnd.number or client not in rnd.selected \
                 or client in rnd.evals:
             return False
@@ -128,43 +114,44 @@ class SecurePhase:
                                       if k in ("test_correct", "test_total", "train_loss")}, client)
         return True
 
-    def _send_secure(self, rnd: Any, messages: list[tuple[str, bytes]]) -> None:
+    def _send(self, rnd: Any, messages: list[tuple[str, bytes]]) -> None:
+        c = self.coord
         for device, body in messages:
-            env = Envelope(Kind.SECAGG, self.creds.federation, self.creds.username, rnd.number, 0, 1, len(body),
+            env = Envelope(Kind.SECAGG, c.creds.federation, c.creds.username, rnd.number, 0, 1, len(body),
                            hashlib.sha256(body).hexdigest(), body)
             payload = env.encode()
-            self.link.publish(self.topics.secreq(device), payload)
+            c.link.publish(c.topics.secreq(device), payload)
             rnd.stats.bytes_out += len(payload)
 
-    def _secure_tick(self, rnd: Any, now: float, closing: str | None = None) -> None:
+    def tick(self, rnd: Any, now: float, closing: str | None = None) -> None:
         """Move the round's protocol on: key bundles, shares, the unmask requests once the round's timer ends
         the masked inputs' stage (``closing``: its reason, decided by the coordinator's tick as for a plain
         round), and the sum when the unmasking is over (or abandon the round)."""
         sec = rnd.secure
         try:
             if sec.stage in (1, 2):
-                self._send_secure(rnd, sec.advance(now))
+                self._send(rnd, sec.advance(now))
             if sec.stage == 3 and closing is not None:
                 rnd.stats.extra["secure_closed"] = closing
-                self._send_secure(rnd, sec.advance(now, masked_done=True))
+                self._send(rnd, sec.advance(now, masked_done=True))
             if sec.stage == 4 and sec.unmask_done(now):
-                self._secure_close(rnd, sec.finish())
+                self.close(rnd, sec.finish())
         except SecAggAbandoned as exc:
-            self._secure_close(rnd, sec.abandon_early(exc.reason))
+            self.close(rnd, sec.abandon_early(exc.reason))
 
-    def _secure_close(self, rnd: Any, out: Any) -> None:
+    def close(self, rnd: Any, out: Any) -> None:
         """Fold the round's unmasked sum (or nothing: abandoned) and close the round."""
         if out.update is not None:
             rnd.aggregate.fold_sum(out.update, len(out.survivors), out.bits)
         else:
             log.warning("round %d: secure round abandoned: %s; the model stays as it was", rnd.number, out.reason)
-            self.counters["secure_abandoned"] += 1
+            self.coord.counters["secure_abandoned"] += 1
         faulty = dict(rnd.secure.server.faulty)
         for device, proof in sorted(faulty.items()):
-            if device not in self.secure_excluded:
+            if device not in self.excluded:
                 log.warning("round %d: %s is left out of later rounds: %s", rnd.number, device, proof)
-            self.secure_excluded[device] = proof
+            self.excluded[device] = proof
         rnd.stats.extra.update({"secure_survivors": list(out.survivors), "secure_dropped": list(out.dropped),
                                 "secure_abandoned": out.reason, "secure_abandoned_kind": abandon_kind(out.reason),
                                 "secure_faulty": faulty, "secure_bytes_out": rnd.secure.sent_bytes})
-        self._close_round(rnd.stats.extra.get("secure_closed") or ("abandoned" if out.update is None else "secure"))
+        self.coord._close_round(rnd.stats.extra.get("secure_closed") or ("abandoned" if out.update is None else "secure"))

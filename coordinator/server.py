@@ -85,7 +85,7 @@ class _Stop:
     pass
 
 
-class Coordinator(Phases, AsyncRounds, SecurePhase):
+class Coordinator(Phases, AsyncRounds):
     """``run()`` blocks (in the caller's thread) until the last round closed or :meth:`stop`."""
 
     def __init__(self, cfg: CoordinatorConfig, creds: Credentials, *, clock: Callable[[], float] = time.time,
@@ -102,7 +102,8 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
         self.strategy = strategy or make_strategy(cfg.run.strategy, cfg.spec, cfg.run.train, cfg.options)
         # [privacy] (coordinator.privacy): resolved for the population, the strategy made private
         self.privacy, self.strategy = federation_privacy(cfg, self.strategy, settings.buffer)
-        if self.secure and self.privacy is None:  # secure rounds need data-independent positions too
+        self.secure_phase = SecurePhase(self)  # coordinator.secure_phase: secure rounds, when [privacy] asks
+        if self.secure_phase.enabled and self.privacy is None:  # secure rounds need data-independent positions too
             self.strategy = secure_strategy(self.strategy)
         self.budget_stop: str | None = None
         self.topics = Topics(creds.federation)
@@ -130,7 +131,7 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
         self._resumed = False
         self._chunks = 0
         # in force: the config's, plus what a calibration resolved (or private rounds set: public positions)
-        public = {"positions": "public"} if (self.privacy or self.secure) and "positions" in \
+        public = {"positions": "public"} if (self.privacy or self.secure_phase.enabled) and "positions" in \
             self.strategy.options_dict() else {}
         self.options: dict[str, Any] = {**cfg.options, **public}
         self.calibration: Calibration | None = None
@@ -253,7 +254,7 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
                 return
             log.info("connected to the broker (session present: %s)", ev.session_present)
             self.link.subscribe([self.topics.all_updates(), self.topics.all_status(), self.topics.all_metrics(),
-                                 *([self.topics.all_secagg()] if self.secure else [])])
+                                 *([self.topics.all_secagg()] if self.secure_phase.enabled else [])])
             if self._connected_once:
                 self._republish()
             elif self.open is None and 0 < self.done_round < self.cfg.run.rounds:
@@ -277,7 +278,7 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
             return
         if parsed.kind == "secagg":  # coordinator.secure_phase
             assert parsed.client is not None
-            self._on_secagg(parsed.client, parsed, ev.payload)
+            self.secure_phase.on_message(parsed.client, parsed, ev.payload)
         elif parsed.kind == "update":
             try:
                 done = self.inbox.update_chunk(parsed, ev.payload, self.done_round, self.accepted_before, self.window)
@@ -294,7 +295,7 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
             if isinstance(msg, Status):
                 self.registry.observe(parsed.client, msg, self.clock(), ev.retain)
                 self._announced(parsed.client, msg, ev.retain)
-            elif isinstance(msg, Metrics) and self._secure_metrics(parsed.client, msg):
+            elif isinstance(msg, Metrics) and self.secure_phase.metrics(parsed.client, msg):
                 pass  # a secure round's evaluation report (coordinator.secure_phase)
             elif isinstance(msg, Metrics) and self.calibration is not None and msg.round == 0:
                 status, reason = self.calibration.add(parsed.client, msg.values)
@@ -365,7 +366,7 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
             self._tick_async(rnd, now)
             return
         if rnd.secure is not None and rnd.secure.stage != 3:  # keys, shares, unmasking (coordinator.secure_phase)
-            self._secure_tick(rnd, now)
+            self.secure_phase.tick(rnd, now)
             return
         decision = rnd.timer.decide(len(rnd.accepted), now)
         if decision.action == "extend":
@@ -373,14 +374,14 @@ class Coordinator(Phases, AsyncRounds, SecurePhase):
             rnd.timer.extend()
             self._publish_plan()
         elif decision.action == "close" and rnd.secure is not None:  # the masked inputs are in: unmask their sum
-            self._secure_tick(rnd, now, decision.reason)
+            self.secure_phase.tick(rnd, now, decision.reason)
         elif decision.action == "close":
             self._close_round(decision.reason)
 
     def _online(self, now: float) -> list[str]:
         """The devices online now, revoked ones and those a secure round proved faulty left out."""
         revoked = self.revoked.refresh()
-        return [c for c in self.registry.online(now) if c not in revoked and c not in self.secure_excluded]
+        return [c for c in self.registry.online(now) if c not in revoked and c not in self.secure_phase.excluded]
 
     def _close_round(self, reason: str) -> None:
         rnd = self.open
