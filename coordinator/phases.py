@@ -146,9 +146,9 @@ class Phases:
     def _begin(self, number: int, selected: tuple[str, ...] | list[str]) -> OpenRound:
         assert self.model is not None
         bound = self.norms.bound(self.fs.norm_bound, self.global_state)
-        if self.secure:  # masked inputs have no norm to bound here: the devices clip before masking
-            log.info("round %d: secure round: the devices clip their updates before masking; only the sum is "
-                     "checked (docs/explanation/secure-aggregation.md)", number)
+        if self.secure_phase.enabled:  # masked inputs have no norm to bound here: the devices clip before masking
+            log.info("round %d: secure round: the devices clip their updates to the bound before masking; only the "
+                     "sum is checked (docs/explanation/secure-aggregation.md)", number)
         else:
             log.info("round %d: update norm bound %s", number, "none" if bound is None else f"{bound:.4g}")
         bases = None
