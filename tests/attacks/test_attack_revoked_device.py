@@ -1,0 +1,63 @@
+"""A device revoked while connected (docs/explanation/guarantees.md, "Who may read and write what on the broker";
+docs/explanation/security.md, "What is not protected": ``flayer broker revoke``).
+
+The adversary is a device whose kit the operator revoked (a stolen or retired device): it keeps the
+credentials file it was given and holds an open connection to a real Mosquitto when the revocation and the
+broker's reload happen. It then publishes an update on its open connection and tries to connect again with
+the same credentials. The guarantee holds when its open connection is closed by the reload, nothing it
+publishes afterwards reaches the coordinator (subscribed to every topic of the federation), and its new
+connection is refused, while another device is unaffected.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from mqtt_broker.kit import revoke_device
+from protocol.topics import Topics
+from tests.mqtt_broker.broker_testlib import (
+    FEDERATION,
+    NEGATIVE_WINDOW_S,
+    connect_probe,
+    needs_mosquitto,
+    start_test_broker,
+    stop_test_broker,
+    try_connect,
+)
+from transport.credentials import mqtt_connect_settings
+
+pytestmark = needs_mosquitto
+T = Topics(FEDERATION)
+
+
+def test_a_revoked_device_is_cut_off_and_refused(tmp_path: Path) -> None:
+    rb = start_test_broker(tmp_path / "broker", "mosquitto")
+    probes = []
+    try:
+        coord = connect_probe(rb.creds["coordinator"])
+        a = connect_probe(rb.creds["dev-a"])
+        b = connect_probe(rb.creds["dev-b"])
+        probes += [coord, a, b]
+        coord.subscribe("fl/#")
+        a.publish(T.update_chunk("dev-a", 1, 0), b"before")
+        assert coord.wait_for(lambda ms: (T.update_chunk("dev-a", 1, 0), b"before") in {m[:2] for m in ms}, 5)
+
+        assert revoke_device(rb.files.state_dir, "dev-a")
+        rb.broker.reload()
+        end = time.monotonic() + 5
+        while a.client.is_connected() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not a.client.is_connected(), "the revoked device's open connection survived the reload"
+        a.client.publish(T.update_chunk("dev-a", 2, 0), b"after revoke", qos=1)  # whatever still goes out
+        rc, again = try_connect(mqtt_connect_settings(rb.creds["dev-a"]))
+        again.loop_stop()
+        assert rc not in (0, None), f"the revoked device connected again (CONNACK {rc})"
+        b.publish(T.update_chunk("dev-b", 2, 0), b"still enrolled")  # the positive control
+        assert coord.wait_for(lambda ms: (T.update_chunk("dev-b", 2, 0), b"still enrolled") in {m[:2] for m in ms}, 5)
+        time.sleep(NEGATIVE_WINDOW_S)
+        assert [m for m in coord.messages if m[1] == b"after revoke"] == []
+    finally:
+        for p in probes:
+            p.close()
+        stop_test_broker(rb)
