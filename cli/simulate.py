@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_thin_flags(p: argparse.ArgumentParser) -> None:
-    """Thin links (cli.thinsim): how uploads and downloads are coded, and their bytes counted."""
+    """Thin links (emulator.thinsim): how uploads and downloads are coded, and their bytes counted."""
     from protocol import VALUE_CODECS
     from protocol.model_delta import DELTA_MODES
 
@@ -70,8 +70,8 @@ def add_thin_flags(p: argparse.ArgumentParser) -> None:
 
 
 def thin_options(args: argparse.Namespace) -> Any:
-    """The :class:`cli.thinsim.ThinOptions` of the flags (CliError when out of range)."""
-    from cli.thinsim import ThinOptions
+    """The :class:`emulator.thinsim.ThinOptions` of the flags (CliError when out of range)."""
+    from emulator.thinsim import ThinOptions
 
     try:
         return ThinOptions(args.value_codec, args.keep, args.error_feedback, args.delta_downloads, args.zstd)
@@ -128,7 +128,7 @@ def check_privacy(cfg: Any, strategy: Any, population: int) -> None:
 def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:
     """A :class:`flayer.simulation.RoundRecord` as a ``round`` record of the metrics schema: every selected
     client reports (ids are client indices); bytes down: the model or delta blob each selected client received
-    (``flayer simulate``, :mod:`cli.thinsim`), or without link hooks a dense fp32 model per selected client."""
+    (``flayer simulate``, :mod:`emulator.thinsim`), or without link hooks a dense fp32 model per selected client."""
     from protocol.metrics_schema import round_record
 
     selected = [str(c) for c in rec.selected]
@@ -147,7 +147,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
                    blowup: float | None = None, thin: Any = None, secure_drop: float = 0.0,
                    seeded_noise: bool = False) -> dict[str, Any]:
     """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary.
-    ``thin``: :class:`cli.thinsim.ThinOptions` (what the links carry, both ways counted; None: no link hooks,
+    ``thin``: :class:`emulator.thinsim.ThinOptions` (what the links carry, both ways counted; None: no link hooks,
     the updates folded as trained and sized as fp32 blobs)."""
     from flayer.engine import initial_global_state
     from flayer.simulation import simulate
@@ -188,7 +188,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
 
         links, g0 = None, None
         if thin is not None:
-            from cli.thinsim import link_hooks
+            from emulator.thinsim import link_hooks
 
             g0 = initial_global_state(strategy, cfg.seed)
             links = link_hooks(thin, g0)

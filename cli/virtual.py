@@ -8,15 +8,14 @@ What it honours of the config: the round settings of ``[federation]`` (asynchron
 values resolved for the fleet as ``flayer emulate`` resolves them), what crosses the links
 (``value_codec``, ``compress``, ``delta_downloads``, ``fit_lowest_codec``, ``fit_min_keep``,
 ``max_update_bytes``; ``[edge] upload``, ``error_feedback``, ``uplink_kbps``, ``max_update_bytes``:
-:func:`thin_links`), the profiles, mix and trace. What has no meaning in one process without a broker
-(:data:`IGNORED`: worker processes, network threads, the broker, the devices' MQTT timings) is named in
+emulator.virtual_config), the profiles, mix and trace. What has no meaning in one process without a broker
+(emulator.virtual_config.IGNORED: worker processes, network threads, the broker, the devices' MQTT timings) is named in
 a warning when the config file sets it; the command line refuses those flags (cli.emulate).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -26,65 +25,7 @@ from typing import Any
 
 from cli.common import CliError, load_data, set_threads, write_json
 from cli.report import table
-
-# config keys --virtual does not simulate: no broker, no MQTT, one process (module docstring)
-IGNORED: dict[str, tuple[str, ...]] = {
-    "emulator": ("workers", "network", "federation", "broker_kind", "timeout_s"),
-    "edge": ("heartbeat_s", "ack_timeout_s", "retries", "backoff_s", "backoff_max_s", "download_stall_s",
-             "exit_when_finished", "runtime", "amp", "threads"),
-    "federation": ("min_updates", "extend_s", "max_malformed", "queue_bytes", "queue_sender_bytes"),
-}
-
-
-def ignored_keys(config: str | Path | None) -> list[str]:
-    """``[table] key`` of each key the config file sets that --virtual does not simulate (:data:`IGNORED`)."""
-    if config is None:
-        return []
-    from flayer.config import read_toml
-
-    raw = read_toml(config)
-    return [f"[{t}] {k}" for t, keys in IGNORED.items() for k in keys if isinstance(raw.get(t), dict) and k in raw[t]]
-
-
-def timing_of(cfg: Any, n: int, args: argparse.Namespace) -> Any:
-    from coordinator.config import FederationSettings
-    from emulator.options import federation_table
-    from emulator.virtual import FleetTiming
-    from flayer.config import ConfigError, from_mapping
-
-    try:
-        fed = from_mapping(FederationSettings, {**federation_table(cfg, n), "credentials": "virtual"},
-                           "[federation]")
-    except ConfigError as exc:
-        raise CliError(str(exc)) from exc
-    for name in ("budget", "sample_cost"):
-        v = getattr(args, name, None)
-        if v is not None and not (v > 0 and math.isfinite(v)):
-            raise CliError(f"--{name.replace('_', '-')} must be a positive number of seconds, got {v}")
-    asynchronous = fed.resolve_async(n)[0]  # as the emulator's coordinator resolves "auto" (emulator.options)
-    limits = [x for x in (fed.max_update_bytes, cfg.edge.max_update_bytes) if x > 0]
-    return FleetTiming(fed.mode, fed.quorum, fed.over_selection, fed.min_devices, fed.deadline_s, fed.grace_s,
-                       fed.max_samples, args.budget or math.inf, args.sample_cost, asynchronous,
-                       uplink_kbps=cfg.edge.uplink_kbps, max_update_bytes=min(limits) if limits else 0)
-
-
-def thin_links(cfg: Any, n: int, initial: Any) -> Any:
-    """What crosses the simulated links for this config (:class:`cli.thinsim.ThinLinks`): the plan's value
-    codec and zstd, the devices' error feedback and fitted uploads within the coordinator's cap, and the
-    coordinator's delta downloads."""
-    from cli.thinsim import ThinLinks, ThinOptions
-    from coordinator.config import FederationSettings
-    from emulator.options import federation_table
-    from flayer.config import from_mapping
-    from protocol.upload_cap import UploadCap
-
-    fed = from_mapping(FederationSettings, {**federation_table(cfg, n), "credentials": "virtual"}, "[federation]")
-    try:
-        opts = ThinOptions(fed.value_codec, 1.0, cfg.edge.error_feedback, fed.delta_downloads, fed.compress,
-                           fit=cfg.edge.upload == "fit", cap=UploadCap(fed.fit_lowest_codec, fed.fit_min_keep))
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
-    return ThinLinks(opts, initial)
+from emulator.virtual_config import ignored_keys, thin_links, timing_of, virtual_summary
 
 
 def run_virtual_fleet(cfg: Any, args: argparse.Namespace) -> int:
@@ -107,7 +48,7 @@ def run_virtual_fleet(cfg: Any, args: argparse.Namespace) -> int:
         ids = device_ids(n)
         assigned = assign_profiles(n, profiles.mix, run_cfg.seed)
         trace = load_trace(emu.trace, ids, emu.trace_scale) if emu.trace else None
-        timing = timing_of(cfg, n, args)
+        timing = timing_of(cfg, n, args.budget, args.sample_cost)
         spec = prepared.dataset.model_spec(run_cfg.data.model)
         strategy = make_strategy(run_cfg.strategy, spec, run_cfg.train, run_cfg.options())
     except (ConfigError, ValueError) as exc:
@@ -116,7 +57,10 @@ def run_virtual_fleet(cfg: Any, args: argparse.Namespace) -> int:
                                  trace.get(ids[i]) if trace is not None else None) for i in range(n)]
     from flayer.engine import initial_global_state
 
-    links = thin_links(cfg, n, initial_global_state(strategy, run_cfg.seed))
+    try:
+        links = thin_links(cfg, n, initial_global_state(strategy, run_cfg.seed))
+    except (ConfigError, ValueError) as exc:
+        raise CliError(str(exc)) from exc
     clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
     out = Path(args.out or run_cfg.out or f"runs/virtual-{timing.mode}-{run_cfg.strategy}-"
                                           f"{time.strftime('%Y%m%d-%H%M%S')}")
@@ -158,13 +102,3 @@ def run_virtual_fleet(cfg: Any, args: argparse.Namespace) -> int:
           f"{last['acc'] if last else 0:.4f}; personal models {res.final_acc:.4f}; {res.cpu_s:.0f} CPU s "
           f"(outputs in {out}/)")
     return 0
-
-
-def virtual_summary(res: Any, timing: Any, run_cfg: Any, links: Any = None) -> dict[str, Any]:
-    return {"mode": timing.mode, "strategy": run_cfg.strategy, "seed": run_cfg.seed, "versions": len(res.rounds),
-            "simulated_s": res.rounds[-1]["t"] if res.rounds else 0.0, "final_personal_acc": res.final_acc,
-            "final_client_acc": res.final_client_acc, "acc": [r["acc"] for r in res.rounds],
-            "t": [r["t"] for r in res.rounds], "profiles": res.profiles, "cpu_s": res.cpu_s,
-            "timing": {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
-                       for k, v in dataclasses.asdict(timing).items()},
-            "links": dataclasses.asdict(links.opts) if links is not None else None}

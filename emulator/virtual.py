@@ -12,7 +12,7 @@ it was given. Only time is simulated, from the device's profile and availability
   CPU time the local round took here, or ``slowdown x sample_cost_s x samples x epochs`` when a cost
   is given) and upload (the encoded update over ``up_mbps`` + latency);
 - what crosses the links is what the real stack sends (:class:`VirtualLinks`, given by
-  ``flayer emulate --virtual`` from the config: :class:`cli.thinsim.ThinLinks`): the update encoded
+  ``flayer emulate --virtual`` from the config: :class:`emulator.thinsim.ThinLinks`): the update encoded
   with the plan's value codec (and zstd), with error feedback when on, folded as the coordinator
   decodes it; with ``[edge] upload = "fit"`` fitted to a byte budget computed as the edge client
   computes it (:func:`edge_client.linkfit.upload_budget`: its uplink rate -- ``uplink_kbps``, else the

@@ -3,7 +3,7 @@ codec, top-k share, error feedback and delta download options).
 
 :func:`flayer.simulation.simulate` runs without a network; with :class:`LinkHooks` it folds each
 update *as the coordinator would decode it* and publishes the global model *as devices would
-rebuild it*, and counts the bytes both ways. The hooks are built outside ``flayer`` (``cli.thinsim``,
+rebuild it*, and counts the bytes both ways. The hooks are built outside ``flayer`` (``emulator.thinsim``,
 from the wire codec), so the learning code stays free of the wire format.
 """
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cli.main import main
-from cli.thinsim import ThinOptions, link_hooks
+from emulator.thinsim import ThinOptions, link_hooks
 from coordinator.publish import model_blob
 from flayer.config import TrainConfig
 from flayer.partition import make_partition

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.thinsim import ThinLinks, ThinOptions
+from emulator.thinsim import ThinLinks, ThinOptions
 from emulator.availability import device_timeline
 from emulator.options import federation_table, load_emulate_config
 from emulator.profiles import DeviceProfile
