@@ -17,7 +17,6 @@ ALLOWED_LONG = {
     "edge_client/client.py": 510,  # 491 now; being changed beside this list: lower it to its length once it settles
     "coordinator/server.py": 440,  # 423 now; likewise
     "cli/broker.py": 442,
-    "cli/emulate.py": 443,
     "emulator/virtual.py": 412,
 }
 
