@@ -12,6 +12,7 @@ prints what each side got within ``--timeout-s`` (docs/results/topologies.md, "C
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -46,14 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     from flayer.data import load_dataset
     from flayer.partition import make_partition
     from flayer.train import client_data
+    from protocol import SigningKey
+    from protocol.signing import render_key_registry
     from transport.credentials import Credentials
 
     out: dict[str, object] = {"broker": f"{args.host}:{args.port}"}
     with tempfile.TemporaryDirectory(prefix="foreign-broker-") as tmp:
         t = Path(tmp)
         creds = {}
+        keys = {role: SigningKey.generate() for role in ("coordinator", "device")}  # what 'flayer broker' makes
         for role, (user, password) in (("coordinator", args.coordinator), ("device", args.device)):
-            c = Credentials(args.federation, role, user, password, args.host, args.port, 1 << 20)
+            c = Credentials(args.federation, role, user, password, args.host, args.port, 1 << 20,
+                            signing_key=keys[role].private_text(),
+                            coordinator_key="" if role == "coordinator" else keys["coordinator"].public.text)
             (t / f"{user}.toml").write_text(c.to_toml())
             creds[role] = c
         path = federation_toml(t / "federation.toml", t / f"{args.coordinator[0]}.toml", t / "coord",
@@ -61,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                                deadline_s=args.timeout_s)
         ds = load_dataset("digits")
         shard = client_data(ds, make_partition(ds.y, ds.num_classes, 2, "iid", 0).clients[0])
-        coord = Coordinator(load_coordinator_config(path), creds["coordinator"])
+        (t / "signing_keys.json").write_text(render_key_registry(keys["coordinator"].public,
+                                                                 {args.device[0]: keys["device"].public}))
+        cfg = dataclasses.replace(load_coordinator_config(path), keys_file=t / "signing_keys.json")
+        coord = Coordinator(cfg, creds["coordinator"])
         thread = coord.start()
         time.sleep(args.late_s)
         device = EdgeClient(EdgeSettings(state_dir=str(t / "dev"), client_index=0, device="cpu", heartbeat_s=1.0),

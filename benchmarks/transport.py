@@ -135,7 +135,7 @@ def _coordinator_link(state_dir: Path) -> tuple[MqttLink, Publisher]:
     while not isinstance(events.get(timeout=10), Connected):
         pass
     return link, Publisher(link, Topics(FED), creds.username, creds.max_payload, Path(tempfile.mkdtemp()), 300,
-                           lambda: False)
+                           lambda: False, key=creds.signer())
 
 
 def broadcast(state_dir: Path, creds_list, blob_info, sizes: list[int], federation: bool) -> float:

@@ -25,12 +25,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cli.broker_users import _add_observer, _rekey, _reload, _revoke, add_rekey_parser
 from cli.common import CliError
 
 if TYPE_CHECKING:
     from mqtt_broker.config import BrokerConfig
 
-SUBCOMMANDS = ("start", "stop", "status", "add-device", "add-observer", "revoke")
+SUBCOMMANDS = ("start", "stop", "status", "add-device", "add-observer", "revoke", "rekey")
 
 
 def _nonneg_int(text: str) -> int:
@@ -134,6 +135,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="create a field gateway's credentials instead (ID = the site), allowed exactly the topics of "
                         "these devices (their own credentials are on the site broker); repeatable; run again to "
                         "change the list (the password stays unless --rotate)")
+    a.add_argument("--device-keys", metavar="SITE_KEYS.json",
+                   help="with --gateway-for: the site broker's signing_keys.json, whose public keys of those devices "
+                        "the coordinator then believes (add the devices on the site first)")
     a.add_argument("--allow-entry-point", action="append", default=[], metavar="PKG.MODULE:FUNCTION",
                    help="with --kit: model code the kit's device.toml accepts besides the built-ins ([edge] "
                         "allow_entry_points), e.g. the federation's own model; repeatable")
@@ -151,6 +155,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _state_dir_flag(r)
     r.add_argument("device_id", metavar="ID", help="the device to revoke")
     r.set_defaults(func=run)
+    add_rekey_parser(actions, _state_dir_flag, run)
+
 
 
 def _config(args: argparse.Namespace, stored_path: Path) -> BrokerConfig:
@@ -181,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return {"start": _start, "stop": _stop, "status": _status, "add-device": _add_device,
-                "add-observer": _add_observer, "revoke": _revoke}[args.broker_command](args)
+                "add-observer": _add_observer, "revoke": _revoke, "rekey": _rekey}[args.broker_command](args)
     except (BrokerConfigError, BrokerError, PasswordError, TlsError) as exc:
         raise CliError(str(exc)) from exc
 
@@ -351,40 +357,14 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if rec else 3
 
 
-def _reload(state_dir: Path, note: str = "") -> bool:
-    """Make the running broker recorded in ``state_dir`` re-read its passwords and ACL (says so); False when
-    none is recorded."""
-    from mqtt_broker.cluster import ClusterFiles, reload_recorded_cluster
-    from mqtt_broker.process import reload_recorded
-
-    if ClusterFiles.at(state_dir).layout.exists():  # a cluster's files are kept up to date even while it is down
-        cluster = reload_recorded_cluster(state_dir)
-        if cluster is not None:
-            print(f"reloaded the running broker cluster ({len(cluster.nodes)} aedes node(s)){note}")
-            return True
-    rec = reload_recorded(state_dir)
-    if rec is not None:
-        print(f"reloaded the running {rec.kind} broker (pid {rec.pid}){note}")
-    return rec is not None
-
-
-def _add_observer(args: argparse.Namespace) -> int:
-    from mqtt_broker.state import BrokerFiles, add_observer
-
-    files = BrokerFiles.at(args.state_dir)
-    creds = add_observer(files.state_dir, args.name, rotate=args.rotate)
-    print(f"credentials of observer {creds.username}: {files.credentials(creds.username)} (read-only; pass it to "
-          f"'flayer status --credentials' or 'flayer dashboard --credentials')")
-    _reload(files.state_dir)
-    return 0
-
-
 def _add_device(args: argparse.Namespace) -> int:
     from mqtt_broker.state import BrokerFiles, add_device
 
     files = BrokerFiles.at(args.state_dir)
     if args.gateway_for:
         return _add_gateway(args, files)
+    if args.device_keys:
+        raise CliError("--device-keys goes with --gateway-for (the public keys of a site's devices)")
     if args.allow_entry_point and not args.kit:
         raise CliError("--allow-entry-point goes into a startup kit's device.toml: give --kit FILE.tar.gz too (or "
                        "list the entry point in the device's own device.toml, [edge] allow_entry_points)")
@@ -419,24 +399,12 @@ def _add_gateway(args: argparse.Namespace, files: Any) -> int:
         raise CliError("--gateway-for creates a gateway's credentials; --kit and --allow-entry-point are for devices "
                        "(write the devices' kits on the site broker)")
     devices = [d.strip() for item in args.gateway_for for d in item.split(",")]
-    creds = add_gateway(files.state_dir, args.device_id, devices, rotate=args.rotate)
+    creds = add_gateway(files.state_dir, args.device_id, devices, rotate=args.rotate,
+                        device_keys=Path(args.device_keys) if args.device_keys else None)
     served = read_gateways(files.state_dir)[creds.username]
     print(f"credentials of gateway {creds.username}: {files.credentials(creds.username)} (mode 0600, holds the "
           f"password); it serves {len(served)} device(s): {', '.join(served)}")
     print(f"on the site: flayer broker start --state-dir SITE_DIR --gateway-credentials {creds.username}.toml "
           f"[--gateway-to HOST:PORT]")
     _reload(files.state_dir)
-    return 0
-
-
-def _revoke(args: argparse.Namespace) -> int:
-    from mqtt_broker.kit import revoke_device
-    from mqtt_broker.state import BrokerFiles
-
-    files = BrokerFiles.at(args.state_dir)
-    first = revoke_device(files.state_dir, args.device_id)
-    print(f"revoked device {args.device_id}{'' if first else ' (already revoked)'}: password, credentials and "
-          f"certificate removed; listed in {files.state_dir / 'revoked.json'} for the coordinator")
-    if not _reload(files.state_dir, ": its connection is closed"):
-        print("no running broker recorded: it refuses the device when it starts")
     return 0

@@ -134,6 +134,7 @@ class AsyncRounds:
     topics: Any
     creds: Any
     cfg: Any  # coordinator.config.CoordinatorConfig
+    signer: Any  # the coordinator's SigningKey
 
     def _online(self, now: float) -> Any: ...  # coordinator.server
     def _plan(self, phase: str = "train") -> Any: ...  # coordinator.phases
@@ -159,7 +160,8 @@ class AsyncRounds:
                 self.window.offer(new)
                 rnd.selected = held
                 rnd.stats.selected = sorted(set(rnd.stats.selected) | held)
-                rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username))
+                rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username,
+                                                     key=self.signer))
                 self._publish_plan()
                 self.pacer.changed(now)
         accepted = rnd.aggregate.tally.accepted

@@ -216,6 +216,7 @@ class CoordinatorConfig:
     revoked_file: Path | None = None  # resolved
     metrics_token_file: Path | None = None  # resolved
     models_dir: Path | None = None  # resolved; models over HTTP (coordinator.model_files)
+    keys_file: Path | None = None  # the devices' public keys: signing_keys.json of the credentials' broker folder
 
     @property
     def options(self) -> Mapping[str, Any]:
@@ -344,7 +345,8 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[st
     revoked = _resolve(base, fed.revoked_file) if fed.revoked_file else creds.parent.parent / "revoked.json"
     token = _resolve(base, fed.metrics_token_file) if fed.metrics_token_file else None
     models = _resolve(base, fed.models_dir) if fed.models_dir else None
-    return CoordinatorConfig(fed, run, spec, creds, _resolve(base, fed.state_dir), initial, revoked, token, models)
+    return CoordinatorConfig(fed, run, spec, creds, _resolve(base, fed.state_dir), initial, revoked, token, models,
+                             creds.parent.parent / "signing_keys.json")
 
 
 def describe(cfg: CoordinatorConfig) -> dict[str, Any]:

@@ -47,8 +47,11 @@ from protocol import (
     Kind,
     Message,
     ParsedTopic,
+    SignatureError,
+    SigningKey,
     TopicError,
     Topics,
+    Trust,
     WireError,
     WireLimits,
     check_topic,
@@ -151,8 +154,9 @@ class RefusalLog:
 
 class Inbox:
     def __init__(self, link: MqttLink, topics: Topics, sender: str, limits: WireLimits, fs: FederationSettings,
-                 counters: Counter[str]) -> None:
+                 counters: Counter[str], key: SigningKey | None = None, trust: Trust | None = None) -> None:
         self.link, self.topics, self.sender, self.limits, self.fs = link, topics, sender, limits, fs
+        self.key, self.trust = key, trust  # the coordinator's signing key; the devices' keys (coordinator.device_keys)
         self.counters = counters
         self.collector = ChunkCollector(limits, fs.max_pending_bytes, on_drop=self._dropped)
         self._answered = AnsweredBlobs()
@@ -214,7 +218,7 @@ class Inbox:
 
     def ack(self, client: str, round_: int, digest: str, status: str, reason: str = "", version: int = 0) -> None:
         payload = encode_message(Ack(round_, client, digest, status, reason[:500], version), self.topics.federation,
-                                 self.sender)
+                                 self.sender, key=self.key)
         self.link.publish(self.topics.ack(client), payload)
 
     def count_dropped(self, dropped: Mapping[str, int]) -> None:
@@ -248,8 +252,11 @@ class Inbox:
     def message(self, parsed: ParsedTopic, payload: bytes, kind: Kind) -> tuple[Any, Message] | None:
         """(envelope, message) of a status or metrics payload, or None (counted as bad_message)."""
         try:
-            env, msg = decode_message(payload, self.limits, kind)
+            env, msg = decode_message(payload, self.limits, kind, self.trust)
             check_topic(env, parsed)
+        except SignatureError as exc:
+            self.count("unsigned", f"{parsed.kind} under {parsed.client}: {exc.reason}", parsed.client)
+            return None
         except WireError as exc:
             self.count("bad_message", f"{parsed.kind} of {parsed.client}: {exc.reason}", parsed.client)
             return None
@@ -267,8 +274,11 @@ class Inbox:
             self.count("cut_off", "", client, quiet=True)
             return None
         try:
-            env = decode_envelope(payload, self.limits)
+            env = decode_envelope(payload, self.limits, self.trust)
             check_topic(env, parsed)
+        except SignatureError as exc:  # not the device's: no strike, no answer (it may not have sent it at all)
+            self.count("unsigned", f"update chunk under {client}: {exc.reason}", client)
+            return None
         except WireError as exc:
             self.count("bad_chunk", f"update chunk from {client}: {exc.reason}", client)
             self._strike(client, "bad_chunk")

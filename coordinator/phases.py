@@ -37,6 +37,7 @@ class Phases:
     open: Any
     calibration: Any
     publisher: Any
+    signer: Any  # the coordinator's SigningKey
     strategy: Any
     options: dict[str, Any]
     on_progress: Any
@@ -177,7 +178,8 @@ class Phases:
             rnd.open_journal(self.journal_dir)
         assert rnd.journal is not None
         if not self._resumed:  # the plan is journaled before it goes out: a restart selects the same devices
-            rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username))
+            rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username,
+                                                     key=self.signer))
         self._resumed = False
         self._publish_plan()
         self.pacer.opened(rnd.number, now)

@@ -25,7 +25,7 @@ import torch
 
 from flayer.state import atomic_write
 from flayer.update import state_numpy
-from protocol import Kind, Plan, Topics, blob_digest, chunk_blob, encode_message, encode_state
+from protocol import Kind, Plan, SigningKey, Topics, blob_digest, chunk_blob, encode_message, encode_state
 from protocol.upload_cap import UploadCap
 from transport.link import MqttLink
 
@@ -73,8 +73,10 @@ def make_plan(cfg: CoordinatorConfig, strategy: str, options: Mapping[str, Any],
 
 class Publisher:
     def __init__(self, link: MqttLink, topics: Topics, sender: str, max_payload: int, state_dir: Path,
-                 timeout_s: float, cancelled: Callable[[], bool], files: ModelFiles | None = None) -> None:
+                 timeout_s: float, cancelled: Callable[[], bool], files: ModelFiles | None = None,
+                 key: SigningKey | None = None) -> None:
         self.link = link
+        self.key = key  # the coordinator's: every chunk and plan it publishes is signed
         self.files = files  # models over HTTP: each blob also as <models_dir>/<digest>
         self.topics = topics
         self.sender = sender
@@ -112,7 +114,7 @@ class Publisher:
         (chunk count, bytes published). ``companion``: a blob kept retained beside the live model
         (a delta to it) instead of the model itself. With ``files``, the blob is written there first."""
         chunks = chunk_blob(model.blob, Kind.MODEL_CHUNK, self.topics.federation, self.sender, round_,
-                            self.max_payload, model.digest)
+                            self.max_payload, model.digest, key=self.key)
         if self.files is not None and self.files.write(model.digest, model.blob):  # before the plan names it
             log.info("model file %s written (%d bytes)", self.files.path(model.digest), model.size)
         if (model.digest in self.companions) if companion else self.live == model.digest:
@@ -133,7 +135,7 @@ class Publisher:
         return len(chunks), sum(len(p) for p in chunks)
 
     def plan(self, plan: Plan) -> int:
-        payload = encode_message(plan, self.topics.federation, self.sender)
+        payload = encode_message(plan, self.topics.federation, self.sender, key=self.key)
         self._wait([self.link.publish(self.topics.round(), payload, retain=True)], f"plan of round {plan.round}")
         return len(payload)
 

@@ -18,7 +18,7 @@ from typing import Any
 from flayer.engine.secure import abandon_kind, plan_round, plan_secure
 from flayer.engine.secure_layout import round_layout
 from flayer.secagg import SecAggAbandoned
-from protocol import Envelope, Kind, Metrics, WireError, check_topic, decode_envelope
+from protocol import Envelope, Kind, Metrics, SignatureError, WireError, check_topic, decode_envelope
 
 from .secure_round import SecureRound
 
@@ -83,8 +83,11 @@ class SecurePhase:
         """A device's protocol message: checked, handed to the round's protocol, stages moved on."""
         rnd, inbox = self.coord.open, self.coord.inbox
         try:
-            env = decode_envelope(payload, self.coord.limits)
+            env = decode_envelope(payload, self.coord.limits, self.coord.device_keys)  # the device's own key
             check_topic(env, parsed)
+        except SignatureError as exc:
+            inbox.count("unsigned", f"secure-round message under {client}: {exc.reason}", client)
+            return
         except WireError as exc:
             inbox.count("bad_message", f"secure-round message from {client}: {exc.reason}", client)
             return
@@ -119,7 +122,7 @@ class SecurePhase:
         for device, body in messages:
             env = Envelope(Kind.SECAGG, c.creds.federation, c.creds.username, rnd.number, 0, 1, len(body),
                            hashlib.sha256(body).hexdigest(), body)
-            payload = env.encode()
+            payload = env.encode(c.signer)
             c.link.publish(c.topics.secreq(device), payload)
             rnd.stats.bytes_out += len(payload)
 

@@ -49,7 +49,7 @@ from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
 from protocol import Kind, Metrics, Status, Topics, WireLimits
 from protocol.metrics_schema import run_record
-from transport.credentials import Credentials, mqtt_connect_settings
+from transport.credentials import Credentials, CredentialsError, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, Received
 from transport.wirecount import WireBytes, count_wire_bytes
 
@@ -58,6 +58,7 @@ from .calibration import Calibration
 from .checkpoint import Checkpoint, save_checkpoint
 from .config import CoordinatorConfig
 from .deltas import DeltaChain
+from .device_keys import DeviceKeys
 from .exporter import FleetMetrics, MetricsServer
 from .guard import NormHistory, Quarantine
 from .inbox import CompleteUpdate, Inbox
@@ -112,14 +113,20 @@ class Coordinator(Phases, AsyncRounds):
         self.on_round, self.on_progress = on_round, on_progress
         self.registry = DeviceRegistry(self.fs.stale_after_s)
         self.revoked = RevocationList(cfg.revoked_file)
+        try:  # everything published is signed with the coordinator's key; a device is believed on its own key only
+            self.signer = creds.signer()
+        except CredentialsError as exc:
+            raise CoordinatorError(str(exc)) from None
+        self.device_keys = DeviceKeys(creds.federation, cfg.keys_file, self.revoked.refresh)
         self.counters: Counter[str] = Counter()
         self.link = MqttLink(mqtt_connect_settings(creds), self._post, clean_session=False)
         self.wire = WireBytes()  # every byte of the connection, for the rounds' bytes up / down
         count_wire_bytes(self.link.client, self.wire.add)
-        self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters)
+        self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters, self.signer,
+                           self.device_keys)
         self.publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
                                    self.fs.publish_timeout_s, lambda: self._stopping,
-                                   ModelFiles(cfg.models_dir) if cfg.models_dir is not None else None)
+                                   ModelFiles(cfg.models_dir) if cfg.models_dir is not None else None, self.signer)
         self.deltas = DeltaChain(self.fs.delta_downloads, creds.federation, creds.username)  # thin links
         self.history: list[dict[str, Any]] = []
         self._stopping = self._done = self._connected_once = False

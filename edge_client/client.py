@@ -51,6 +51,7 @@ from flayer.train import ClientData, pick_device
 from protocol import (
     Ack,
     Kind,
+    PeerTrust,
     Plan,
     Status,
     TopicError,
@@ -61,7 +62,7 @@ from protocol import (
     encode_message,
 )
 from protocol.model_delta import DeltaRef
-from transport.credentials import Credentials, mqtt_connect_settings
+from transport.credentials import Credentials, CredentialsError, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
 from .budget import BUDGET_SPENT, ROUND_SKIPPED, DeviceBudgets
@@ -137,7 +138,13 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
         self.strategies = StrategyCache({"device": str(self.device), "threads": settings.threads,
                                          "amp": settings.amp}, settings.allow_entry_points)
         self.events: queue.Queue[Any] = queue.Queue()
-        will = encode_message(Status(0, "offline", clock(), {}), creds.federation, self.id)
+        try:  # every message this device sends is signed with its key; it believes only the coordinator's
+            self.signer, coordinator = creds.signer(), creds.coordinator()
+        except CredentialsError as exc:
+            raise EdgeError(str(exc)) from None
+        self.trust = PeerTrust(creds.federation, coordinator)
+        self._plan_round = max(self.stored.done_round, self.stored.upload.round if self.stored.upload else 0)
+        will = encode_message(Status(0, "offline", clock(), {}), creds.federation, self.id, key=self.signer)
         self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=False,
                              will=(self.topics.status(self.id), will), keepalive=settings.keepalive_s,
                              network=network)
@@ -279,11 +286,15 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
             if parsed.kind == "model":
                 self._on_model_chunk(parsed.digest or "", ev.payload)
             elif parsed.kind == "round":
-                _, plan = decode_message(ev.payload, self.limits, Kind.PLAN)
+                _, plan = decode_message(ev.payload, self.limits, Kind.PLAN, self.trust)
                 assert isinstance(plan, Plan)
+                if plan.round < self._plan_round:  # signed, but older than one seen: a replay
+                    raise WireError(f"plan of round {plan.round} after round {self._plan_round}: rounds only "
+                                    "move forward (a replayed plan)")
+                self._plan_round = plan.round
                 self._on_plan(plan)
             elif parsed.kind == "ack":
-                _, ack = decode_message(ev.payload, self.limits, Kind.ACK)
+                _, ack = decode_message(ev.payload, self.limits, Kind.ACK, self.trust)
                 assert isinstance(ack, Ack)
                 self._on_ack(ack)
             elif parsed.kind == "secreq" and parsed.client == self.id:
@@ -491,4 +502,4 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
         if state == "uploading" and self._announcing:
             info.update(self._announcing)  # the upload started (edge_client.jobs, _announce)
         r = self.plan.round if self.plan is not None else 0
-        return encode_message(Status(r, state, self.clock(), info), self.creds.federation, self.id)
+        return encode_message(Status(r, state, self.clock(), info), self.creds.federation, self.id, key=self.signer)

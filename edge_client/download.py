@@ -19,7 +19,7 @@ import logging
 import random
 from dataclasses import dataclass
 
-from protocol import Kind, Reassembler, Topics, WireError, WireLimits, decode_envelope
+from protocol import Kind, Reassembler, Topics, Trust, WireError, WireLimits, decode_envelope
 from transport.link import MqttLink
 
 __all__ = ["ModelDownload", "Pending"]
@@ -33,8 +33,9 @@ class ModelDownload:
     SUBSCRIBE_BATCH = 100  # topics per SUBSCRIBE packet when asking for missing chunks
 
     def __init__(self, link: MqttLink, topics: Topics, digest: str, limits: WireLimits, now: float,
-                 chunks: int = 0) -> None:
+                 chunks: int = 0, trust: Trust | None = None) -> None:
         self.link, self.topics, self.digest, self.limits = link, topics, digest, limits
+        self.trust = trust  # the coordinator's key: a chunk it did not sign is refused
         self.filter = topics.model_filter(digest)
         self.reasm = Reassembler(limits)
         self.chunks = chunks
@@ -89,7 +90,7 @@ class ModelDownload:
         """Take one chunk; the verified blob once complete (then unsubscribed), else None.
         WireError for a chunk that is not one of this model's."""
         self.last_chunk_at = now
-        env = decode_envelope(payload, self.limits)
+        env = decode_envelope(payload, self.limits, self.trust)
         if env.kind != Kind.MODEL_CHUNK or env.digest != self.digest:
             raise WireError("model chunk of another model on this model's topic")
         self.received += 1

@@ -69,6 +69,7 @@ class ModelFetch:
     link: MqttLink
     topics: Topics
     limits: WireLimits
+    trust: Any  # the coordinator's key (protocol.PeerTrust): a model chunk it did not sign is refused
     plan: Plan | None
     strategies: StrategyCache
     clock: Callable[[], float]
@@ -132,7 +133,8 @@ class ModelFetch:
                 and size <= self.limits.max_blob_bytes:
             self._start_http(HttpTarget(plan.models_url, digest, size), chunks)
         else:
-            self._download = ModelDownload(self.link, self.topics, digest, self.limits, self.clock(), chunks)
+            self._download = ModelDownload(self.link, self.topics, digest, self.limits, self.clock(), chunks,
+                                           self.trust)
         self._set_state("online")
 
     # ---- models over HTTP ------------------------------------------------------------------------
@@ -178,7 +180,7 @@ class ModelFetch:
             self._http_failed.add(done.fetch.digest)
             self._progress("http_fallback", digest=done.fetch.digest, failure=done.error.kind, reason=done.error.reason)
             self._download = ModelDownload(self.link, self.topics, done.fetch.digest, self.limits, self.clock(),
-                                           done.fetch.chunks)
+                                           done.fetch.chunks, self.trust)
             return
         assert done.blob is not None
         self._downloaded(done.fetch.digest, done.blob, done.fetch.started, done.stats)

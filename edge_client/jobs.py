@@ -41,6 +41,7 @@ class Jobs:
     stored: Any
     store: Any
     creds: Any
+    signer: Any  # this device's SigningKey: everything it sends is signed
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     shaper: Any
@@ -96,7 +97,7 @@ class Jobs:
         upload = train_and_encode(strategy, plan, global_state, state, self._data(), ctx,
                                   federation=self.creds.federation, sender=self.id,
                                   max_payload=self.creds.max_payload, max_update_bytes=min(limits) if limits else 0,
-                                  amp=self.settings.amp,
+                                  amp=self.settings.amp, key=self.signer,
                                   prepare=self.thin.prepare_for(plan, self.creds.federation, self.id),
                                   secure=bool(plan.secure))
         self._computed("train", t0, c0)
@@ -127,7 +128,8 @@ class Jobs:
         ctx = round_context(plan, self.settings.client_index, self.device)
         t0, c0 = time.perf_counter(), time.thread_time()
         payload = calibration_report(strategy, plan, global_state, self._data(), ctx, amp=self.settings.amp,
-                                     now=self.clock(), federation=self.creds.federation, sender=self.id)
+                                     now=self.clock(), federation=self.creds.federation, sender=self.id,
+                                     key=self.signer)
         self._computed("calibrate", t0, c0)
         items = [(self.topics.metrics(self.id), payload, False)]
         self._publish(items)
@@ -179,7 +181,7 @@ class Jobs:
             self._settle("dropped")
             return
         payloads = tuple(chunk_blob(blob, Kind.UPDATE_CHUNK, self.creds.federation, self.id, up.round,
-                                    self.creds.max_payload))
+                                    self.creds.max_payload, key=self.signer))
         self._pending = Pending("update", up.round, up.digest, self._update_items(payloads, up.round))
         self._resend()
 

@@ -102,6 +102,8 @@ class SecureRounds:
     id: str
     settings: Any
     creds: Any
+    signer: Any  # this device's SigningKey
+    trust: Any  # the coordinator's key (protocol.PeerTrust): a secreq it did not sign is refused
     topics: Any
     link: Any
     store: Any
@@ -144,13 +146,13 @@ class SecureRounds:
         for body in bodies:
             env = Envelope(Kind.SECAGG, self.creds.federation, self.id, round_, 0, 1, len(body),
                            hashlib.sha256(body).hexdigest(), body)
-            self.link.publish(self.topics.secagg(self.id), env.encode())
+            self.link.publish(self.topics.secagg(self.id), env.encode(self.signer))
 
     def _on_secreq(self, payload: bytes) -> None:
         """A message the coordinator addressed to this device (``secreq/<id>``: only the coordinator may write
         there, the broker's ACL)."""
         sec = self._secure
-        env = decode_envelope(payload, self.limits)
+        env = decode_envelope(payload, self.limits, self.trust)  # only what the coordinator signed
         if env.kind != Kind.SECAGG:
             raise WireError(f"a {env.kind.name.lower()} envelope on this device's secure-round topic")
         if sec is None or env.round != sec.round:
@@ -180,7 +182,8 @@ class SecureRounds:
             if isinstance(loss, float) and math.isfinite(loss):
                 metrics["train_loss"] = loss
             self.link.publish(self.topics.metrics(self.id), encode_message(Metrics(round_, self.clock(), metrics),
-                                                                           self.creds.federation, self.id))
+                                                                           self.creds.federation, self.id,
+                                                                           key=self.signer))
         self._progress("trained", round=round_, bytes=0, acc=up.eval.acc if up.eval else None, secure=True)
         self._secure_send_masked()
 
@@ -199,7 +202,7 @@ class SecureRounds:
         r = sec.round
         digest = blob_digest(blob)
         payloads = tuple(chunk_blob(blob, Kind.UPDATE_CHUNK, self.creds.federation, self.id, r,
-                                    self.creds.max_payload))
+                                    self.creds.max_payload, key=self.signer))
         self.store.save_upload(blob)  # the masked input (nothing of the update readable), re-sent like an update
         self._record_contribution(sec.privacy, True, r)  # a private round: in the ledger with the state below
         self.stored = StoredState(self.stored.state, r, UploadRecord(r, digest, len(blob)), False, self.stored.extra,

@@ -46,6 +46,7 @@ from protocol import (
     Kind,
     Metrics,
     Plan,
+    SigningKey,
     UpdateHeader,
     UpdateOptions,
     WireError,
@@ -254,7 +255,7 @@ def private_upload(plan: Plan, result: LocalResult, private: RoundPrivacy) -> tu
 
 def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, torch.Tensor], state: ClientState,
                      data: ClientData, ctx: RoundContext, *, federation: str, sender: str, max_payload: int,
-                     max_update_bytes: int, amp: bool,
+                     max_update_bytes: int, amp: bool, key: SigningKey | None = None,
                      prepare: Callable[[Update], tuple[Update, UpdateOptions]] | None = None,
                      secure: bool = False) -> Upload:
     """The local round (``client_round``, exactly as the simulator runs it) and the upload's bytes.
@@ -292,7 +293,7 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
             f"codec {options.values}{' + zstd' if plan.compress else ''}); the limit is {max_update_bytes:,} bytes. "
             f"Nothing was sent. Raise [federation] max_update_bytes on the coordinator, or upload less "
             f"(a sparser strategy, value_codec int8, compress = true)")
-    payloads = chunk_blob(blob, Kind.UPDATE_CHUNK, federation, sender, plan.round, max_payload)
+    payloads = chunk_blob(blob, Kind.UPDATE_CHUNK, federation, sender, plan.round, max_payload, key=key)
     worst = max(len(p) for p in payloads)
     if worst > max_payload:  # chunk_blob guarantees it; checked again because the broker drops the link
         raise UpdateTooLarge(f"an update chunk of {worst} bytes exceeds the broker's max_payload {max_payload}")
@@ -300,14 +301,15 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
 
 
 def calibration_report(strategy: Strategy, plan: Plan, global_state: Mapping[str, torch.Tensor], data: ClientData,
-                       ctx: RoundContext, *, amp: bool, now: float, federation: str, sender: str) -> bytes:
+                       ctx: RoundContext, *, amp: bool, now: float, federation: str, sender: str,
+                       key: SigningKey | None = None) -> bytes:
     """Round 0: the strategy's ``calibrate`` on the plan's model, as a Metrics payload (plus the
     device's training-sample count, ``sample_weight``, which the coordinator weighs reports with)."""
     with autocast_for(ctx.device, amp):
         report = strategy.calibrate(global_state, data, ctx)
     values = {str(k): float(v) for k, v in report.items()}
     values["sample_weight"] = float(data.num_train)
-    return encode_message(Metrics(plan.round, now, values), federation, sender)
+    return encode_message(Metrics(plan.round, now, values), federation, sender, key=key)
 
 
 def save_personal(strategy: Strategy, plan: Plan, global_state: Mapping[str, torch.Tensor], state: ClientState,

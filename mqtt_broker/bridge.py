@@ -266,7 +266,7 @@ def set_gateway(state_dir: Path, cfg: BrokerConfig, credentials: Path | None, ad
                 copied.append(dst)
             tls = TlsSettings(creds.tls.host, creds.tls.port, copied[0], copied[1], copied[2])
         creds = Credentials(creds.federation, creds.role, creds.username, creds.password, creds.host, creds.port,
-                            creds.max_packet_size, tls)
+                            creds.max_packet_size, tls, coordinator_key=creds.coordinator_key)
         atomic_write(site / "credentials.toml", creds.to_toml(), mode=0o600)
     atomic_write(site / "settings.json", json.dumps(asdict(settings), indent=1) + "\n", mode=0o600)
     return settings

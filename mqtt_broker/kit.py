@@ -2,7 +2,8 @@
 
 A kit is a gzip'd tar (mode 0600) holding, with paths relative to the folder it is unpacked in::
 
-    credentials.toml     the device's password (and TLS paths below, relative to this file)
+    credentials.toml     the device's password, its Ed25519 signing key and the coordinator's public key
+                         (and TLS paths below, relative to this file)
     tls/ca.crt           the federation CA (TLS only)
     tls/client.crt       the device's client certificate and key (TLS only)
     tls/client.key
@@ -18,8 +19,8 @@ ENTRY``: the federation's own model), empty otherwise (the built-in models only)
 says where an allowed module is found (the kit's folder and the one it sits in); a plan naming any other
 entry point is refused on the device (docs/explanation/security.md).
 
-Revocation (:func:`revoke_device`) removes the device's password entry, credentials file and client
-certificate, regenerates the ACL, and records the device in ``revoked.json`` (which the coordinator
+Revocation (:func:`revoke_device`) removes the device's password entry, credentials file, client
+certificate and public signing key (:mod:`mqtt_broker.keys`: the coordinator refuses what it signs), regenerates the ACL, and records the device in ``revoked.json`` (which the coordinator
 reads: it stops selecting the device and drops what it sends). The caller reloads the broker
 (Mosquitto: SIGHUP), which also closes the device's live connection, its password being gone.
 """
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from mqtt_broker.bridge import drop_gateway_device
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
+from mqtt_broker.keys import set_device_key
 from mqtt_broker.passwords import remove_passwd_entry
 from mqtt_broker.state import (
     BrokerFiles,
@@ -99,7 +101,7 @@ def write_kit(state_dir: str | Path, device_id: str, out: str | Path, allow_entr
         tls = TlsSettings(creds.tls.host, creds.tls.port, Path(KIT_TLS_FILES[0]), Path(KIT_TLS_FILES[1]),
                           Path(KIT_TLS_FILES[2]))
     kit_creds = Credentials(creds.federation, creds.role, creds.username, creds.password, creds.host, creds.port,
-                            creds.max_packet_size, tls, creds.failover)
+                            creds.max_packet_size, tls, creds.failover, creds.signing_key, creds.coordinator_key)
     members["credentials.toml"] = kit_creds.to_toml().encode()
     members["device.toml"] = _device_toml(creds, list(dict.fromkeys(allow_entry_points))).encode()
     members["START"] = f"flayer edge --kit {out.name} --data ./data\n".encode()
@@ -140,6 +142,7 @@ def revoke_device(state_dir: str | Path, device_id: str) -> bool:
         if path.exists() and Credentials.load(path).role != "device":
             raise BrokerConfigError(f"{device_id!r} is not a device")
         removed = remove_passwd_entry(files.passwd, device_id)
+        set_device_key(files.state_dir, device_id, None)  # what its key signs is refused from now on
         path.unlink(missing_ok=True)
         for f in client_cert_paths(files.tls_dir, device_id):
             f.unlink(missing_ok=True)

@@ -11,7 +11,9 @@ Layout (default ``.flayer/broker``, mode 0700)::
     models.htpasswd        who may fetch the model files over HTTP: the coordinator and the devices
                            (transport.models_auth; 0600)
     credentials/<user>.toml one per device, for the coordinator and the read-only observer (0600, holds
-                           the password)
+                           the password; a device's and the coordinator's also their Ed25519 signing key,
+                           and every other user's the coordinator's public key)
+    signing_keys.json      the public keys of the coordinator and every device (mqtt_broker.keys)
     tls/                   CA, server and client certificates (keys 0600), when TLS is on
     data/                  Mosquitto persistence
     broker.log             the broker's log (no secrets)
@@ -34,9 +36,19 @@ from mqtt_broker.bridge import write_bridge_files
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
 from mqtt_broker.fsutil import atomic_write, free_port, private_dir
 from mqtt_broker.gateway_list import gateway_acl, read_gateways, validate_gateway_devices, write_gateways
+from mqtt_broker.keys import (
+    coordinator_signing_key,
+    import_device_keys,
+    read_key_registry,
+    registry_path,
+    set_device_key,
+    trusted_coordinator,
+    write_key_registry,
+)
 from mqtt_broker.mosquitto_conf import render_mosquitto_conf
 from mqtt_broker.passwords import hash_password, new_password, set_passwd_entry
 from mqtt_broker.tls import client_cert_paths, ensure_ca_and_server, make_client_cert
+from protocol.signing import SigningKey, VerifyKey
 from protocol.topics import OBSERVER_USER, TopicError, validate_id
 from transport.credentials import Credentials, TlsSettings
 from transport.models_auth import HTPASSWD_NAME, htpasswd_line
@@ -142,13 +154,22 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
         bridge = write_bridge_files(files.state_dir, cfg)  # a field gateway's bridge, when one is set up
         atomic_write(files.mosquitto_conf, render_mosquitto_conf(cfg, files.state_dir, files.passwd, files.acl, tls,
                                                                  include_dir=bridge), mode=0o600)
+        coord = _coordinator_key(files, cfg)
+        trusted = _trusted_coordinator(files, coord.public)
+        behind = {d for ds in read_gateways(files.state_dir).values() for d in ds}  # their keys came from sites
+        device_keys = {d: k for d, k in read_key_registry(registry_path(files.state_dir))[1].items() if d in behind}
         for user, role in list_users(files.state_dir):
             creds = Credentials.load(files.credentials(user))
-            _write_credentials(files, cfg, user, role, creds.password)
+            key = coord if role == "coordinator" else SigningKey.from_text(creds.signing_key) \
+                if creds.signing_key else SigningKey.generate() if role == "device" else None
+            if role == "device" and key is not None:
+                device_keys[user] = key.public
+            _write_credentials(files, cfg, user, role, creds.password, key, trusted)
+        write_key_registry(registry_path(files.state_dir), coord.public, device_keys)
         if not files.credentials(cfg.coordinator_user).exists():
-            _add_user(files, cfg, cfg.coordinator_user, "coordinator")
+            _add_user(files, cfg, cfg.coordinator_user, "coordinator", coord)
         if not files.credentials(OBSERVER_USER).exists():
-            _add_user(files, cfg, OBSERVER_USER, "observer")
+            _add_user(files, cfg, OBSERVER_USER, "observer", coord)
         write_models_htpasswd(files)
     log.info("broker files for federation %s written to %s", cfg.federation, files.state_dir)
     return files
@@ -168,24 +189,47 @@ def save_credentials(creds: Credentials, path: Path) -> None:
     atomic_write(path, creds.to_toml(), mode=0o600)
 
 
-def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str, password: str) -> Credentials:
+def _coordinator_key(files: BrokerFiles, cfg: BrokerConfig) -> SigningKey:
+    return coordinator_signing_key(files.credentials(cfg.coordinator_user), registry_path(files.state_dir))
+
+
+def _trusted_coordinator(files: BrokerFiles, own: VerifyKey) -> VerifyKey:
+    return trusted_coordinator(files.state_dir, own)
+
+
+def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str, password: str,
+                       signer: SigningKey | None, coordinator: VerifyKey) -> Credentials:
+    """``user``'s credentials file, with its own signing ``key`` (devices, the coordinator) and the
+    ``coordinator``'s public key (every other user): ``signer`` is the user's own signing key."""
     tls = None
     if cfg.tls:
         cert, key = client_cert_paths(files.tls_dir, user)
         if not (cert.exists() and key.exists()):
             cert, key = make_client_cert(files.tls_dir, user)
         tls = TlsSettings(cfg.tls_connect_host, cfg.tls_port, files.tls_dir / "ca.crt", cert, key)
-    creds = Credentials(cfg.federation, role, user, password, cfg.connect_host, cfg.port, cfg.max_packet_size, tls)
+    creds = Credentials(cfg.federation, role, user, password, cfg.connect_host, cfg.port, cfg.max_packet_size, tls,
+                        signing_key=signer.private_text() if signer is not None else "",
+                        coordinator_key="" if role == "coordinator" else coordinator.text)
     save_credentials(creds, files.credentials(user))
     return creds
 
 
-def _add_user(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str) -> Credentials:
+def _add_user(files: BrokerFiles, cfg: BrokerConfig, user: str, role: str,
+              coord: SigningKey | None = None) -> Credentials:
+    """A new password (and client certificate); a device gets a new key pair, registered at once."""
     password = new_password()
     set_passwd_entry(files.passwd, user, hash_password(user, password, files.state_dir))
     if cfg.tls:
         make_client_cert(files.tls_dir, user)
-    creds = _write_credentials(files, cfg, user, role, password)
+    coord = coord or _coordinator_key(files, cfg)
+    key = coord if role == "coordinator" else SigningKey.generate() if role == "device" else None
+    if role == "device" and key is not None:
+        set_device_key(files.state_dir, user, key.public)
+    elif role == "coordinator":
+        _, devices = read_key_registry(registry_path(files.state_dir))
+        write_key_registry(registry_path(files.state_dir), coord.public, devices)
+    creds = _write_credentials(files, cfg, user, role, password, key,
+                               coord.public if role == "coordinator" else _trusted_coordinator(files, coord.public))
     log.info("credentials of %s %s written to %s", role, user, files.credentials(user))
     return creds
 
@@ -305,10 +349,13 @@ def list_users(state_dir: str | Path) -> list[tuple[str, str]]:
     return out
 
 
-def add_gateway(state_dir: str | Path, name: str, devices: Iterable[str], rotate: bool = False) -> Credentials:
+def add_gateway(state_dir: str | Path, name: str, devices: Iterable[str], rotate: bool = False,
+                device_keys: Path | None = None) -> Credentials:
     """On the central broker: the gateway user ``name`` (its 0600 credentials file, role ``gateway``)
     serving exactly ``devices``. Run again for an existing gateway, it replaces the list (the password
-    stays unless ``rotate``). A running Mosquitto applies the new ACL after a reload."""
+    stays unless ``rotate``). A running Mosquitto applies the new ACL after a reload. ``device_keys``: the
+    site's ``signing_keys.json``, whose public keys of these devices the coordinator then believes
+    (:func:`mqtt_broker.keys.import_device_keys`)."""
     files = BrokerFiles.at(state_dir)
     cfg = BrokerConfig.load(files.config)
     try:
@@ -333,6 +380,8 @@ def add_gateway(state_dir: str | Path, name: str, devices: Iterable[str], rotate
     creds = _add(files.state_dir, name, "gateway", rotate, exist_ok=True)
     with _locked(files):
         served = check()
+        if device_keys is not None:  # first: a registry without these devices' keys changes nothing
+            import_device_keys(files.state_dir, device_keys, served)
         gateways = read_gateways(files.state_dir)
         gateways[name] = served
         write_gateways(files.state_dir, gateways)

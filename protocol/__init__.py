@@ -8,10 +8,11 @@ docs/reference/wire.md for the byte layouts.
 
 from .blobs import STATE_DTYPES, blob_digest, decode_state, encode_state
 from .chunks import ChunkCollector, Reassembler, chunk_blob, max_body_per_chunk, mqtt_payload_limit
-from .envelope import Codec, Envelope, Kind, check_topic, decode_envelope, header_size
+from .envelope import Codec, Envelope, Kind, Trust, check_topic, decode_envelope, header_size
 from .errors import EncodeError, InvalidUpdate, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
 from .messages import Ack, Message, Metrics, Plan, Status, decode_message, encode_message, parse_message
+from .signing import KeyRing, PeerTrust, SignatureError, SignContext, SigningKey, VerifyKey
 from .sparse import Method, entropy_bits
 from .topics import ParsedTopic, TopicError, Topics, acl_rules, validate_id
 from .update_codec import (
@@ -38,20 +39,27 @@ __all__ = [
     "EncodeError",
     "Envelope",
     "InvalidUpdate",
+    "KeyRing",
     "Kind",
     "Message",
     "Method",
     "Metrics",
     "ParsedTopic",
+    "PeerTrust",
     "Plan",
     "Reassembler",
+    "SignContext",
+    "SignatureError",
+    "SigningKey",
     "Status",
     "TopicError",
     "Topics",
+    "Trust",
     "UpdateHead",
     "UpdateHeader",
     "UpdateOptions",
     "ValueCodec",
+    "VerifyKey",
     "WireError",
     "WireLimits",
     "acl_rules",

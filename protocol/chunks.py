@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from .envelope import Envelope, Kind, header_size
 from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
+from .signing import SigningKey
 
 __all__ = ["ChunkCollector", "Reassembler", "chunk_blob", "max_body_per_chunk", "mqtt_payload_limit"]
 
@@ -70,8 +71,9 @@ def max_body_per_chunk(max_packet_size: int, topic_length: int, federation: str,
 
 
 def chunk_blob(blob: bytes, kind: Kind, federation: str, sender: str, round_: int, max_payload: int,
-               digest: str | None = None) -> list[bytes]:
-    """Envelope payloads of at most ``max_payload`` bytes each (header included) carrying ``blob``.
+               digest: str | None = None, key: SigningKey | None = None) -> list[bytes]:
+    """Envelope payloads of at most ``max_payload`` bytes each (header included) carrying ``blob``, each
+    signed with ``key`` (the sender's; receivers refuse unsigned chunks).
 
     ``digest`` (sha256 hex of ``blob``) is computed when not given.
     """
@@ -84,7 +86,7 @@ def chunk_blob(blob: bytes, kind: Kind, federation: str, sender: str, round_: in
         raise EncodeError("blob needs too many chunks")
     view = memoryview(blob)
     return [Envelope(kind, federation, sender, round_, i, count, len(blob), digest,
-                     bytes(view[i * body_size:(i + 1) * body_size])).encode() for i in range(count)]
+                     bytes(view[i * body_size:(i + 1) * body_size])).encode(key) for i in range(count)]
 
 
 class Reassembler:

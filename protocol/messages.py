@@ -39,11 +39,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Union
 
-from .envelope import Codec, Envelope, Kind, decode_envelope
+from .envelope import Codec, Envelope, Kind, Trust, decode_envelope
 from .errors import EncodeError, WireError
 from .limits import DEFAULT_LIMITS, WireLimits
 from .model_delta import delta_ref
 from .model_url import models_url_problem
+from .signing import SigningKey
 from .topics import TopicError, validate_id
 from .upload_cap import upload_cap
 from .values import VALUE_CODECS
@@ -324,8 +325,10 @@ def _to_obj(msg: Message) -> dict[str, Any]:
     return obj
 
 
-def encode_message(msg: Message, federation: str, sender: str, limits: WireLimits = DEFAULT_LIMITS) -> bytes:
-    """The envelope payload carrying ``msg``; EncodeError if a field is invalid or it is too large."""
+def encode_message(msg: Message, federation: str, sender: str, limits: WireLimits = DEFAULT_LIMITS,
+                   key: SigningKey | None = None) -> bytes:
+    """The envelope payload carrying ``msg``, signed with ``key`` (the sender's: every receiver refuses an
+    unsigned one); EncodeError if a field is invalid or it is too large."""
     if type(msg) not in _KIND:
         raise EncodeError(f"not a message: {type(msg).__name__}")
     obj = _to_obj(msg)
@@ -337,7 +340,7 @@ def encode_message(msg: Message, federation: str, sender: str, limits: WireLimit
     if len(body) > limits.max_json_bytes:
         raise EncodeError(f"{type(msg).__name__} body of {len(body)} bytes exceeds {limits.max_json_bytes}")
     return Envelope(_KIND[type(msg)], federation, sender, msg.round, 0, 1, len(body),
-                    hashlib.sha256(body).hexdigest(), body).encode()
+                    hashlib.sha256(body).hexdigest(), body).encode(key)
 
 
 def parse_message(env: Envelope, limits: WireLimits = DEFAULT_LIMITS) -> Message:
@@ -359,9 +362,10 @@ def parse_message(env: Envelope, limits: WireLimits = DEFAULT_LIMITS) -> Message
 
 
 def decode_message(payload: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS,
-                   kind: Kind | None = None) -> tuple[Envelope, Message]:
-    """Decode an envelope and its JSON message; ``kind`` (optional) is the one the caller expects."""
-    env = decode_envelope(payload, limits)
+                   kind: Kind | None = None, trust: Trust | None = None) -> tuple[Envelope, Message]:
+    """Decode an envelope and its JSON message; ``kind`` (optional) is the one the caller expects; ``trust``:
+    the signature is checked (:func:`protocol.envelope.decode_envelope`)."""
+    env = decode_envelope(payload, limits, trust)
     if kind is not None and env.kind != kind:
         raise WireError(f"expected a {kind.name.lower()} message, got {env.kind.name.lower()}")
     return env, parse_message(env, limits)

@@ -16,6 +16,11 @@ File layout (``<state>/credentials/<username>.toml``)::
     failover = ["127.0.0.1:1885"]    # optional: other nodes of a clustered broker, tried in turn when the
                                      # connection to host:port is lost or refused (plain listener only)
 
+    signing_key = "ed25519:..."      # this user's private Ed25519 key (devices and the coordinator): it signs
+                                     # every message the user publishes (protocol.signing)
+    coordinator_key = "ed25519:..."  # devices and observers: the coordinator's public key; a device refuses
+                                     # whatever that key did not sign
+
     [tls]                            # present when the broker has a TLS listener
     host = "127.0.0.1"
     port = 8883
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protocol.signing import SigningKey, VerifyKey, key_problem
 from protocol.topics import TopicError, validate_id
 
 try:
@@ -88,6 +94,8 @@ class Credentials:
     max_packet_size: int
     tls: TlsSettings | None = None
     failover: tuple[tuple[str, int], ...] = ()  # other broker nodes (host, port), tried in turn
+    signing_key: str = field(default="", repr=False)  # this user's private key (protocol.signing), "" for none
+    coordinator_key: str = ""  # the coordinator's public key (devices, observers), "" for none
 
     def __post_init__(self) -> None:
         try:
@@ -105,6 +113,26 @@ class Credentials:
         if not 1 <= self.port <= 65535:
             raise CredentialsError(f"port {self.port} out of range")
         object.__setattr__(self, "failover", check_failover(self.failover))
+        for name, private in (("signing_key", True), ("coordinator_key", False)):
+            value = getattr(self, name)
+            problem = key_problem(value, private) if value != "" else None
+            if problem:
+                raise CredentialsError(f"{name}: {problem}")
+
+    def signer(self) -> SigningKey:
+        """This user's private key; CredentialsError when the file has none (an earlier release wrote it)."""
+        if not self.signing_key:
+            raise CredentialsError(f"credentials of {self.username} hold no signing key (written by an earlier "
+                                   "release): issue them again ('flayer broker add-device ID --rotate', or 'flayer "
+                                   "broker start' for the coordinator's)")
+        return SigningKey.from_text(self.signing_key)
+
+    def coordinator(self) -> VerifyKey:
+        """The coordinator's public key; CredentialsError when the file has none."""
+        if not self.coordinator_key:
+            raise CredentialsError(f"credentials of {self.username} hold no coordinator key (written by an earlier "
+                                   "release): get a new kit ('flayer broker add-device ID --rotate --kit FILE')")
+        return VerifyKey.from_text(self.coordinator_key)
 
     @property
     def client_id(self) -> str:
@@ -130,6 +158,10 @@ class Credentials:
             f"max_packet_size = {self.max_packet_size}",
             f"max_payload = {self.max_payload}",
         ]
+        if self.signing_key:
+            lines.append(f"signing_key = {q(self.signing_key)}")
+        if self.coordinator_key:
+            lines.append(f"coordinator_key = {q(self.coordinator_key)}")
         if self.failover:
             lines.append(f"failover = {json.dumps([f'[{h}]:{p}' if ':' in h else f'{h}:{p}' for h, p in self.failover])}")
         if self.tls is not None:
@@ -156,7 +188,7 @@ class Credentials:
     @classmethod
     def _from_dict(cls, data: dict[str, Any], base: Path) -> Credentials:
         top = {"federation", "role", "username", "password", "host", "port", "max_packet_size", "max_payload", "tls",
-               "failover"}
+               "failover", "signing_key", "coordinator_key"}
         unknown = sorted(set(data) - top)
         if unknown:
             raise CredentialsError(f"unknown key(s) {', '.join(unknown)}")
@@ -181,8 +213,12 @@ class Credentials:
         failover = data.get("failover", [])
         if not isinstance(failover, list) or not all(isinstance(a, str) for a in failover):
             raise CredentialsError('failover must be a list of "host:port" strings')
+        for key in ("signing_key", "coordinator_key"):
+            if not isinstance(data.get(key, ""), str):
+                raise CredentialsError(f"{key} must be a string")
         creds = cls(data["federation"], data["role"], data["username"], data["password"], data["host"], data["port"],
-                    data["max_packet_size"], tls, tuple(parse_address(a) for a in failover))
+                    data["max_packet_size"], tls, tuple(parse_address(a) for a in failover),
+                    data.get("signing_key", ""), data.get("coordinator_key", ""))
         if "max_payload" in data and data["max_payload"] != creds.max_payload:
             raise CredentialsError(f"max_payload {data['max_payload']!r} does not match max_packet_size "
                                     f"{creds.max_packet_size} (expected {creds.max_payload})")

@@ -9,11 +9,12 @@ from typing import Any
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
-from protocol import Status
+from protocol import SigningKey, Status
 from transport.credentials import Credentials
 
 DEVICES = ["dev-a", "dev-b", "dev-c", "dev-d"]
-CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20)
+CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20,
+                    signing_key=SigningKey.generate().private_text())
 
 
 def _config(tmp: Path, **fed: Any) -> Any:

@@ -25,13 +25,14 @@ from flayer.engine.privacy import RoundPrivacy, server_bound
 from flayer.engine.round import OpenAggregate
 from flayer.partition import make_partition
 from flayer.train import client_data
-from protocol import Status, Topics, WireLimits, decode_update
+from protocol import SigningKey, Status, Topics, WireLimits, decode_update
 from protocol.metrics_schema import read_metrics
 from transport.credentials import Credentials
 from transport.link import Received
 
 DEVICES = ["dev-0", "dev-1", "dev-2", "dev-3"]
-CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20)
+CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20,
+                    signing_key=SigningKey.generate().private_text())
 PRIVACY = {"enabled": True, "population": 4, "clip": 0.3, "noise_multiplier": 1.0, "delta": 0.05}
 
 
@@ -66,6 +67,8 @@ class _Offline:
         setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
         c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
         c._restore()
+        self.keys = {d: SigningKey.generate() for d in DEVICES}  # the devices' keys, as the broker's registry has them
+        c.device_keys.keys = {d: k.public for d, k in self.keys.items()}
         for d in DEVICES:
             c.registry.observe(d, Status(0, "online", self.now), self.now)
         self.cache = StrategyCache({"lr": 0.05, "batch_size": 10, "local_epochs": 1, "device": "cpu"})
@@ -91,7 +94,8 @@ class _Offline:
             i = DEVICES.index(dev)
             state = self.states[dev] or strategy.initial_state()
             up = train_and_encode(strategy, plan, g, state, self.datas[i], round_context(plan, i, torch.device("cpu")),
-                                  federation="utest", sender=dev, max_payload=1 << 20, max_update_bytes=0, amp=False)
+                                  federation="utest", sender=dev, max_payload=1 << 20, max_update_bytes=0, amp=False,
+                                  key=self.keys[dev])
             self.states[dev] = up.state
             decoded.append(decode_update(up.blob, WireLimits(), dict(c.open.aggregate.shapes)).update)
             for k, payload in enumerate(up.payloads):

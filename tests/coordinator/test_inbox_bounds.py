@@ -127,7 +127,7 @@ def test_a_late_update_does_not_cut_a_device_off_but_junk_before_decoding_does()
     _open(inbox, 5, {"dev-a", "dev-b"})
     late = _update("dev-a", 4)
     for _ in range(3):
-        assert _send(inbox, "dev-a", 4, late, size=150) == [None] * 3  # 3 chunks; each send answered once
+        assert _send(inbox, "dev-a", 4, late, size=150 + 64) == [None] * 3  # 3 chunks; each send answered once
     assert inbox.counters == {"late": 3} and not inbox.cut_off("dev-a")
     (done,) = _send(inbox, "dev-a", 5, _update("dev-a", 5))
     assert done is not None and done.verdict.accepted

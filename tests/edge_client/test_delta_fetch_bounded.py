@@ -18,7 +18,9 @@ from edge_client.delta_fetch import HeldModel, delta_source
 from edge_client.fetch import MAX_DELTA_STEPS, ModelFetch
 from protocol import (
     Kind,
+    PeerTrust,
     Plan,
+    SigningKey,
     Topics,
     UpdateHeader,
     WireLimits,
@@ -70,12 +72,16 @@ class _Link:
     def unsubscribe(self, topics: list[str]) -> None: ...
 
 
+COORD = SigningKey.generate()  # the coordinator's key, which the device's kit carries
+
+
 class _Device(ModelFetch):
     """Just the state ModelFetch needs (edge_client.client.EdgeClient holds it in the real device)."""
 
     def __init__(self, state_dir: Path, held: tuple[str, dict[str, torch.Tensor]]) -> None:
         self.id, self.link, self.topics, self.limits = "dev", _Link(), Topics("fed"), WireLimits()  # type: ignore[assignment]
         self.plan = None
+        self.trust = PeerTrust("fed", COORD.public)  # type: ignore[assignment]
         self.strategies = SimpleNamespace(get=lambda plan: None)  # type: ignore[assignment]
         self.clock, self.sleep, self.shaper = (lambda: 0.0), (lambda s: None), None
         self._download, self._delta, self._held, self._model, self._link_kbps = None, None, HeldModel(state_dir), held, None
@@ -100,7 +106,8 @@ def _drive(dev: _Device, plan: Plan, blobs: dict[str, bytes], cap: int = 40) -> 
     while dev._download is not None and len(fetched) < cap:
         digest = dev._download.digest
         fetched.append(digest)
-        for payload in chunk_blob(blobs[digest], Kind.MODEL_CHUNK, "fed", "coordinator", plan.round, 4096):
+        for payload in chunk_blob(blobs[digest], Kind.MODEL_CHUNK, "fed", "coordinator", plan.round, 4096,
+                                  key=COORD):
             dev._on_model_chunk(digest, payload)
     return fetched
 

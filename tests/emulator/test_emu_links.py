@@ -157,7 +157,7 @@ def test_crash_during_the_local_round_saves_and_sends_nothing(tmp_path: Path, di
         cfg = load_coordinator_config(fed)
         model = model_blob(initial_global_state(make_strategy("fedavg", cfg.spec, cfg.run.train, {}), 0))
         pub = Publisher(server.link, T, "coordinator", tb.coordinator.max_payload, tmp_path, 30,
-                        lambda: False)
+                        lambda: False, key=tb.coordinator.signer())
         chunks, _ = pub.model(model, 1)
         pub.plan(make_plan(cfg, "fedavg", {}, 1, ["dev-a"], time.time() + 300, model, chunks))
         settings = EdgeSettings(state_dir=str(tmp_path / "dev-a"), device="cpu", heartbeat_s=1.0)
@@ -194,7 +194,11 @@ def test_a_disconnected_client_does_not_spin(tmp_path: Path, digits: Any) -> Non
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    creds = Credentials("etest", "device", "dev-a", "pw", "127.0.0.1", port, 1 << 20)
+    from protocol import SigningKey
+
+    creds = Credentials("etest", "device", "dev-a", "pw", "127.0.0.1", port, 1 << 20,
+                        signing_key=SigningKey.generate().private_text(),
+                        coordinator_key=SigningKey.generate().public.text)
     shard = client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[0])
     client = EdgeClient(EdgeSettings(state_dir=str(tmp_path / "dev-a"), device="cpu"), creds, shard)
     client.start()

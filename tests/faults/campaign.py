@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from craft import Device
+from craft import Device, sign
 from faultlib import FEDERATION, wait_until
 from fedtestlib import FedBroker, federation_toml
 
@@ -97,10 +97,11 @@ class Campaign:
     def check_round(self, rejected: dict[str, int]) -> Counter[str]:
         """The round's metrics line holds exactly the predicted counters; returns them."""
         got, want = Counter(rejected), self.expected
-        flex = got["bad_chunk"] + got["incomplete"] - want["bad_chunk"] - want["incomplete"]
+        # a mutation that changes the sender's id cannot be signed by the device: counted unsigned
+        flex = got["bad_chunk"] + got["incomplete"] + got["unsigned"] - want["bad_chunk"] - want["incomplete"]
         assert flex == self.flexible, f"random mutations: {flex} counted, {self.flexible} sent ({dict(got)})"
         assert got["bad_chunk"] >= want["bad_chunk"] and got["incomplete"] >= want["incomplete"]
-        fixed = {k: v for k, v in got.items() if k not in ("bad_chunk", "incomplete")}
+        fixed = {k: v for k, v in got.items() if k not in ("bad_chunk", "incomplete", "unsigned")}
         assert fixed == {k: v for k, v in want.items() if k not in ("bad_chunk", "incomplete") and v}, (
             got,
             want,
@@ -124,7 +125,7 @@ def mutate(rng: np.random.Generator, payload: bytes) -> bytes:
     else:
         at = int(rng.choice([8, 12, 16, 20, 28, 68, 69]))
         b[at : at + 4] = int(rng.choice([0, 1, 2**31, 2**32 - 1, len(b)])).to_bytes(4, "little")
-    return bytes(b)
+    return sign(bytes(b))  # the device signs what it sends, junk included
 
 
 def digest(blob: bytes) -> str:

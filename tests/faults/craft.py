@@ -21,6 +21,7 @@ from protocol import (
     Ack,
     Kind,
     Plan,
+    SigningKey,
     Status,
     Topics,
     UpdateHeader,
@@ -30,6 +31,11 @@ from protocol import (
     encode_message,
     encode_update,
 )
+from protocol.envelope import _context, signed_data
+
+# the signing keys of the devices the tests drive (their own, from their credentials): a hostile device signs
+# whatever it sends, junk included, so its junk reaches the checks behind the signature
+KEYS: dict[str, SigningKey] = {}
 
 # envelope header fields (protocol/envelope.py): offset and struct format
 FIELD = {
@@ -88,13 +94,31 @@ def chunks(
     federation: str = "ftest",
     digest: str | None = None,
 ) -> list[bytes]:
-    return chunk_blob(blob, Kind.UPDATE_CHUNK, federation, sender, round_, size, digest)
+    return chunk_blob(blob, Kind.UPDATE_CHUNK, federation, sender, round_, size, digest, key=KEYS.get(sender))
+
+
+def sign(payload: bytes) -> bytes:
+    """``payload`` signed again by its sender (in :data:`KEYS`); unchanged when that cannot be done (no such
+    key, a header the signature cannot describe: the decoder refuses those before the signature)."""
+    try:
+        flen, slen = payload[68], payload[69]
+        start = 70 + flen + slen
+        fed, sender = payload[70 : 70 + flen].decode("ascii"), payload[70 + flen : start].decode("ascii")
+        key = KEYS.get(sender)
+        if key is None or len(payload) < start + 64:
+            return payload
+        ctx = _context(Kind(payload[5]), fed, sender, struct.unpack_from("<I", payload, 8)[0])
+        body, count = payload[start + 64 :], struct.unpack_from("<I", payload, 16)[0]
+        return payload[:start] + key.sign(ctx, signed_data(payload[:start], body, count)) + body
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return payload
 
 
 def patch(payload: bytes, field: str, value: int) -> bytes:
-    """``payload`` with one envelope header field set to ``value`` (nothing else changed)."""
+    """``payload`` with one envelope header field set to ``value`` (nothing else changed but the signature,
+    made again by the sender)."""
     at, fmt = FIELD[field]
-    return payload[:at] + struct.pack(fmt, value) + payload[at + struct.calcsize(fmt) :]
+    return sign(payload[:at] + struct.pack(fmt, value) + payload[at + struct.calcsize(fmt) :])
 
 
 def read_field(payload: bytes, field: str) -> int:
@@ -107,12 +131,13 @@ class Device:
 
     def __init__(self, creds: Credentials, topics: Topics, online: bool = True) -> None:
         self.creds, self.t, self.id = creds, topics, creds.username
+        self.key = KEYS[self.id] = creds.signer()
         self.rec = Recorder(creds, [topics.round(), topics.ack(creds.username)])
         if online:
             self.status("online")
 
     def status(self, state: str) -> None:
-        payload = encode_message(Status(0, state, time.time()), self.t.federation, self.id)
+        payload = encode_message(Status(0, state, time.time()), self.t.federation, self.id, key=self.key)
         self.publish([(self.t.status(self.id), payload)], retain=True)
 
     def publish(self, items: list[tuple[str, bytes]], retain: bool = False, timeout: float = 30.0) -> None:

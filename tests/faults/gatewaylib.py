@@ -164,6 +164,7 @@ def gateway_federation(tmp: Path, ds: Any, devices: list[str], *, rounds: int, s
         log_at = (central_dir / "broker.log").stat().st_size
         site = start_broker(site_cfg, site_dir, kind="mosquitto", timeout=30)
         creds = {d: add_device(site_dir, d) for d in devices}
+        add_gateway(central_dir, GATEWAY, devices, device_keys=site_dir / "signing_keys.json")  # their public keys
         site.reload()
         wait_connectable(creds[devices[-1]])
         wait_bridge_up(central_dir / "broker.log", log_at)

@@ -37,7 +37,7 @@ BAD = {  # crafted device -> its report
 
 
 def _report(dev: Device, values: dict[str, float]) -> str:
-    payload = encode_message(Metrics(0, time.time(), values), FEDERATION, dev.id)
+    payload = encode_message(Metrics(0, time.time(), values), FEDERATION, dev.id, key=dev.key)
     dev.publish([(T.metrics(dev.id), payload)])
     return decode_message(payload)[0].digest
 

@@ -53,7 +53,8 @@ def test_an_ack_that_overtakes_the_upload_is_not_lost(
         )
         model = model_blob(initial_global_state(make_strategy("fedavg", cfg.spec, cfg.run.train, {}), 0))
         pub = Publisher(
-            server.link, T, "coordinator", fb.coordinator.max_payload, tmp_path, 30, lambda: False
+            server.link, T, "coordinator", fb.coordinator.max_payload, tmp_path, 30, lambda: False,
+            key=fb.coordinator.signer(),
         )
         chunks, _ = pub.model(model, 1)
         pub.plan(make_plan(cfg, "fedavg", {}, 1, ["dev-a"], time.time() + 300, model, chunks))
@@ -80,7 +81,8 @@ def test_an_ack_that_overtakes_the_upload_is_not_lost(
         )
         env = decode_envelope(first.payload)
         assert env.count > 10  # the device is still publishing the rest
-        ack = encode_message(Ack(1, "dev-a", env.digest, "accepted"), FEDERATION, "coordinator")
+        ack = encode_message(Ack(1, "dev-a", env.digest, "accepted"), FEDERATION, "coordinator",
+                             key=fb.coordinator.signer())
         server.link.wait_published([server.link.publish(T.ack("dev-a"), ack)], 5)
         store = DeviceStore(settings.state_dir)
         wait_until(

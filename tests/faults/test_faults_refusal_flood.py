@@ -41,7 +41,7 @@ def _finished(coord: Any, thread: Any) -> Any:
 def _junk_firsts(n: int, seed: int) -> list[bytes]:
     """The first halves (190 kB each) of ``n`` 380 kB blobs of dev-a, whose second halves never come."""
     rng = np.random.default_rng(seed)
-    return [chunks(rng.bytes(380_000), "dev-a", 1, size=190_100)[0] for _ in range(n)]
+    return [chunks(rng.bytes(380_000), "dev-a", 1, size=190_100 + 64)[0] for _ in range(n)]  # 64: the signature
 
 
 def test_unfinished_blobs_filling_the_budget_do_not_get_honest_chunks_refused(

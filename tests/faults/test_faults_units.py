@@ -22,7 +22,7 @@ from protocol import (
 pytestmark = pytest.mark.faults
 
 
-def _chunks(blob: bytes, sender: str = "dev-a", size: int = 300) -> list[bytes]:
+def _chunks(blob: bytes, sender: str = "dev-a", size: int = 300 + 64) -> list[bytes]:  # 64: the signature field
     return chunk_blob(blob, Kind.UPDATE_CHUNK, "fed", sender, 1, size)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from edge_client.delta_fetch import HeldModel
 from edge_client.fetch import ModelFetch
-from protocol import Topics, WireLimits
+from protocol import PeerTrust, SigningKey, Topics, WireLimits
 
 __all__ = ["FetchDevice", "RecordedLink"]
 
@@ -25,6 +25,9 @@ class RecordedLink:
     def unsubscribe(self, topics: list[str]) -> None: ...
 
 
+COORD_KEY = SigningKey.generate()  # the coordinator's key, which the device's kit carries
+
+
 class FetchDevice(ModelFetch):
     """The state ModelFetch needs (the real device: edge_client.client.EdgeClient); a recorded link."""
 
@@ -35,6 +38,7 @@ class FetchDevice(ModelFetch):
                                         http_timeout_s=http_timeout_s, http_deadline_s=http_deadline_s)
         self.creds = SimpleNamespace(tls=None, username=username, password=password)
         self.plan = None
+        self.trust = PeerTrust("fed", COORD_KEY.public)  # type: ignore[assignment]
         self.strategies = SimpleNamespace(get=lambda plan: None)  # type: ignore[assignment]
         self.clock, self.sleep, self.shaper = (lambda: 0.0), (lambda s: None), None
         self._download, self._delta, self._held, self._model, self._link_kbps = None, None, HeldModel(state_dir), None, None

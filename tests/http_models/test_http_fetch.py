@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from cutproxy import CutProxy
-from fetchlib import FetchDevice
+from fetchlib import COORD_KEY, FetchDevice
 
 from edge_client.fetch import HttpDone
 from edge_client.http_fetch import HttpFetchError, HttpTarget, fetch_blob, part_path
@@ -117,7 +117,7 @@ def test_a_device_whose_http_fetch_fails_takes_the_brokers_chunks(tmp_path: Path
     digest = blob_digest(blob)
     if server_file == "corrupted":
         (nginx.root / digest).write_bytes(blob[:-1] + bytes([blob[-1] ^ 0xFF]))
-    chunks = chunk_blob(blob, Kind.MODEL_CHUNK, "fed", "coordinator", 1, 8192)
+    chunks = chunk_blob(blob, Kind.MODEL_CHUNK, "fed", "coordinator", 1, 8192, key=COORD_KEY)
     plan = Plan(1, ("dev",), 0.0, "fedavg", {}, {"name": "cnn"}, digest, len(chunks), len(blob), models_url=nginx.url)
     dev = FetchDevice(tmp_path)
     dev.plan = plan

@@ -77,11 +77,12 @@ def test_ten_thousand_junk_chunks_cause_no_plan_and_no_journal_growth(tmp_path: 
         plans_seen = sum(m.topic == T.round() for m in a.rec.messages)
         size, records = journal.stat().st_size, len(read_journal(journal).plans)
         junk = []
+        a_key = fed.devices["dev-a"].signer()  # dev-a's own junk, signed by dev-a
         for i in range(10_000):  # each a well-formed first chunk of its own blob, for rounds not open
             blob = os.urandom(24)
             round_ = 1000 + i % 7
             junk.append((T.update_chunk("dev-a", round_, 0), chunk_blob(blob, Kind.UPDATE_CHUNK, "itest", "dev-a",
-                                                                          round_, 400)[0], False))
+                                                                          round_, 400, key=a_key)[0], False))
         assert a.rec.link.publish_all(junk, 120.0)
         marker = coord.counters["bad_message"]
         a.rec.link.publish_all([(T.metrics("dev-a"), b"marker", False)], 10.0)  # handled after the junk

@@ -71,7 +71,8 @@ def test_resend_give_up_and_resume_after_restart(tmp_path: Path, digits) -> None
         cfg = load_coordinator_config(federation_toml(tmp_path / "f.toml", fb.state_dir / "credentials/coordinator.toml",
                                                       tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits"))
         model = model_blob(initial_global_state(make_strategy("fedavg", cfg.spec, cfg.run.train, {}), 0))
-        pub = Publisher(server.link, T, "coordinator", fb.coordinator.max_payload, tmp_path, 30, lambda: False)
+        pub = Publisher(server.link, T, "coordinator", fb.coordinator.max_payload, tmp_path, 30, lambda: False,
+                        key=fb.coordinator.signer())
         chunks, _ = pub.model(model, 1)
         pub.plan(make_plan(cfg, "fedavg", {}, 1, ["dev-a"], time.time() + 300, model, chunks))
         settings = EdgeSettings(state_dir=str(tmp_path / "dev-a"), client_index=0, device="cpu", heartbeat_s=2.0,
@@ -99,7 +100,7 @@ def test_resend_give_up_and_resume_after_restart(tmp_path: Path, digits) -> None
         second.start()
         assert _wait(lambda: len(_sends(server)) > before), "the restarted device did not re-send"
         assert set(_sends(server)) == {digest} and second.rounds_trained == []
-        ack = encode_message(Ack(1, "dev-a", digest, "accepted"), "itest", "coordinator")
+        ack = encode_message(Ack(1, "dev-a", digest, "accepted"), "itest", "coordinator", key=fb.coordinator.signer())
         server.link.wait_published([server.link.publish(T.ack("dev-a"), ack)], 5)
         assert _wait(lambda: DeviceStore(settings.state_dir).load().upload.status == "accepted")  # type: ignore[union-attr]
     finally:

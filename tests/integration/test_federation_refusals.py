@@ -83,7 +83,8 @@ class ManualDevice:
     def __init__(self, creds: Credentials) -> None:
         self.creds = creds
         self.rec = Recorder(creds, [T.round(), T.ack(creds.username)])
-        payload = encode_message(Status(0, "online", time.time()), "itest", creds.username)
+        self.key = creds.signer()  # the device's own key, from its credentials
+        payload = encode_message(Status(0, "online", time.time()), "itest", creds.username, key=self.key)
         self.rec.link.wait_published([self.rec.link.publish(T.status(creds.username), payload, retain=True)], 5)
 
     def plan(self, round_: int, timeout: float = 60.0) -> Plan:
@@ -103,7 +104,7 @@ class ManualDevice:
 
     def send(self, blob: bytes, round_: int) -> str:
         me = self.creds.username
-        payloads = chunk_blob(blob, Kind.UPDATE_CHUNK, "itest", me, round_, 400)  # several chunks
+        payloads = chunk_blob(blob, Kind.UPDATE_CHUNK, "itest", me, round_, 400, key=self.key)  # several chunks
         items = [(T.update_chunk(me, round_, i), p, False) for i, p in enumerate(payloads)]
         assert self.rec.link.publish_all(items, 10.0)
         return blob_digest(blob)
@@ -205,23 +206,24 @@ def test_past_round_duplicate_forged_and_garbage(tmp_path: Path, fed: FedBroker,
         late = c.ack(c.send(c.update_blob(plan1, 1, 0.25), 1))
         c.close()
         assert late.status == "late" and "round 1 is closed" in late.reason
-        # forged sender (dev-b's topic, dev-a's name inside) and garbage: counted, never folded
+        # forged sender (dev-b's topic, dev-a's name inside, not signed by dev-a) and garbage: counted, never folded
         forged = encode_update(Update({"fc.bias": TensorDelta((10,), np.float32([9.0]), np.array([1]))}, 5),
                                UpdateHeader("itest", 2, "dev-a", plan2.model_digest))
         env = chunk_blob(forged, Kind.UPDATE_CHUNK, "itest", "dev-a", 2, 4000)
         b.rec.link.wait_published([b.rec.link.publish(T.update_chunk("dev-b", 2, 0), env[0]),
                                    b.rec.link.publish(T.update_chunk("dev-b", 2, 1), b"\x00garbage")], 5)
         deadline = time.monotonic() + 10
-        while coord.counters["bad_chunk"] < 2 and time.monotonic() < deadline:
+        while coord.counters["bad_chunk"] + coord.counters["unsigned"] < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert coord.counters["bad_chunk"] == 2 and coord.counters["late"] == 1 and coord.counters["duplicate"] == 2
+        assert coord.counters["bad_chunk"] == 1 and coord.counters["unsigned"] == 1
+        assert coord.counters["late"] == 1 and coord.counters["duplicate"] == 2
         assert b.ack(b.send(b.update_blob(plan2, 2, 0.1), 2)).status == "accepted"
         thread.join(60)
         result = coord._thread_result
         assert not isinstance(result, BaseException) and result is not None and result.finished
         assert [r["accepted"] for r in result.history] == [2, 2]
         per_round = sum((Counter(r["rejected"]) for r in result.history), Counter())
-        assert per_round == {"duplicate": 2, "late": 1, "bad_chunk": 2}  # metrics.jsonl agrees with the counters
+        assert per_round == {"duplicate": 2, "late": 1, "bad_chunk": 1, "unsigned": 1}  # metrics.jsonl agrees with the counters
         assert {k: v for k, v in result.counters.items() if v} == per_round
         # folded once: the round-1 journal holds one record per device, and folding exactly those gives
         # the model round 2 was planned with

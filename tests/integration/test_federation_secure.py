@@ -107,7 +107,7 @@ class _MuteDevice:
 
         self.creds, self.t = creds, Topics("itest")
         self.rec = Recorder(creds, [self.t.round()])
-        status = encode_message(Status(0, "online", time.time()), "itest", creds.username)
+        status = encode_message(Status(0, "online", time.time()), "itest", creds.username, key=creds.signer())
         self.rec.link.wait_published([self.rec.link.publish(self.t.status(creds.username), status, retain=True)], 5)
 
     def advertise_then_vanish(self) -> None:
@@ -129,7 +129,7 @@ class _MuteDevice:
         for body in (forged.to_bytes(), advert.to_bytes()):
             env = Envelope(Kind.SECAGG, "itest", me, plan.round, 0, 1, len(body), hashlib.sha256(body).hexdigest(),
                            body)
-            items.append((self.t.secagg(me), env.encode(), False))
+            items.append((self.t.secagg(me), env.encode(self.creds.signer()), False))
         assert self.rec.link.publish_all(items, 10.0)
 
     def close(self) -> None:

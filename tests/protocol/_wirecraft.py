@@ -112,7 +112,7 @@ def envelope(
     *,
     kind: int = 2,
     codec: int | None = None,
-    version: int = 1,
+    version: int = 2,
     flags: int = 0,
     round_: int = 1,
     index: int = 0,
@@ -124,6 +124,7 @@ def envelope(
     federation: bytes = b"fed",
     sender: bytes = b"c1",
     magic: bytes = b"FLEW",
+    signature: bytes = bytes(64),
 ) -> bytes:
     codec = {1: 2, 2: 3}.get(kind, 1) if codec is None else codec
     return (
@@ -146,5 +147,6 @@ def envelope(
         )
         + federation
         + sender
+        + signature
         + body
     )

@@ -257,7 +257,8 @@ def test_truncation_at_every_byte(kind: str) -> None:
 ENVELOPE_BODY = b"some chunk body"
 ENVELOPE_CASES: list[tuple[str, bytes, str]] = [
     ("magic", envelope(ENVELOPE_BODY, magic=b"MQTT"), "magic"),
-    ("version 2", envelope(ENVELOPE_BODY, version=2), "version"),
+    ("version 3", envelope(ENVELOPE_BODY, version=3), "version"),
+    ("version 1 (unsigned, an earlier release)", envelope(ENVELOPE_BODY, version=1), "needs envelope format version 2"),
     ("kind 0", envelope(ENVELOPE_BODY, kind=0, codec=1), "kind"),
     ("kind 8", envelope(ENVELOPE_BODY, kind=8, codec=1), "kind"),
     ("secagg with the json codec", envelope(ENVELOPE_BODY, kind=7, codec=1), "codec 1 is not the codec of secagg"),

@@ -35,7 +35,7 @@ def test_envelope_matches_the_documented_layout() -> None:
     body = b"hello"
     env = Envelope(Kind.UPDATE_CHUNK, "fed", "c1", 9, 0, 1, 5, hashlib.sha256(body).hexdigest(), body)
     assert env.encode() == envelope(body, kind=2, round_=9)
-    assert len(env.encode()) == header_size("fed", "c1") + 5 == 70 + 3 + 2 + 5
+    assert len(env.encode()) == header_size("fed", "c1") + 5 == 70 + 3 + 2 + 64 + 5
     assert decode_envelope(env.encode()) == env
 
 

@@ -1,0 +1,91 @@
+"""``flayer broker add-observer|revoke|rekey`` and the reload they make (the user actions of :mod:`cli.broker`).
+
+``rekey`` gives a device (``--kit``: and its new kit) or the coordinator a new Ed25519 signing key pair; the
+old public key leaves the registry, so what the old key signs is refused from then on (docs/howto/devices.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cli.common import CliError
+
+__all__ = ["add_rekey_parser"]
+
+
+def add_rekey_parser(actions: Any, state_dir_flag: Callable[[argparse.ArgumentParser], None],
+                     run: Callable[[argparse.Namespace], int]) -> None:
+    k = actions.add_parser("rekey", help="a new signing key pair for a device (--kit: its new kit) or the coordinator "
+                                         "(every device then needs a new kit); the old key is refused from then on")
+    state_dir_flag(k)
+    k.add_argument("device_id", metavar="ID", nargs="?", help="the device to re-key")
+    k.add_argument("--coordinator", action="store_true", help="re-key the coordinator instead of a device")
+    k.add_argument("--kit", metavar="FILE.tar.gz", help="also write the device's new startup kit")
+    k.set_defaults(func=run)
+
+
+def _reload(state_dir: Path, note: str = "") -> bool:
+    """Make the running broker recorded in ``state_dir`` re-read its passwords and ACL (says so); False when
+    none is recorded."""
+    from mqtt_broker.cluster import ClusterFiles, reload_recorded_cluster
+    from mqtt_broker.process import reload_recorded
+
+    if ClusterFiles.at(state_dir).layout.exists():  # a cluster's files are kept up to date even while it is down
+        cluster = reload_recorded_cluster(state_dir)
+        if cluster is not None:
+            print(f"reloaded the running broker cluster ({len(cluster.nodes)} aedes node(s)){note}")
+            return True
+    rec = reload_recorded(state_dir)
+    if rec is not None:
+        print(f"reloaded the running {rec.kind} broker (pid {rec.pid}){note}")
+    return rec is not None
+
+
+def _add_observer(args: argparse.Namespace) -> int:
+    from mqtt_broker.state import BrokerFiles, add_observer
+
+    files = BrokerFiles.at(args.state_dir)
+    creds = add_observer(files.state_dir, args.name, rotate=args.rotate)
+    print(f"credentials of observer {creds.username}: {files.credentials(creds.username)} (read-only; pass it to "
+          f"'flayer status --credentials' or 'flayer dashboard --credentials')")
+    _reload(files.state_dir)
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    from mqtt_broker.kit import revoke_device
+    from mqtt_broker.state import BrokerFiles
+
+    files = BrokerFiles.at(args.state_dir)
+    first = revoke_device(files.state_dir, args.device_id)
+    print(f"revoked device {args.device_id}{'' if first else ' (already revoked)'}: password, credentials and "
+          f"certificate removed; listed in {files.state_dir / 'revoked.json'} for the coordinator")
+    if not _reload(files.state_dir, ": its connection is closed"):
+        print("no running broker recorded: it refuses the device when it starts")
+    return 0
+
+
+def _rekey(args: argparse.Namespace) -> int:
+    from mqtt_broker.config import BrokerConfig
+    from mqtt_broker.rekey import rekey
+    from mqtt_broker.state import BrokerFiles
+
+    files = BrokerFiles.at(args.state_dir)
+    if args.coordinator == bool(args.device_id) or (args.coordinator and args.kit):
+        raise CliError("name a device to re-key (ID, optionally --kit FILE), or pass --coordinator alone")
+    user = BrokerConfig.load(files.config).coordinator_user if args.coordinator else args.device_id
+    creds = rekey(files.state_dir, user)
+    print(f"new signing key of {creds.role} {user} in {files.credentials(user)} (mode 0600); its old key is refused "
+          f"from now on")
+    if args.coordinator:
+        print("every device needs its new coordinator key: issue new kits ('flayer broker rekey ID --kit FILE', or "
+              "'add-device ID --rotate --kit FILE'); a coordinator running now must be restarted")
+    elif args.kit:
+        from mqtt_broker.kit import write_kit
+
+        print(f"startup kit: {write_kit(files.state_dir, user, args.kit)} (mode 0600, holds the key: copy it to the "
+              f"device privately)")
+    return 0
