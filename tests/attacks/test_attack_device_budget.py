@@ -73,7 +73,7 @@ def test_a_coordinator_cannot_draw_more_contributions_than_the_device_budget(tmp
 
         topics = Topics(t.federation)
         chunks = chunk_blob(blob, Kind.MODEL_CHUNK, t.federation, t.username, 1, t.max_payload,
-                            plans[0].model_digest)
+                            plans[0].model_digest, key=t.signer())  # the coordinator's own key: it is the adversary
         assert adversary.link.publish_all([(topics.model_chunk(plans[0].model_digest, i), c, True)
                                            for i, c in enumerate(chunks)], 30)
         for plan in plans:
@@ -84,7 +84,7 @@ def test_a_coordinator_cannot_draw_more_contributions_than_the_device_budget(tmp
                 device = EdgeClient(settings, fb.devices[DEVICE], shard)
                 device.start()
             plan = dataclasses.replace(plan, model_chunks=len(chunks))
-            assert adversary.link.publish_all([(topics.round(), encode_message(plan, t.federation, t.username),
+            assert adversary.link.publish_all([(topics.round(), encode_message(plan, t.federation, t.username, key=t.signer()),
                                                 True)], 30)
 
             def answered(ev: Any, r: int = plan.round) -> bool:
@@ -104,7 +104,7 @@ def test_a_coordinator_cannot_draw_more_contributions_than_the_device_budget(tmp
             if env.kind == Kind.UPDATE_CHUNK:
                 contributed.append(plan.round)
                 ack = Ack(plan.round, DEVICE, env.digest, "accepted")
-                adversary.link.publish(topics.ack(DEVICE), encode_message(ack, t.federation, t.username))
+                adversary.link.publish(topics.ack(DEVICE), encode_message(ack, t.federation, t.username, key=t.signer()))
                 time.sleep(0.5)  # the ack settles the upload
             else:
                 st = decode_message(ev.payload)[1]

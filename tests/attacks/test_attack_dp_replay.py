@@ -27,12 +27,14 @@ from flayer.engine.privacy import RoundPrivacy, clip_upload
 from flayer.engine.round import noise_seed
 from flayer.partition import make_partition
 from flayer.train import client_data
-from protocol import Status, Topics, WireLimits, decode_message, decode_update, encode_message
+from protocol import SigningKey, Status, Topics, WireLimits, decode_message, decode_update, encode_message
 from transport.credentials import Credentials
 from transport.link import Received
 
 DEVICES = ["dev-0", "dev-1", "dev-2", "dev-3"]
-CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20)
+CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20,
+                    signing_key=SigningKey.generate().private_text())
+KEYS = {d: SigningKey.generate() for d in DEVICES}  # the devices' keys, as the broker's registry holds them
 
 
 def _config(tmp: Path, clipping: str) -> Any:
@@ -65,6 +67,7 @@ def _run_round(tmp: Path, datas: list[Any], clipping: str) -> tuple[bytes, dict[
     setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
     c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
     c._restore()
+    c.device_keys.keys = {d: k.public for d, k in KEYS.items()}
     for d in DEVICES:
         c.registry.observe(d, Status(0, "online", now[0]), now[0])
     try:
@@ -82,7 +85,7 @@ def _run_round(tmp: Path, datas: list[Any], clipping: str) -> tuple[bytes, dict[
             i = DEVICES.index(dev)
             up = train_and_encode(strategy, plan, before, strategy.initial_state(), datas[i],
                                   round_context(plan, i, torch.device("cpu")), federation="utest", sender=dev,
-                                  max_payload=1 << 20, max_update_bytes=0, amp=False)
+                                  max_payload=1 << 20, max_update_bytes=0, amp=False, key=KEYS[dev])
             upd = decode_update(up.blob, WireLimits(), dict(c.open.aggregate.shapes)).update
             clipped, _ = clip_upload(upd, rp.clip)  # what the coordinator folds (it re-clips)
             for name, d in clipped.deltas.items():
