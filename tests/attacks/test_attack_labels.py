@@ -18,12 +18,14 @@ from typing import Any
 from coordinator.config import load_coordinator_config
 from coordinator.exporter import MAX_LABELS
 from coordinator.server import Coordinator
-from protocol import Status, Topics, encode_message
+from protocol import SigningKey, Status, Topics, encode_message
 from transport.credentials import Credentials
 from transport.link import Received
 
 FED = "labels"
-CREDS = Credentials(FED, "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20)
+CREDS = Credentials(FED, "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20,
+                    signing_key=SigningKey.generate().private_text())
+KEYS: dict[str, SigningKey] = {}  # each device's own key (made on first use), registered with the coordinator
 HONEST = {f"dev-{i}": ("jetson", "phone", "pi")[i % 3] for i in range(9)}
 
 
@@ -31,12 +33,16 @@ def _coordinator(tmp: Path, now: list[float]) -> Coordinator:
     lines = ["[federation]", 'credentials = "creds.toml"', 'state_dir = "coord"', "min_devices = 100",
              "[run]", 'strategy = "fedavg"', "rounds = 1", "[data]", 'dataset = "digits"']
     (tmp / "federation.toml").write_text("\n".join(lines) + "\n")
-    return Coordinator(load_coordinator_config(tmp / "federation.toml"), CREDS, clock=lambda: now[0])
+    c = Coordinator(load_coordinator_config(tmp / "federation.toml"), CREDS, clock=lambda: now[0])
+    c.device_keys.path = None  # the keys below, as the broker's registry would hold them
+    return c
 
 
 def _status(c: Coordinator, device: str, label: str, now: float) -> None:
     """A status exactly as the device publishes it (retained, on its own topic)."""
-    payload = encode_message(Status(0, "online", now, {"label": label}), FED, device)
+    key = KEYS.setdefault(device, SigningKey.generate())
+    c.device_keys.keys[device] = key.public
+    payload = encode_message(Status(0, "online", now, {"label": label}), FED, device, key=key)
     c._on_message(Received(Topics(FED).status(device), payload, True))
 
 

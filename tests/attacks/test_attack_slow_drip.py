@@ -29,7 +29,7 @@ from coordinator.dashboard.watch import FleetWatch
 from coordinator.exporter import MetricsServer
 from edge_client.fetch import HttpDone
 from protocol import Kind, Plan, Topics, blob_digest, chunk_blob
-from tests.http_models.fetchlib import FetchDevice
+from tests.http_models.fetchlib import COORD_KEY, FetchDevice
 
 
 class DripServer:
@@ -85,7 +85,7 @@ def test_a_slow_drip_model_server_is_given_up_and_the_brokers_chunks_finish_the_
     digest = blob_digest(blob)
     drip = DripServer(blob, every_s=0.1)  # never silent for the 1 s read timeout
     try:
-        chunks = chunk_blob(blob, Kind.MODEL_CHUNK, "fed", "coordinator", 1, 8192)
+        chunks = chunk_blob(blob, Kind.MODEL_CHUNK, "fed", "coordinator", 1, 8192, key=COORD_KEY)
         plan = Plan(1, ("dev",), 0.0, "fedavg", {}, {"name": "cnn"}, digest, len(chunks), len(blob),
                     models_url=f"http://127.0.0.1:{drip.port}/")
         dev = FetchDevice(tmp_path, http_timeout_s=1.0, http_deadline_s=2.0)

@@ -14,13 +14,15 @@ import numpy as np
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
 from flayer.update import TensorDelta, Update
-from protocol import Kind, Status, Topics, UpdateHeader, chunk_blob, encode_update
+from protocol import Kind, SigningKey, Status, Topics, UpdateHeader, chunk_blob, encode_update
 from protocol.metrics_schema import read_metrics
 from transport.credentials import Credentials
 from transport.link import Received
 
 DEVICES = ["dev-0", "dev-1"]
-CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20)
+CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20,
+                    signing_key=SigningKey.generate().private_text())
+KEYS = {d: SigningKey.generate() for d in DEVICES}  # the devices' keys, as the broker's registry holds them
 
 
 def _run(tmp: Path, private: bool) -> dict[str, Any]:
@@ -39,6 +41,7 @@ def _run(tmp: Path, private: bool) -> dict[str, Any]:
     setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
     c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
     c._restore()
+    c.device_keys.path, c.device_keys.keys = None, {d: k.public for d, k in KEYS.items()}
     for d in DEVICES:
         c.registry.observe(d, Status(0, "online", now[0]), now[0])
     c._tick()
@@ -49,7 +52,7 @@ def _run(tmp: Path, private: bool) -> dict[str, Any]:
                   for k, s in c.open.aggregate.shapes.items()}
         up = Update(deltas, 57, {"test_correct": 30.0, "test_total": 40.0, "train_loss": 0.7})
         blob = encode_update(up, UpdateHeader("utest", 1, dev, c.model.digest))
-        for k, payload in enumerate(chunk_blob(blob, Kind.UPDATE_CHUNK, "utest", dev, 1, 1 << 20)):
+        for k, payload in enumerate(chunk_blob(blob, Kind.UPDATE_CHUNK, "utest", dev, 1, 1 << 20, key=KEYS[dev])):
             c._on_message(Received(Topics("utest").update_chunk(dev, 1, k), payload, False))
     now[0] += 1.0
     c._tick()
