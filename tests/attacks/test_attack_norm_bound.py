@@ -22,14 +22,16 @@ import torch
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
 from flayer.update import TensorDelta, Update
-from protocol import Kind, Status, Topics, UpdateHeader, chunk_blob, encode_update
+from protocol import Kind, SigningKey, Status, Topics, UpdateHeader, chunk_blob, encode_update
 from transport.credentials import Credentials
 from transport.link import Received
 
 FED = "normfed"
 DEVICES = ["dev-0", "dev-1", "dev-2"]
 BOUND = 5.0
-CREDS = Credentials(FED, "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20)
+CREDS = Credentials(FED, "coordinator", "coordinator", "pw", "127.0.0.1", 1883, 1 << 20,
+                    signing_key=SigningKey.generate().private_text())
+KEYS = {d: SigningKey.generate() for d in DEVICES}  # each device's own key, as the broker's registry holds them
 
 
 def _coordinator(tmp: Path, policy: str, now: list[float]) -> tuple[Coordinator, list[Any]]:
@@ -48,6 +50,7 @@ def _coordinator(tmp: Path, policy: str, now: list[float]) -> tuple[Coordinator,
     setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
     c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
     c._restore()
+    c.device_keys.path, c.device_keys.keys = None, {d: k.public for d, k in KEYS.items()}
     return c, plans
 
 
@@ -57,7 +60,7 @@ def _send(c: Coordinator, dev: str, plan: Any, shapes: dict[str, tuple[int, ...]
     deltas = {k: TensorDelta(tuple(s), (rng.standard_normal(int(np.prod(s))) * scale).astype(np.float32))
               for k, s in sorted(shapes.items())}
     blob = encode_update(Update(deltas, 50), UpdateHeader(FED, plan.round, dev, plan.model_digest))
-    for k, chunk in enumerate(chunk_blob(blob, Kind.UPDATE_CHUNK, FED, dev, plan.round, 100_000)):
+    for k, chunk in enumerate(chunk_blob(blob, Kind.UPDATE_CHUNK, FED, dev, plan.round, 100_000, key=KEYS[dev])):
         c._on_message(Received(Topics(FED).update_chunk(dev, plan.round, k), chunk, False))
 
 
