@@ -40,6 +40,7 @@ def _hostile(fed: FedBroker, upload_s: float, vanish: bool, stop: threading.Even
     selects it announces an upload of ``upload_s`` seconds for that round, then never sends one
     (``vanish``: it disconnects right after the announcement, without a word)."""
     creds = fed.devices["dev-slow"]
+    key = creds.signer()  # the hostile device's own key: what it sends is its own
     topics = Topics(creds.federation)
 
     def run() -> None:
@@ -49,7 +50,7 @@ def _hostile(fed: FedBroker, upload_s: float, vanish: bool, stop: threading.Even
             while not stop.is_set():
                 status = Status(0, "idle", time.time(), {})
                 rec.link.publish(topics.status(creds.username), encode_message(status, creds.federation,
-                                                                               creds.username), retain=True)
+                                                                               creds.username, key=key), retain=True)
                 m = rec.next(lambda e: hasattr(e, "payload") and e.topic == topics.round() and bool(e.payload), 0.5)
                 if m is None:
                     continue
@@ -59,7 +60,7 @@ def _hostile(fed: FedBroker, upload_s: float, vanish: bool, stop: threading.Even
                     info: dict[str, Any] = {"upload_round": plan.round, "upload_bytes": 10**6, "upload_s": upload_s}
                     msg = Status(plan.round, "uploading", time.time(), info)
                     rec.link.publish(topics.status(creds.username), encode_message(msg, creds.federation,
-                                                                                   creds.username))
+                                                                                   creds.username, key=key))
                     if vanish:
                         time.sleep(0.5)  # the announcement on its way, then gone
                         return
