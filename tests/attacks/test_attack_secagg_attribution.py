@@ -82,7 +82,7 @@ class _LowOrderKey:
 
         self.creds, self.t = creds, Topics("itest")
         self.rec = Recorder(creds, [self.t.round()])
-        status = encode_message(Status(0, "online", time.time()), "itest", creds.username)
+        status = encode_message(Status(0, "online", time.time()), "itest", creds.username, key=creds.signer())
         self.rec.link.wait_published([self.rec.link.publish(self.t.status(creds.username), status, retain=True)], 5)
 
     def advertise(self) -> None:
@@ -104,7 +104,7 @@ class _LowOrderKey:
         honest = SecAggClient(planned.params, me).advertise()
         body = replace(honest, c_pk=bytes(32)).to_bytes()  # the rest as its honest advert
         env = Envelope(Kind.SECAGG, "itest", me, plan.round, 0, 1, len(body), hashlib.sha256(body).hexdigest(), body)
-        assert self.rec.link.publish_all([(self.t.secagg(me), env.encode(), False)], 10.0)
+        assert self.rec.link.publish_all([(self.t.secagg(me), env.encode(self.creds.signer()), False)], 10.0)
 
     def close(self) -> None:
         self.rec.close()
