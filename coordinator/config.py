@@ -148,8 +148,9 @@ class FederationSettings:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.grace_s < 0 or self.extend_s < 0:
             raise ConfigError("grace_s and extend_s must be >= 0")
-        if not (0 <= self.announce_wait_s <= self.deadline_s and math.isfinite(self.announce_wait_s)):
-            raise ConfigError(f"announce_wait_s must be in [0, deadline_s], got {self.announce_wait_s}")
+        if not (0 <= self.announce_wait_s and math.isfinite(self.announce_wait_s)):
+            raise ConfigError(f"announce_wait_s must be a finite number >= 0 (the deadline bounds the wait in any "
+                              f"case), got {self.announce_wait_s}")
         if self.max_update_bytes < 1 or self.max_pending_bytes < self.max_update_bytes:
             raise ConfigError(f"max_update_bytes must be >= 1 and max_pending_bytes ({self.max_pending_bytes}) "
                               f">= max_update_bytes ({self.max_update_bytes})")

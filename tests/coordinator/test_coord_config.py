@@ -45,6 +45,8 @@ def test_good_file(tmp_path: Path) -> None:
     assert over.federation.quorum == 3 and over.run.rounds == 9
     unset = load_coordinator_config(_write(tmp_path, GOOD), {"federation": {"quorum": None}, "run": {"rounds": None}})
     assert unset.federation.quorum == 2 and unset.run.rounds == 4  # flags not given keep the file's values
+    short = load_coordinator_config(_write(tmp_path, GOOD.replace("quorum = 2", "quorum = 2\ndeadline_s = 4.0")))
+    assert short.federation.announce_wait_s == 10.0  # the default wait stays valid: the deadline bounds the close
 
 
 @pytest.mark.parametrize("old, new, words", [
@@ -56,6 +58,8 @@ def test_good_file(tmp_path: Path) -> None:
     ("quorum = 2", "quorum = 2\ndelta_downloads = 'bf16'", "delta_downloads"),
     ("quorum = 2", "quorum = 2\nfit_lowest_codec = 'bf16'", "fit_lowest_codec"),
     ("quorum = 2", "quorum = 2\nfit_min_keep = 0.0", "fit_min_keep"),
+    ("quorum = 2", "quorum = 2\nannounce_wait_s = -1.0", "announce_wait_s"),
+    ("quorum = 2", "quorum = 2\nannounce_wait_s = inf", "announce_wait_s"),
     ("rounds = 4", "rounds = 0", "rounds"),
     ("seed = 5", "seed = -1", "seed"),
     ("lr = 0.01", "lr = 'fast'", r"\[train\]"),

@@ -127,10 +127,12 @@ def test_close_by_follows_the_recent_rounds() -> None:
     from coordinator.phases import Phases
 
     p = Phases()
-    p.durations, p.fs = [], SimpleNamespace(mode="sync", max_staleness=0)
+    p.durations, p.fs, p.open = [], SimpleNamespace(mode="sync", max_staleness=0), None
     assert p._close_by(100.0, 160.0) == 0.0  # no history: devices use the deadline
     p.durations = [12.0, 10.0, 30.0]
     assert p._close_by(100.0, 160.0) == 110.0  # the shortest recent round after the open (not the median, 12)
     assert p._close_by(100.0, 105.0) == 105.0  # never past the deadline
     p.fs = SimpleNamespace(mode="async", max_staleness=4)
-    assert p._close_by(100.0, 160.0) == 100.0 + 12.0 * 5  # a version's length x (max_staleness + 1)
+    assert p._close_by(100.0, 160.0) == 100.0 + 12.0 * 2  # two versions of the median length (ASYNC_AIM_VERSIONS)
+    p.open, p.cfg = SimpleNamespace(number=9), SimpleNamespace(run=SimpleNamespace(rounds=9))
+    assert p._close_by(100.0, 160.0) == 100.0 + 12.0  # the run's last version: its own close
