@@ -71,11 +71,14 @@ class SecureSession:
     def on_message(self, body: bytes) -> list[bytes]:
         """A message the coordinator addressed to this device; what to send back (SecAggError: refused)."""
         msg = decode_message(body)
+        addressed = getattr(msg, "device", None)
+        if addressed != self.device:  # the coordinator signed it for another device (the envelope names no
+            # receiver): a copy moved to this device's topic is ignored, never refused, since a refusal would end
+            # this device's part of the round for a message the coordinator never sent it
+            raise SecAggError(f"a {type(msg).__name__} addressed to {addressed!r}, not to this device: ignored")
         if isinstance(msg, KeyBundle):
             return [self.client.share_keys(msg).to_bytes()]
         if isinstance(msg, ShareBatch):
-            if msg.device != self.device:
-                raise SecAggError(f"shares addressed to {msg.device!r}, not to this device")
             self.shares = msg
             return []
         if isinstance(msg, UnmaskRequest):

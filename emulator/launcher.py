@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -29,6 +28,7 @@ from protocol.metrics_schema import MetricsFile, end_record, run_record
 from .events import JsonlTail
 from .fleet import THREAD_MODE_LIMIT, FleetSpec, device_ids
 from .options import EmulateConfig, federation_table
+from .plan_watch import PlanWatch
 from .procs import Child
 from .profiles import assign_profiles, load_profiles, parse_mix, secure_dropout_for
 from .progress import FleetProgress
@@ -77,11 +77,8 @@ class _Launch:
         self.broker_desc = ""
         self.coordinator: Child | None = None
         self.workers: list[Child] = []
-        self.monitor: Any = None
-        self.monitor_events: queue.Queue[Any] = queue.Queue()
+        self.monitor: PlanWatch | None = None
         self.wrapped = False
-        self.final_seen = False
-        self.seen_train = False
         self.metrics: Any = None  # the schema's metrics.jsonl (shard 0)
 
     def note(self, text: str) -> None:
@@ -226,43 +223,18 @@ class _Launch:
         self._start_monitor(spec)
 
     def _start_monitor(self, spec: FleetSpec) -> None:
-        from protocol import Topics
         from transport import Credentials
-        from transport.credentials import mqtt_connect_settings
-        from transport.link import MqttLink
 
         creds = Credentials.load(Path(spec.credentials_dir) / f"{monitor_id(spec.shard)}.toml")
         if spec.broker_host is not None and spec.broker_port is not None:
             creds = dataclasses.replace(creds, host=spec.broker_host, port=spec.broker_port)
-        self.monitor = MqttLink(mqtt_connect_settings(creds), self.monitor_events.put, clean_session=True)
-        self.monitor_topic = Topics(creds.federation).round()
-        self.monitor.start()
+        mine = {spec.devices[k] for k in spec.mine()}
 
-    def _read_monitor(self, spec: FleetSpec) -> None:
-        from protocol import Kind, Plan, WireError, WireLimits, decode_message
-        from transport.link import Connected, Received
+        def on_plan(plan: Any) -> None:
+            self.on_event("plan", {"round": plan.round, "selected": len(plan.selected),
+                                   "here": len(mine & set(plan.selected))})
 
-        while True:
-            try:
-                ev = self.monitor_events.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(ev, Connected) and ev.ok:
-                self.monitor.subscribe([self.monitor_topic])
-            elif isinstance(ev, Received) and ev.payload:
-                try:
-                    _, plan = decode_message(ev.payload, WireLimits(), Kind.PLAN)
-                except WireError:
-                    continue
-                assert isinstance(plan, Plan)
-                if plan.phase == "final" and (self.seen_train or not ev.retain):
-                    self.final_seen = True
-                elif plan.phase != "final":
-                    self.seen_train = True
-                    if spec.shard > 0:
-                        mine = set(spec.devices[k] for k in spec.mine())
-                        self.on_event("plan", {"round": plan.round, "selected": len(plan.selected),
-                                               "here": len(mine & set(plan.selected))})
+        self.monitor = PlanWatch(creds, on_plan if spec.shard > 0 else None).start()  # only plans the coordinator signed (emulator.plan_watch)
 
     # ---- following the fleet -------------------------------------------------------------------------------
     def follow(self, spec: FleetSpec, progress: FleetProgress) -> None:
@@ -270,17 +242,18 @@ class _Launch:
         tails += [JsonlTail(spec.events_file(w)) for w in range(spec.workers)]
         timeout = self.cfg.emulator.timeout_s
         t0 = time.monotonic()
+        assert self.monitor is not None, "start() first"
         while True:
             for tail in tails:
                 for ev in tail.read():
                     kind = progress.feed(ev)
                     self._show(kind, ev, progress)
-            self._read_monitor(spec)
+            self.monitor.poll()
             coord_rc = self.coordinator.poll() if self.coordinator else None
             if coord_rc not in (None, 0):
                 raise EmulatorError(f"the coordinator exited with status {coord_rc}; its log "
                                     f"({self.coordinator.log_file}):\n{self.coordinator.tail()}")  # type: ignore[union-attr]
-            if not self.wrapped and (self.final_seen or coord_rc == 0):
+            if not self.wrapped and (self.monitor.final_seen or coord_rc == 0):
                 self.wrapped = True
                 self.on_event("wrap_up", {})
                 for w in self.workers:
