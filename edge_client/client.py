@@ -22,13 +22,8 @@ without training again. A ``calibrate`` plan (round 0) makes a selected device r
 ``calibrate`` on the model and send the report as a Metrics message instead. After the ``final``
 plan the device saves its personal model and stops.
 
-Idle, a client holds no model: once no job runs and no download is under way, it drops the global
-model (kept on disk as ``global_model.bin``, :class:`edge_client.delta_fetch.HeldModel`) and its client
-state (the state file holds it, :meth:`edge_client.store.DeviceStore.release`), and reads them back for
-its next round. ``model_slots`` (the emulator's, one per process) bounds how many clients hold a model
-at once: a client takes a slot before it fetches a model and gives it back when it is idle again; a
-client that finds none free waits for one handed to it (``acquire`` returns False and later calls
-``offer``, which says whether the client still takes it). ``tick_s``: the longest the worker thread
+Idle, a client holds no model, and ``model_slots`` bound how many clients of a process hold one at once
+(:mod:`edge_client.slots`); the status it publishes is built by :mod:`edge_client.device_status`. ``tick_s``: the longest the worker thread
 waits without an event (every timer is an event or a due time it waits for; thousands of idle clients
 in one process wake less often with a longer one).
 """
@@ -42,7 +37,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -65,22 +60,22 @@ from protocol.model_delta import DeltaRef
 from transport.credentials import Credentials, CredentialsError, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
-from .budget import BUDGET_SPENT, ROUND_SKIPPED, DeviceBudgets
+from .budget import DeviceBudgets
 from .config import EdgeSettings
 from .delta_fetch import HeldModel
+from .device_status import DeviceStatus
 from .download import ModelDownload, Pending
 from .fetch import HttpDone, HttpDownload, ModelFetch
-from .jobs import Job, Jobs
+from .jobs import Job, Jobs, Stop
 from .runtime import TrainingRuntime
 from .secure import SecureRounds, SecureSession
+from .slots import HeldSlots, ModelSlots, SlotFree
 from .sources import DeviceSource
-from .store import DeviceStore, StoredState, UploadRecord
+from .store import DeviceStore, StoredState
 from .thin import ThinUploads
 from .work import (
     EdgeError,
-    SkipRound,
     StrategyCache,
-    Upload,
     check_data_fits,
 )
 
@@ -92,23 +87,7 @@ LinkShaper = Callable[[int, str], float]  # (bytes, "up" | "down") -> seconds of
 ComputeHook = Callable[[str, float, float], None]  # (kind: train | calibrate, wall s, thread CPU s)
 
 
-class _Stop:
-    pass
-
-
-class _SlotFree:
-    """A model slot was handed to this client (``model_slots``)."""
-
-
-class ModelSlots(Protocol):
-    """How many clients of a process hold a model at once (see the module docstring)."""
-
-    def acquire(self, offer: Callable[[], bool]) -> bool: ...
-    def release(self) -> None: ...
-    def cancel(self, offer: Callable[[], bool]) -> None: ...
-
-
-class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
+class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, DeviceStatus):
     def __init__(self, settings: EdgeSettings, creds: Credentials, data: ClientData | DeviceSource, *,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  shaper: LinkShaper | None = None, limits: WireLimits | None = None,
@@ -172,10 +151,8 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
         self._state_name = "online"
         self._link_kbps: float | None = None  # the last model download's rate (the status carries it)
         self._crashed = False
-        self.model_slots = model_slots
         self.tick_s = tick_s  # the longest the worker waits for an event before it looks at its timers again
-        self._slot = self._slot_wanted = self._slot_closed = False  # holding one, waiting for one, stopped
-        self._slot_lock = threading.Lock()
+        self._init_slots(model_slots)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -185,7 +162,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the worker, publish a retained ``offline`` status and disconnect cleanly."""
-        self.events.put(_Stop())
+        self.events.put(Stop())
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
@@ -196,7 +173,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
         rebooted device: it resumes from what is on disk."""
         self._crashed = True
         self.link.abort()
-        self.events.put(_Stop())
+        self.events.put(Stop())
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
@@ -220,7 +197,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
         try:
             while True:
                 ev = self._next_event()
-                if isinstance(ev, _Stop):
+                if isinstance(ev, Stop):
                     break
                 self._handle(ev)
                 self._release_idle()
@@ -271,10 +248,8 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
             log.warning("%s: disconnected (%s); paho reconnects", self.id, ev.reason)
         elif isinstance(ev, Job):
             self._on_job(ev)
-        elif isinstance(ev, _SlotFree):
-            self._slot, self._slot_wanted = True, False
-            if self.plan is not None and not self._busy:
-                self._on_plan(self.plan)  # the fetch that waited for it
+        elif isinstance(ev, SlotFree):
+            self._slot_free()
         elif isinstance(ev, HttpDone):
             self._on_http_done(ev)
 
@@ -322,7 +297,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
             return  # the job's end looks at the plan again
         if plan.phase == "final":
             if self._finished_for(plan) and self.settings.exit_when_finished:
-                self.events.put(_Stop())
+                self.events.put(Stop())
             elif not self._finished_for(plan):
                 self._gated_fetch(plan)
         elif plan.phase == "calibrate":
@@ -375,105 +350,6 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
             self._set_state("training")
             self._submit("trained", plan.round, self._train_job, strategy, plan, global_state, state)
 
-    # ---- what an idle client holds (worker) ---------------------------------------------------------
-    def _gated_fetch(self, plan: Plan) -> None:
-        """Fetch the plan's model once this client holds a model slot (at once without ``model_slots``)."""
-        if self.model_slots is not None and not self._slot:
-            if self._slot_wanted or not self.model_slots.acquire(self._slot_offer):
-                self._slot_wanted = True
-                return  # a _SlotFree event comes with the slot
-            self._slot = True
-        self._fetch(plan)
-
-    def _slot_offer(self) -> bool:
-        """(the slots' thread) A slot for this client: True when it takes it (it has not stopped)."""
-        with self._slot_lock:
-            if self._slot_closed:
-                return False
-            self.events.put(_SlotFree())
-            return True
-
-    def _release_idle(self) -> None:
-        """No job running and no download under way: drop the models and give the slot back."""
-        if self._busy or self._download is not None:
-            return
-        self._model = None  # on disk (HeldModel): read back by the next fetch
-        self.store.release(self.stored)
-        if self._slot and self.model_slots is not None:
-            self._slot = False
-            self.model_slots.release()
-
-    def _close_slot(self) -> None:
-        """The worker stops: no slot taken any more; the one held goes back once the job (if any) ends."""
-        slots = self.model_slots
-        if slots is None:
-            return
-        with self._slot_lock:
-            self._slot_closed = True
-        if self._slot_wanted:
-            slots.cancel(self._slot_offer)
-        if not self._slot:
-            return
-        self._slot = False
-        if not self._busy:
-            slots.release()
-        else:  # the job thread still computes with the model
-            threading.Thread(target=lambda: (self.jobs.shutdown(wait=True), slots.release()), daemon=True,
-                             name=f"edge-{self.id}-slot").start()
-
-    # ---- jobs (job thread) ----------------------------------------------------------------------
-    # ---- results, acks, timers (worker) -----------------------------------------------------------
-    def _on_job(self, job: Job) -> None:
-        self._busy = False
-        if isinstance(job.error, SkipRound):  # a bad global model must not end the device: skip the round
-            self.skipped[job.round] = str(job.error)
-            log.warning("%s: skipping round %d: %s", self.id, job.round, job.error)
-            self._progress("skipped", round=job.round, reason=str(job.error))
-            self._set_state("idle")
-            self._heartbeat_at = 0.0  # the status carrying the reason goes out now
-            if self.plan is not None:
-                self._on_plan(self.plan)  # the plan may have moved on while the job ran
-            return
-        if job.error is not None:
-            raise job.error
-        if job.kind == "trained" and job.result.update is not None:  # a secure round: masked when the shares are in
-            self._secure_trained(job.result, job.round)
-        elif job.kind == "trained":
-            up: Upload = job.result
-            self.stored = StoredState(up.state, job.round, UploadRecord(job.round, up.digest, len(up.blob)), False,
-                                      self.stored.extra)
-            self.rounds_trained.append(job.round)
-            self._pending = Pending("update", job.round, up.digest, self._update_items(up.payloads, job.round))
-            self._sent()
-            log.info("%s: round %d trained and sent (%d bytes)", self.id, job.round, len(up.blob))
-            fit = self.thin.last
-            self._progress("trained", round=job.round, bytes=len(up.blob), acc=up.eval.acc if up.eval else None,
-                           codec=fit.codec if fit else None, keep=fit.keep if fit else None,
-                           budget=fit.budget if fit else None,
-                           train_loss=(up.metrics or {}).get("train_loss"))
-        elif job.kind == "calibrated":
-            self._pending = job.result
-            self._sent()
-            self._progress("calibrated", round=job.round)
-        elif job.kind == "published":
-            self._sent()
-        elif job.kind == "finished":
-            self.finished = self.stored.finished = True
-            self.stored.extra["finished_round"] = job.round
-            self.store.save(self.stored)
-            log.info("%s: federation finished; personal model (test acc %.4f) saved to %s", self.id, job.result,
-                     self.store.personal_file)
-            self._progress("finished", acc=job.result, path=str(self.store.personal_file))
-            if self.settings.exit_when_finished:
-                self.events.put(_Stop())
-            return
-        early, self._early_acks = self._early_acks, []
-        for ack in early:  # acks that overtook the job's report
-            self._on_ack(ack)
-        self._secure_send_masked()  # one waiting for the job thread
-        if self.plan is not None:
-            self._on_plan(self.plan)  # the plan may have moved on while the job ran
-
     def _progress(self, kind: str, **info: Any) -> None:
         if self.on_progress is not None:
             self.on_progress(kind, info)
@@ -482,24 +358,3 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets):
         if name != self._state_name:
             self._state_name = name
             self._heartbeat_at = 0.0  # publish the change now
-
-    def _status_payload(self, state: str) -> bytes:
-        private = self._private_federation is not False  # before the first training plan: as private
-        info: dict[str, str | int | float | bool] = {"device": str(self.device), "client_index": self.settings.client_index}
-        if not private:  # the training-set size is the device's data: not in a private federation
-            info["num_train"] = self.data.num_train if self.data is not None else 0
-        if self._link_kbps is not None:
-            info["link_kbps"] = self._link_kbps
-        if self.settings.label:
-            info["label"] = self.settings.label  # the coordinator's metrics count devices by it
-        if self.skipped:
-            last = max(self.skipped)
-            reason = self.skipped[last]
-            if private and reason != BUDGET_SPENT:
-                reason = ROUND_SKIPPED  # the reason stays in this device's log (docs/reference/private-fields.md)
-            info.update({"skipped_round": last, "skip_reason": reason[:256]})
-        info.update(self._privacy_status())
-        if state == "uploading" and self._announcing:
-            info.update(self._announcing)  # the upload started (edge_client.jobs, _announce)
-        r = self.plan.round if self.plan is not None else 0
-        return encode_message(Status(r, state, self.clock(), info), self.creds.federation, self.id, key=self.signer)

@@ -18,11 +18,15 @@ from protocol import Ack, Kind, Plan, chunk_blob, decode_envelope
 
 from .download import Pending
 from .store import StoredState, UploadRecord
-from .work import EdgeError, Upload, calibration_report, round_context, save_personal, train_and_encode
+from .work import EdgeError, SkipRound, Upload, calibration_report, round_context, save_personal, train_and_encode
 
-__all__ = ["Job", "Jobs"]
+__all__ = ["Job", "Jobs", "Stop"]
 
 log = logging.getLogger("edge_client.client")
+
+
+class Stop:
+    """The worker stops (an event on its queue): stop(), crash(), or the federation finished."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,12 @@ class Jobs:
     _download: Any
     _delta: Any
     _state_name: str
-    _status_payload: Any  # edge_client.client (stubs here would shadow it)
+    _status_payload: Any  # edge_client.device_status (stubs here would shadow it)
+    skipped: dict[int, str]
+    rounds_trained: list[int]
+    finished: bool
+    _secure_trained: Any  # edge_client.secure
+    _secure_send_masked: Any
     _start_download: Any  # edge_client.fetch
 
     _record_contribution: Any  # edge_client.budget
@@ -77,6 +86,59 @@ class Jobs:
     def _progress(self, kind: str, **info: Any) -> None: ...
     def _on_plan(self, plan: Plan) -> None: ...
 
+    # ---- a job's report (worker) ----------------------------------------------------------------
+    def _on_job(self, job: Job) -> None:
+        self._busy = False
+        if isinstance(job.error, SkipRound):  # a bad global model must not end the device: skip the round
+            self.skipped[job.round] = str(job.error)
+            log.warning("%s: skipping round %d: %s", self.id, job.round, job.error)
+            self._progress("skipped", round=job.round, reason=str(job.error))
+            self._set_state("idle")
+            self._heartbeat_at = 0.0  # the status carrying the reason goes out now
+            if self.plan is not None:
+                self._on_plan(self.plan)  # the plan may have moved on while the job ran
+            return
+        if job.error is not None:
+            raise job.error
+        if job.kind == "trained" and job.result.update is not None:  # a secure round: masked when the shares are in
+            self._secure_trained(job.result, job.round)
+        elif job.kind == "trained":
+            up: Upload = job.result
+            self.stored = StoredState(up.state, job.round, UploadRecord(job.round, up.digest, len(up.blob)), False,
+                                      self.stored.extra)
+            self.rounds_trained.append(job.round)
+            self._pending = Pending("update", job.round, up.digest, self._update_items(up.payloads, job.round))
+            self._sent()
+            log.info("%s: round %d trained and sent (%d bytes)", self.id, job.round, len(up.blob))
+            fit = self.thin.last
+            self._progress("trained", round=job.round, bytes=len(up.blob), acc=up.eval.acc if up.eval else None,
+                           codec=fit.codec if fit else None, keep=fit.keep if fit else None,
+                           budget=fit.budget if fit else None,
+                           train_loss=(up.metrics or {}).get("train_loss"))
+        elif job.kind == "calibrated":
+            self._pending = job.result
+            self._sent()
+            self._progress("calibrated", round=job.round)
+        elif job.kind == "published":
+            self._sent()
+        elif job.kind == "finished":
+            self.finished = self.stored.finished = True
+            self.stored.extra["finished_round"] = job.round
+            self.store.save(self.stored)
+            log.info("%s: federation finished; personal model (test acc %.4f) saved to %s", self.id, job.result,
+                     self.store.personal_file)
+            self._progress("finished", acc=job.result, path=str(self.store.personal_file))
+            if self.settings.exit_when_finished:
+                self.events.put(Stop())
+            return
+        early, self._early_acks = self._early_acks, []
+        for ack in early:  # acks that overtook the job's report
+            self._on_ack(ack)
+        self._secure_send_masked()  # one waiting for the job thread
+        if self.plan is not None:
+            self._on_plan(self.plan)  # the plan may have moved on while the job ran
+
+    # ---- the job thread ---------------------------------------------------------------------------
     def _submit(self, kind: str, round_: int, fn: Callable[..., Any], *args: Any) -> None:
         self._busy = True
 
