@@ -122,7 +122,8 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
         except CredentialsError as exc:
             raise EdgeError(str(exc)) from None
         self.trust = PeerTrust(creds.federation, coordinator)
-        self._plan_round = max(self.stored.done_round, self.stored.upload.round if self.stored.upload else 0)
+        self._plan_round = max(self.stored.done_round, self.stored.upload.round if self.stored.upload else 0,
+                               self.store.plan_round())  # the newest plan taken, across reboots
         will = encode_message(Status(0, "offline", clock(), {}), creds.federation, self.id, key=self.signer)
         self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=False,
                              will=(self.topics.status(self.id), will), keepalive=settings.keepalive_s,
@@ -266,6 +267,8 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
                 if plan.round < self._plan_round:  # signed, but older than one seen: a replay
                     raise WireError(f"plan of round {plan.round} after round {self._plan_round}: rounds only "
                                     "move forward (a replayed plan)")
+                if plan.round > self._plan_round:
+                    self.store.save_plan_round(plan.round)
                 self._plan_round = plan.round
                 self._on_plan(plan)
             elif parsed.kind == "ack":

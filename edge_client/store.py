@@ -12,6 +12,8 @@
   retrains that round (deterministically) and overwrites the upload.
 - ``personal.safetensors`` / ``global.safetensors`` -- the models after the federation ended
   (:func:`flayer.state.save_model`, for ``flayer export``).
+- ``plan_round`` -- the newest round of a plan this device took: plans only move forward, so a signed plan of
+  an earlier round replayed after a reboot is refused too (docs/explanation/security.md, "Replays").
 
 An idle client need not hold its :class:`ClientState` in memory: :meth:`DeviceStore.release` drops
 the tensors from a :class:`StoredState` whose state file holds exactly them (``on_disk``);
@@ -63,6 +65,7 @@ class DeviceStore:
         self.upload_file = self.dir / "upload.bin"
         self.personal_file = self.dir / "personal.safetensors"
         self.global_file = self.dir / "global.safetensors"
+        self.plan_file = self.dir / "plan_round"
 
     def load(self) -> StoredState:
         if not self.state_file.exists():
@@ -95,6 +98,22 @@ class DeviceStore:
         (after a load or a save of ``stored``)."""
         if stored.state is not None and self.state_file.exists():
             stored.state, stored.on_disk = None, True
+
+    def plan_round(self) -> int:
+        """The newest plan round this device took (0: none, or an unreadable file: the state file's rounds bound
+        it then)."""
+        try:
+            text = self.plan_file.read_text(encoding="ascii").strip()
+            return int(text) if text.isdigit() and len(text) <= 10 else 0
+        except (OSError, UnicodeDecodeError):
+            return 0
+
+    def save_plan_round(self, round_: int) -> None:
+        """Record ``round_`` (temporary file and rename; no fsync: a lost write only forgets the newest round)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.plan_file.with_name(f".{self.plan_file.name}.tmp")
+        tmp.write_text(str(int(round_)), encoding="ascii")
+        tmp.replace(self.plan_file)
 
     def save_upload(self, blob: bytes) -> None:
         atomic_write(self.upload_file, blob)
