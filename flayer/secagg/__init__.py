@@ -38,8 +38,10 @@ different devices different survivor sets (the majority threshold keeps two disj
 devices from handing it both secrets of one device, but colluders break that; devices check t against
 a floor they compute, the graph seed and the survivor list). A false share is caught: b_u is checked
 against the commitment in u's advert, s_u against its public key, every share beyond t against the
-rebuilt polynomial, and the holder of a false one is named (``SecAggServer.faulty``), as is a device
-advertising a low-order, shared or repeated key.
+rebuilt polynomial, and the holder of a false one is named (``SecAggServer.faulty``) when the shares
+determine the polynomial (2e <= m - t: framing an honest holder takes more than (m - t)/2 false shares), as is a
+dealer whose shares agree on a secret other than the one it advertised, and a device advertising a low-order,
+shared or repeated key.
 Device authentication rides on the broker: each device publishes only under its own credentials and
 ACL, so the coordinator knows which device sent which message; the sealed shares' associated data
 binds (session, round, sender, receiver, stage) against replay, forgery and misaddressing.

@@ -239,9 +239,15 @@ class SecAggServer:
 
     def _reconstruct(self, owner: str, kind: str) -> bytes:
         """One secret of ``owner``, checked against what it advertised (the commitment to b_u, the key s_u^PK);
-        every share beyond the t used is checked too, and the holder of a share off the secret's polynomial is
-        named in :attr:`faulty`. SecAggError if its other secret was rebuilt (the never-both rule);
-        SecAggAbandoned if no t of the shares give the advertised secret."""
+        every share beyond the t used is checked too. SecAggError if its other secret was rebuilt (the never-both
+        rule); SecAggAbandoned if no t of the shares give the advertised secret.
+
+        Who is named in :attr:`faulty` (:func:`_decoded`): with m shares, the holders of the e shares off the
+        polynomial that rebuilds the genuine secret, only when ``2e <= m - t`` -- the m shares then determine the
+        polynomial (Reed-Solomon's unique decoding), so naming an honest holder would take more than ``(m - t) / 2``
+        false shares of this one secret, never one device alone, and never two whose errors cancel at 0. The owner
+        (the dealer) is named when no t shares rebuild its advertised secret although m > t shares agree on one
+        polynomial up to such e: its shares are not of the secret it committed to."""
         assert kind in _KINDS
         done = self._reconstructed.setdefault(owner, set())
         if done - {kind}:
@@ -254,19 +260,28 @@ class SecAggServer:
                 return keys.commit_seed(secret, p.session, p.round, owner) == advert.b_commit
             return keys.public_from_private(secret) == advert.s_pk
 
-        for subset in _subsets(sorted(shares), p.threshold):
+        fallback: bytes | None = None
+        for i, subset in enumerate(_subsets(sorted(shares), p.threshold)):
             used = {x: shares[x] for x in subset}
             try:
-                secret = shamir.combine(used, p.threshold)
+                secret: bytes | None = shamir.combine(used, p.threshold)
             except ValueError:
-                continue
-            if genuine(secret):
-                for x in sorted(set(shares) - set(subset)):
-                    if shamir.evaluate(used, x) != shares[x]:
+                secret = None
+            if secret is not None and genuine(secret):
+                off = _decoded(shares, used, p.threshold, kind == "b")
+                if off is not None:
+                    for x in off:
                         holder = p.participants[x - 1]
                         self.faulty[holder] = f"{holder} sent a false share of {kind}_{owner}"
                         log.warning("secagg round %d: %s", p.round, self.faulty[holder])
-                return secret
+                    return secret
+                fallback = fallback or secret  # genuine, but too many shares disagree to tell who lied
+            elif i == 0 and len(shares) > p.threshold and _decoded(shares, used, p.threshold, False) is not None:
+                self.faulty[owner] = (f"{owner} dealt shares of {kind}_{owner} that agree on a secret other than "
+                                      f"the {'seed it committed to' if kind == 'b' else 'key it advertised'}")
+                log.warning("secagg round %d: %s", p.round, self.faulty[owner])
+        if fallback is not None:
+            return fallback  # unmasked with the genuine secret; nobody named
         raise self._abandon(f"no {p.threshold} of the {len(shares)} shares of {kind}_{owner} rebuild the "
                             f"{'seed it committed to' if kind == 'b' else 'key it advertised'}")
 
@@ -296,6 +311,22 @@ class SecAggServer:
         self._shares = {"b": {}, "s": {}}
         self._result = total
         return total.copy()
+
+
+def _decoded(shares: Mapping[int, int], used: Mapping[int, int], t: int, exact: bool) -> list[int] | None:
+    """The x of the shares off the polynomial through ``used`` (t of ``shares``), or None when more than
+    ``(m - t) / 2`` of the m shares are off it: that polynomial is then not determined by the shares (another one,
+    the dealer's, may be off by as few), so nobody can be named from it. ``exact``: the polynomial's value at 0 is
+    known to be the dealer's (b_u, by its commitment; not s_u, whose public key X25519's clamping leaves the same for
+    other values), one more point: ``(m - t + 1) / 2``."""
+    limit = (len(shares) - t + int(exact)) // 2
+    off = []
+    for x in sorted(set(shares) - set(used)):
+        if shamir.evaluate(used, x) != shares[x]:
+            off.append(x)
+            if len(off) > limit:
+                return None
+    return off
 
 
 def _subsets(xs: list[int], t: int, tries: int = 256) -> Iterator[tuple[int, ...]]:
