@@ -129,7 +129,7 @@ class SecureRounds:
         """A plan: open this device's session of a secure round it is selected for, and send its keys."""
         try:
             planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected),
-                                       self.settings.secure_corrupt_fraction)
+                                       self.settings.secure_corrupt_fraction, plan.privacy)
         except ValueError as exc:
             log.warning("%s: ignoring the plan's secure round: %s", self.id, exc)
             return

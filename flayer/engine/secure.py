@@ -323,11 +323,14 @@ def csprng() -> KeystreamRandom:
 
 
 def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, ...],
-                     min_corrupt_fraction: float = 0.0) -> PlannedSecure | None:
+                     min_corrupt_fraction: float = 0.0, privacy: Mapping[str, Any] | None = None
+                     ) -> PlannedSecure | None:
     """A plan's secure round (None: not one); ValueError naming what is malformed or what this device refuses:
     a graph seed other than the one the run seed gives, a threshold t below the floor this device computes
     itself from k, the cohort and the colluding fraction (the plan's or ``min_corrupt_fraction``, the larger:
-    :func:`flayer.secagg.graph.threshold_floor`), or bounds that are not finite and positive."""
+    :func:`flayer.secagg.graph.threshold_floor`), bounds that are not finite and positive, or -- with the plan's
+    ``privacy`` in local mode (distributed DP: the devices' shares are the round's only noise) -- a noise share
+    below ``max(z, z_Delta) C / sqrt(t)``, the least that gives t shares the noise the device's ledger books."""
     if not raw:
         return None
     try:
@@ -358,5 +361,20 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
         raise ValueError(f"plan: threshold t={params.threshold} is below the floor {floor} this device computes for "
                          f"k={params.degree} neighbours and a colluding fraction "
                          f"{max(gamma, min_corrupt_fraction):g}: refused")
+    _check_noise(privacy, params.threshold, noise_std)
     return PlannedSecure(params, layout, bool(raw.get("adaptive", False)), stage_s, noise_std, bound, value_range,
                          gamma, run_seed)
+
+
+def _check_noise(privacy: Mapping[str, Any] | None, threshold: int, noise_std: float) -> None:
+    """ValueError unless a distributed-DP round's noise share (``noise_std``, each device's) carries what the plan's
+    privacy states: with t or more survivors, at least ``(z C)^2`` on the sum, z the larger of the multiplier the
+    ledger books and the update's (:func:`ring_noise` widens it further for the rounding)."""
+    rp = RoundPrivacy.from_plan(privacy) if privacy else None
+    if rp is None or rp.mode != "local":
+        return  # central mode: the coordinator adds the noise (it is trusted with the sum)
+    need = max(rp.noise_multiplier, rp.update_multiplier) * rp.clip / math.sqrt(threshold)
+    if not rp.ring or not noise_std >= need * (1 - 1e-9):
+        raise ValueError(f"plan: a distributed-DP secure round whose noise share {noise_std:.4g} is below the "
+                         f"{need:.4g} its privacy states (z {rp.noise_multiplier:g}, C {rp.clip:g}, t {threshold}) "
+                         f"or not drawn in the ring: refused (the sum would carry less noise than this device books)")
