@@ -57,6 +57,7 @@ __all__ = [
 KEY_LEN = 32
 COMMIT_LEN = 32
 _PROBE = bytes([9] + [0] * 30 + [64])  # a fixed scalar: low-order public keys give an all-zero agreement with it
+_P = 2**255 - 19  # Curve25519's field prime: a canonical u is below it
 NONCE_LEN = 12
 TAG_LEN = 16
 _DOMAIN = b"flayer-secagg/v1/"
@@ -104,8 +105,14 @@ def agree(private: bytes, peer_public: bytes) -> bytes:
 
 
 def check_public_key(public: bytes, what: str) -> None:
-    """SecAggError unless ``public`` is a usable X25519 key: 32 bytes whose agreement with a fixed scalar is not
-    all-zero (an all-zero key and the other low-order points give every peer the all-zero secret)."""
+    """SecAggError unless ``public`` is a usable X25519 key: 32 bytes in the canonical encoding (u < p, the top bit
+    clear: X25519 ignores that bit and reads u + p as u, so one key has several encodings and a repeated key would
+    pass a byte comparison), whose agreement with a fixed scalar is not all-zero (an all-zero key and the other
+    low-order points give every peer the all-zero secret)."""
+    if isinstance(public, (bytes, bytearray)) and len(public) == KEY_LEN \
+            and int.from_bytes(bytes(public), "little") >= _P:
+        raise SecAggError(f"{what} is not a canonical X25519 key (top bit set, or u >= 2^255 - 19): another "
+                          "encoding of some key")
     try:
         agree(_PROBE, public)
     except SecAggError as exc:
