@@ -16,8 +16,13 @@ with the noise multiplier that protects its contribution from the parties that s
 With a budget -- ``[privacy] device_budget`` in ``device.toml`` or the plan's ``device_budget``, the smaller of
 the two -- the device refuses to train on a private round once that contribution would bring its epsilon past
 the budget, whatever the coordinator asks: it logs why, and its status says ``budget spent`` (nothing more).
-Epsilon is taken at the smaller of the plan's ``delta`` and the device's own ``[privacy] delta``; with a budget
-and no delta known the device refuses (it cannot tell what it would spend).
+Epsilon is taken at the smaller of the plan's ``delta`` and the device's own ``[privacy] delta`` (``DEVICE_DELTA``,
+1e-5, when device.toml names none): a coordinator cannot shrink the device's epsilon by raising the plan's delta.
+
+The coordinator writes the plans, and in local mode it is an adversary, so the device also refuses (status
+``round skipped``) a private plan whose noise would be less than the multiplier it counts or that would send the
+clip bit in the clear (:func:`plan_noise_problem`), and -- once it asks for privacy itself (its own budget or
+delta) or has contributed to a private round -- a training round without privacy or a calibration round.
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ from typing import Any
 
 from flayer.engine.accountant import epsilon_for
 from flayer.engine.privacy import RoundPrivacy
+from flayer.engine.secure import PlannedSecure, secure_from_plan
 
-__all__ = ["BUDGET_SPENT", "LEDGER_KEY", "DeviceBudgets", "DeviceLedger", "contribution_multiplier",
-           "plan_limits"]
+__all__ = ["BUDGET_SPENT", "DEVICE_DELTA", "LEDGER_KEY", "DeviceBudgets", "DeviceLedger", "contribution_multiplier",
+           "plan_limits", "plan_noise_problem"]
 
 log = logging.getLogger("edge_client.client")
 
 LEDGER_KEY = "dp_ledger"
+DEVICE_DELTA = 1e-5  # the delta a device counts at when its device.toml names none (a plan may only lower it)
 BUDGET_SPENT = "budget spent"  # the status's skip reason: nothing about the data
 ROUND_SKIPPED = "round skipped"  # a private round's other skips, as generic
 
@@ -46,6 +53,34 @@ def contribution_multiplier(rp: RoundPrivacy, secure: bool) -> float:
     if rp.mode == "local" and not secure and not rp.ring:
         return rp.update_multiplier / math.sqrt(rp.contributions)
     return rp.noise_multiplier
+
+
+def plan_noise_problem(rp: RoundPrivacy, planned: PlannedSecure | None) -> str | None:
+    """Why this device refuses a private round as the plan writes it (None: it may contribute): in local mode
+    the coordinator is an adversary and writes the plan, so a plan whose noise would be less than the multiplier
+    the device counts (:func:`contribution_multiplier`), or that would send a data-dependent bit outside any
+    sum, is refused. ``planned``: the plan's secure round, as this device parsed it (None: not secure)."""
+    if rp.mode != "local":
+        return None  # central mode: the coordinator adds the noise, and is trusted with the clipped update
+    if rp.adaptive:
+        return "adaptive clipping in local mode would send the clip bit to the coordinator in the clear"
+    if rp.update_multiplier != rp.noise_multiplier:
+        return (f"local mode: the noise multiplier {rp.noise_multiplier:g} and the update's "
+                f"{rp.update_multiplier:g} differ")
+    if planned is None:
+        if rp.ring:
+            return "the plan draws the noise shares in a secure sum, and names no secure round: no noise would be added"
+        return None
+    if not rp.ring:
+        return "a secure round in local mode draws its noise shares in the ring, sized for the threshold"
+    ring, t, n = planned.params.ring, planned.params.threshold, planned.params.length
+    assert ring.scale is not None
+    # flayer.engine.secure.ring_noise: t survivors' shares carry z C, widened for the stochastic rounding
+    need = rp.sum_std / math.sqrt(t) * (1.0 + math.sqrt(n) / (rp.clip * ring.scale))
+    if planned.noise_std < need * (1 - 1e-9):
+        return (f"the secure round's noise share {planned.noise_std:.4g} is below the {need:.4g} that t = {t} "
+                f"survivors need for multiplier {rp.noise_multiplier:g} at C {rp.clip:g}")
+    return None
 
 
 def _positive(raw: Any, name: str) -> float | None:
@@ -119,19 +154,50 @@ class DeviceBudgets:
     def _ledger(self) -> DeviceLedger:
         return DeviceLedger.from_extra(self.stored.extra)
 
+    def _own_privacy(self) -> bool:
+        """This device asks for privacy itself -- its own ``[privacy] device_budget`` or ``delta`` -- or has
+        contributed to a private round already: it then takes part in private training rounds only."""
+        if self.settings.device_budget or self.settings.device_delta:
+            return True
+        try:
+            return self._ledger().rounds > 0
+        except ValueError:
+            return True
+
     def _budget_refuses(self, plan: Any) -> bool:
-        """True when this device must not contribute to ``plan``'s private round: its next contribution would
-        pass its budget (or the budget cannot be checked). Logs the refusal once per round."""
-        if not plan.privacy or plan.phase != "train":
+        """True when this device must not contribute to ``plan``: a private round whose next contribution would
+        pass its budget (or the budget cannot be checked) or whose noise is less than the device would count
+        (:func:`plan_noise_problem`); with :meth:`_own_privacy`, a training round without privacy or a
+        calibration round (its report is the device's data, un-noised). Logs the refusal once per round."""
+        if plan.phase not in ("train", "calibrate"):
             return False
-        why = self._budget_problem(plan)
-        if why is None:
+        if plan.phase == "calibrate" or not plan.privacy:
+            if not self._own_privacy():
+                return False
+            why = (f"a {plan.phase} round without privacy: this device contributes to private training "
+                   f"rounds only (its own [privacy] settings, or a private round already contributed)")
+            reason = ROUND_SKIPPED
+            problem: str | None = why
+        else:
+            problem, reason = self._noise_problem(plan), ROUND_SKIPPED
+            if problem is None:
+                problem, reason = self._budget_problem(plan), BUDGET_SPENT
+        if problem is None:
             return False
-        if self.skipped.get(plan.round) != BUDGET_SPENT:
-            self.skipped[plan.round] = BUDGET_SPENT
-            log.warning("%s: refusing round %d: %s", self.id, plan.round, why)
+        if self.skipped.get(plan.round) != reason:
+            self.skipped[plan.round] = reason
+            log.warning("%s: refusing round %d: %s", self.id, plan.round, problem)
             self._heartbeat_at = 0.0  # the status saying so goes out now
         return True
+
+    def _noise_problem(self, plan: Any) -> str | None:
+        """:func:`plan_noise_problem` for a private plan (None also when it is malformed: refused elsewhere)."""
+        try:
+            rp = RoundPrivacy.from_plan(plan.privacy)
+            planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected)) if plan.secure else None
+        except ValueError:
+            return None
+        return plan_noise_problem(rp, planned) if rp is not None else None
 
     def _budget_problem(self, plan: Any) -> str | None:
         own_budget, own_delta = self.settings.device_budget or None, self.settings.device_delta or None
@@ -143,15 +209,14 @@ class DeviceBudgets:
             self._budget_state = (own_delta, own_budget is not None)
             return str(exc) if own_budget is not None else None
         assert rp is not None
-        deltas = [d for d in (plan_delta, own_delta) if d is not None]
+        # the plan's delta never raises the device's own (DEVICE_DELTA when it names none): a larger delta
+        # would shrink every epsilon the device counts
+        delta = min(d for d in (plan_delta, own_delta or DEVICE_DELTA) if d is not None)
         budgets = [b for b in (plan_budget, own_budget) if b is not None]
-        delta, budget = (min(deltas) if deltas else None), (min(budgets) if budgets else None)
+        budget = min(budgets) if budgets else None
         if budget is None:
             self._budget_state = (delta, False)
             return None
-        if delta is None:
-            self._budget_state = (None, True)
-            return f"a privacy budget of {budget:g} is set but neither the plan nor this device names a delta"
         z = contribution_multiplier(rp, bool(plan.secure))
         spent, after = ledger.epsilon(delta), ledger.epsilon(delta, (z, 1))
         at_budget = after > budget

@@ -282,7 +282,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
 
     def _on_plan(self, plan: Plan) -> None:
         self.plan = plan
-        if plan.privacy or self.stored.extra.get("dp_ledger"):
+        if plan.privacy or self._own_privacy():
             self._private_federation = True  # (the final plan names no privacy: still a private federation)
         elif plan.phase == "train" and self._private_federation is None:
             self._private_federation = False
@@ -305,7 +305,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
                 self._gated_fetch(plan)
         elif plan.phase == "calibrate":
             if self.id in plan.selected and self._pending is None \
-                    and self.stored.extra.get("calibrated") != plan.model_digest:
+                    and self.stored.extra.get("calibrated") != plan.model_digest and not self._budget_refuses(plan):
                 self._gated_fetch(plan)
         elif up is not None and not up.settled and up.round <= plan.round:  # this round's, or (async) a recent one's
             if self._pending is None:  # restarted with an unacknowledged upload: send it again
@@ -323,7 +323,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
             return False
         if plan.mode == "async" and plan.round <= int(self.stored.extra.get("folded_into", 0)):
             return False
-        return not (plan.privacy and self._budget_refuses(plan))  # past its own privacy budget (edge_client.budget)
+        return not self._budget_refuses(plan)  # past its own privacy budget, or not private (edge_client.budget)
 
     def _finished_for(self, plan: Plan) -> bool:
         """True when this final plan's models are already saved. A federation extended after it finished

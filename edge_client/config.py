@@ -44,7 +44,7 @@
 
     [privacy]                    # optional: this device's own privacy budget (docs/explanation/privacy.md)
     device_budget = 4.0          # refuse private rounds once the next contribution would pass this epsilon
-    delta = 1e-5                 # the delta it counts at (the smaller of this and the plan's; default: the plan's)
+    delta = 1e-5                 # the delta it counts at (the smaller of this and the plan's; default: 1e-5)
     secure_corrupt_fraction = 0.0  # secure rounds: the colluding fraction this device assumes (t's floor), at least
 
 Relative paths (credentials, python_path, path, data_dir, partition_file, state_dir) are read
@@ -97,7 +97,7 @@ class EdgeSettings:
     allow_entry_points: tuple[str, ...] = ()  # model entry points a plan may name besides the built-ins
     label: str = ""  # the device's kind (e.g. "jetson-orin"), in its status: the coordinator's metrics count by it
     device_budget: float = 0.0  # [privacy] device_budget: refuse private rounds past this epsilon (0: none)
-    device_delta: float = 0.0  # [privacy] delta: the delta this device counts its epsilon at (0: the plan's)
+    device_delta: float = 0.0  # [privacy] delta: the delta this device counts its epsilon at (0: 1e-5, or the plan's if smaller)
     secure_corrupt_fraction: float = 0.0  # [privacy]: secure rounds' colluders this device assumes, whatever the plan says
 
     def __post_init__(self) -> None:
@@ -126,7 +126,7 @@ class EdgeSettings:
             raise ConfigError(f"[privacy] device_budget must be a finite epsilon > 0 (or 0: none), got "
                               f"{self.device_budget}")
         if not 0 <= self.device_delta < 1:
-            raise ConfigError(f"[privacy] delta must be in (0, 1) (or 0: the plan's), got {self.device_delta}")
+            raise ConfigError(f"[privacy] delta must be in (0, 1) (or 0: 1e-5), got {self.device_delta}")
         if not 0 <= self.secure_corrupt_fraction < 0.5:
             raise ConfigError(f"[privacy] secure_corrupt_fraction must be in [0, 0.5), got {self.secure_corrupt_fraction}")
         if not 5 <= self.keepalive_s <= 3600:
@@ -139,14 +139,14 @@ class DevicePrivacy:
     reads them as ``EdgeSettings.device_budget`` and ``device_delta``."""
 
     device_budget: float = 0.0  # refuse private rounds once the next contribution would pass this epsilon (0: none)
-    delta: float = 0.0  # the delta this device counts its epsilon at: the smaller of this and the plan's (0: the plan's)
+    delta: float = 0.0  # the delta this device counts its epsilon at: the smaller of this and the plan's (0: 1e-5)
     secure_corrupt_fraction: float = 0.0  # secure rounds: colluders this device assumes (t's floor), at least
 
     def __post_init__(self) -> None:
         if not (0 <= self.device_budget < float("inf")):
             raise ConfigError(f"device_budget must be a finite epsilon > 0 (or 0: none), got {self.device_budget}")
         if not 0 <= self.delta < 1:
-            raise ConfigError(f"delta must be in (0, 1) (or 0: the plan's), got {self.delta}")
+            raise ConfigError(f"delta must be in (0, 1) (or 0: 1e-5), got {self.delta}")
         if not 0 <= self.secure_corrupt_fraction < 0.5:
             raise ConfigError(f"secure_corrupt_fraction must be in [0, 0.5), got {self.secure_corrupt_fraction}")
 

@@ -29,6 +29,7 @@ from flayer.aggregate import is_finite_state
 from flayer.config import ConfigError, TrainConfig, from_mapping
 from flayer.engine import ClientEval, client_round
 from flayer.engine.privacy import UNCLIPPED_KEY, RoundPrivacy, privatize
+from flayer.engine.secure import secure_from_plan
 from flayer.registry import (
     architecture,
     architecture_diff,
@@ -57,6 +58,8 @@ from protocol import (
     encode_message,
     encode_update,
 )
+
+from .budget import plan_noise_problem
 
 log = logging.getLogger("edge_client.client")
 
@@ -267,8 +270,12 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
     check_finite_round(plan, global_state)
     try:
         private = RoundPrivacy.from_plan(plan.privacy)
+        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected)) if private and plan.secure else None
     except ValueError as exc:
         raise SkipRound(str(exc)) from None
+    why = plan_noise_problem(private, planned) if private is not None else None
+    if why is not None:  # a plan that would strip the noise this device counts (edge_client.budget)
+        raise SkipRound(f"privacy plan refused: {why}")
     with autocast_for(ctx.device, amp):
         ev, result = client_round(strategy, global_state, state, data, ctx, train=True)
     assert result is not None

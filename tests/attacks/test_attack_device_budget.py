@@ -2,7 +2,7 @@
 
 The adversary holds the coordinator's credentials on a real broker: it publishes a private plan after plan, each
 selecting the same device, serves the model, acknowledges every update and counts what arrives on the device's
-update topic. The device (the real edge client, over its own connection) has ``[privacy] device_budget`` set
+update topic. The device (the real edge client, over its own connection) has ``[privacy] device_budget`` (and ``delta``) set
 between its epsilon after two contributions and after three (the plans' z and delta, q = 1); it is stopped
 after the second round and a new instance resumes from the same state folder, as after a reboot. The guarantee:
 however many rounds select it, no more contributions arrive than the budget allows, and its status says
@@ -64,7 +64,7 @@ def test_a_coordinator_cannot_draw_more_contributions_than_the_device_budget(tmp
     t = fb.coordinator
     adversary = Recorder(t, [f"fl/{t.federation}/update/{DEVICE}/#", f"fl/{t.federation}/status/{DEVICE}"])
     settings = EdgeSettings(state_dir=str(tmp_path / DEVICE), device="cpu", threads=1, heartbeat_s=1.0,
-                            ack_timeout_s=30.0, device_budget=budget)
+                            ack_timeout_s=30.0, device_budget=budget, device_delta=DELTA)
     device: EdgeClient | None = None
     contributed: list[int] = []
     refused: list[int] = []

@@ -49,21 +49,24 @@ def _device(tmp: Path, budget: float, delta: float, extra: dict[str, Any]) -> An
     dev = SimpleNamespace(id="dev-1", settings=SimpleNamespace(device_budget=budget, device_delta=delta),
                           stored=SimpleNamespace(extra=extra), skipped={}, _heartbeat_at=5.0,
                           _budget_state=(None, False))
-    for name in ("_ledger", "_budget_refuses", "_budget_problem", "_record_contribution", "_privacy_status"):
+    for name in ("_ledger", "_own_privacy", "_budget_refuses", "_noise_problem", "_budget_problem",
+                 "_record_contribution", "_privacy_status"):
         setattr(dev, name, getattr(DeviceBudgets, name).__get__(dev))
     return dev
 
 
 def _plan(round_: int, **extra: Any) -> Any:
-    return SimpleNamespace(round=round_, phase="train", secure={},
+    return SimpleNamespace(round=round_, phase="train", secure={}, selected=("dev-1",),
                            privacy={**RoundPrivacy("central", 1.0, 1.0, 1.0, 4).as_plan(), **extra})
 
 
 def test_refusals_without_a_delta_past_the_budget_and_with_a_bad_ledger(tmp_path: Path) -> None:
     one = epsilon_for([(1.0, 1.0, 1)], 1e-3)
-    dev = _device(tmp_path, one * 1.5, 0.0, {})
-    assert dev._budget_refuses(_plan(1))  # a budget, no delta anywhere: it cannot tell what it spends
-    assert dev.skipped[1] == BUDGET_SPENT and dev._heartbeat_at == 0.0
+    small = _device(tmp_path, epsilon_for([(1.0, 1.0, 1)], 1e-5) * 0.9, 0.0, {})
+    assert small._budget_refuses(_plan(1))  # no delta named: the device counts at DEVICE_DELTA = 1e-5
+    assert small._budget_refuses(_plan(1, delta=0.5))  # a plan cannot raise it
+    assert small.skipped[1] == BUDGET_SPENT and small._heartbeat_at == 0.0
+    dev = _device(tmp_path, one * 1.5, 1e-3, {})
     assert not dev._budget_refuses(_plan(2, delta=1e-3))
     dev._record_contribution(_plan(2).privacy, False, 2)
     assert dev._budget_refuses(_plan(3, delta=1e-3))  # a second one would pass 1.5 x one round's
