@@ -35,7 +35,6 @@ from typing import Any
 
 from flayer.engine.accountant import epsilon_for
 from flayer.engine.privacy import RoundPrivacy
-from flayer.engine.secure import PlannedSecure, secure_from_plan
 
 __all__ = ["BUDGET_SPENT", "DEVICE_DELTA", "LEDGER_KEY", "DeviceBudgets", "DeviceLedger", "contribution_multiplier",
            "plan_limits", "plan_noise_problem"]
@@ -55,31 +54,17 @@ def contribution_multiplier(rp: RoundPrivacy, secure: bool) -> float:
     return rp.noise_multiplier
 
 
-def plan_noise_problem(rp: RoundPrivacy, planned: PlannedSecure | None) -> str | None:
+def plan_noise_problem(rp: RoundPrivacy, secure: bool) -> str | None:
     """Why this device refuses a private round as the plan writes it (None: it may contribute): in local mode
-    the coordinator is an adversary and writes the plan, so a plan whose noise would be less than the multiplier
-    the device counts (:func:`contribution_multiplier`), or that would send a data-dependent bit outside any
-    sum, is refused. ``planned``: the plan's secure round, as this device parsed it (None: not secure)."""
+    the coordinator is an adversary and writes the plan, so a plan that would have the device add no noise, or
+    send its clip bit outside any sum, is refused. ``secure``: the plan names a secure round (whose noise share
+    :func:`flayer.engine.secure.secure_from_plan` checks against the plan's privacy)."""
     if rp.mode != "local":
         return None  # central mode: the coordinator adds the noise, and is trusted with the clipped update
     if rp.adaptive:
         return "adaptive clipping in local mode would send the clip bit to the coordinator in the clear"
-    if rp.update_multiplier != rp.noise_multiplier:
-        return (f"local mode: the noise multiplier {rp.noise_multiplier:g} and the update's "
-                f"{rp.update_multiplier:g} differ")
-    if planned is None:
-        if rp.ring:
-            return "the plan draws the noise shares in a secure sum, and names no secure round: no noise would be added"
-        return None
-    if not rp.ring:
-        return "a secure round in local mode draws its noise shares in the ring, sized for the threshold"
-    ring, t, n = planned.params.ring, planned.params.threshold, planned.params.length
-    assert ring.scale is not None
-    # flayer.engine.secure.ring_noise: t survivors' shares carry z C, widened for the stochastic rounding
-    need = rp.sum_std / math.sqrt(t) * (1.0 + math.sqrt(n) / (rp.clip * ring.scale))
-    if planned.noise_std < need * (1 - 1e-9):
-        return (f"the secure round's noise share {planned.noise_std:.4g} is below the {need:.4g} that t = {t} "
-                f"survivors need for multiplier {rp.noise_multiplier:g} at C {rp.clip:g}")
+    if rp.ring and not secure:
+        return "the plan draws the noise shares in a secure sum, and names no secure round: no noise would be added"
     return None
 
 
@@ -194,10 +179,9 @@ class DeviceBudgets:
         """:func:`plan_noise_problem` for a private plan (None also when it is malformed: refused elsewhere)."""
         try:
             rp = RoundPrivacy.from_plan(plan.privacy)
-            planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected)) if plan.secure else None
         except ValueError:
             return None
-        return plan_noise_problem(rp, planned) if rp is not None else None
+        return plan_noise_problem(rp, bool(plan.secure)) if rp is not None else None
 
     def _budget_problem(self, plan: Any) -> str | None:
         own_budget, own_delta = self.settings.device_budget or None, self.settings.device_delta or None

@@ -270,10 +270,11 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
     check_finite_round(plan, global_state)
     try:
         private = RoundPrivacy.from_plan(plan.privacy)
-        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected)) if private and plan.secure else None
+        if private is not None and plan.secure:  # its noise share against the plan's privacy (distributed DP)
+            secure_from_plan(plan.secure, plan.round, tuple(plan.selected), privacy=plan.privacy)
     except ValueError as exc:
         raise SkipRound(str(exc)) from None
-    why = plan_noise_problem(private, planned) if private is not None else None
+    why = plan_noise_problem(private, bool(plan.secure)) if private is not None else None
     if why is not None:  # a plan that would strip the noise this device counts (edge_client.budget)
         raise SkipRound(f"privacy plan refused: {why}")
     with autocast_for(ctx.device, amp):
