@@ -40,13 +40,12 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from flayer.engine import (
-    AsyncSettings,
     Bounds,
     OpenAggregate,
     admit,
@@ -65,87 +64,20 @@ from protocol import update_sizer
 from protocol.blobs import encode_state
 
 from .profiles import DeviceProfile
+from .virtual_parts import (
+    INF,
+    FleetTiming,
+    Interval,
+    VirtualLinks,
+    VirtualResult,
+    link_s,
+    next_online,
+    online_intervals,
+)
 
 __all__ = ["FleetTiming", "VirtualLinks", "VirtualResult", "online_intervals", "run_virtual"]
 
 log = logging.getLogger(__name__)
-INF = math.inf
-Interval = tuple[float, float]
-
-
-def online_intervals(timeline: Iterator[tuple[float, str]], horizon: float) -> list[Interval]:
-    """The online stretches ``[start, end)`` of a device timeline, up to ``horizon``."""
-    out: list[Interval] = []
-    start: float | None = None
-    for t, event in timeline:
-        if t > horizon:
-            break
-        if event == "online":
-            start = t if start is None else start
-        elif start is not None:  # offline or crash
-            out.append((start, t))
-            start = None
-    if start is not None:
-        out.append((start, INF))
-    return out
-
-
-def _next_online(intervals: Sequence[Interval], t: float) -> Interval | None:
-    for s, e in intervals:
-        if e > t:
-            return max(s, t), e
-    return None
-
-
-def link_s(nbytes: int, mbps: float, latency_ms: float) -> float:
-    return (nbytes * 8 / (mbps * 1e6) if mbps > 0 else 0.0) + latency_ms / 1000
-
-
-@dataclass(frozen=True)
-class FleetTiming:
-    """The federation settings the simulated clock needs (``[federation]`` keys)."""
-
-    mode: str = "sync"
-    quorum: int = 1
-    over_selection: float = 1.3
-    min_devices: int = 1
-    deadline_s: float = 120.0
-    grace_s: float = 3.0
-    max_samples: int = 100_000
-    budget_s: float = INF  # simulated seconds; the run also ends after ``rounds`` versions
-    sample_cost_s: float | None = None  # compute seconds per sample at slowdown 1 (None: measure)
-    asynchronous: AsyncSettings = field(default_factory=AsyncSettings)
-    uplink_kbps: float = 0.0  # [edge] uplink_kbps: the rate fitted uploads plan on (0: each device's estimate)
-    max_update_bytes: int = 0  # the smaller of [federation] and [edge] max_update_bytes (0: none)
-
-
-class VirtualLinks(Protocol):
-    """What crosses the simulated links (module docstring); ``fit``: uploads are fitted to a budget."""
-
-    fit: bool
-
-    def upload(self, r: int, client: int, update: Update, budget: int = 0,
-               unmeasured: bool = False) -> tuple[Update, int]: ...
-
-    def publish(self, r: int, old: Mapping[str, torch.Tensor],
-                new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
-
-    def download(self, r: int, client: int, hold: bool = True) -> int: ...
-
-
-@dataclass
-class VirtualResult:
-    rounds: list[dict[str, Any]]  # per version: round, t (simulated s), acc, accepted, staleness_mean
-    # per profile: devices, trained, accepted, refused, lost; bytes_down (the downloads of the updates
-    # trained), bytes_up (the uploads that arrived)
-    profiles: dict[str, dict[str, Any]]
-    final_acc: float
-    final_client_acc: list[float]
-    digests: list[str]  # of every model version, the first included
-    cpu_s: float = 0.0
-
-    def time_to(self, target: float) -> float | None:
-        return next((r["t"] for r in self.rounds if r["acc"] >= target), None)
 
 
 @dataclass
@@ -199,7 +131,7 @@ class _Fleet:
         down = self.links.download(base, i, hold=False) if self.links is not None else self.model_bytes
         need = (link_s(down, p.down_mbps, p.down_latency_ms) if down else 0.0) + compute
         t, trained = start, None
-        while (iv := _next_online(self.intervals[i], t)) is not None and iv[0] < retry_until:
+        while (iv := next_online(self.intervals[i], t)) is not None and iv[0] < retry_until:
             if iv[0] + need <= iv[1]:
                 trained = iv[0] + need
                 break
@@ -213,7 +145,7 @@ class _Fleet:
         update, nbytes = self._upload(i, base, result.update, aim - trained)
         up = link_s(nbytes, p.up_mbps, p.up_latency_ms)
         t, arrive = trained, None
-        while (iv := _next_online(self.intervals[i], t)) is not None:
+        while (iv := next_online(self.intervals[i], t)) is not None:
             if iv[0] + up <= iv[1]:
                 arrive = iv[0] + up
                 break
@@ -353,7 +285,7 @@ def _async_loop(fleet: _Fleet, rounds: int, t: float, bounds: Bounds,
             expect = expected_close("async", opened_at, opened_at + tm.deadline_s, fleet.durations, a.max_staleness)
             aim = opened_at + tm.deadline_s if expect is None else expect
             job = fleet.job(i, version, t, t + 1e-9, aim)
-            iv = _next_online(fleet.intervals[i], t)
+            iv = next_online(fleet.intervals[i], t)
             offline_at = iv[1] if iv is not None else t
             if job is None:
                 held[i] = offline_at
