@@ -105,7 +105,11 @@ def render(snap: dict[str, Any]) -> str:
                      f"{r['closed']}")
         if r.get("epsilon") is not None:  # a private run: the budget spent so far
             eps = r["epsilon"] if isinstance(r["epsilon"], str) else f"{r['epsilon']:.4g}"
-            lines.append(f"privacy: epsilon {eps} spent at delta {r['delta']:.3g} after round {r['round']}")
+            coord = r.get("epsilon_coordinator")
+            coord = "inf" if coord is None else coord if isinstance(coord, str) else f"{coord:.4g}"
+            lines.append(f"privacy: epsilon {eps} spent at delta {r['delta']:.3g} after round {r['round']} against "
+                         f"readers of the published models, devices and broker observers; {coord} against the "
+                         f"coordinator (zero-out neighbours)")
     if snap.get("device_privacy"):
         lines.append(device_privacy_line(snap["device_privacy"]))
     counts = ", ".join(f"{n} {k}" for k, n in sorted(snap["states"].items()))

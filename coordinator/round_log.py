@@ -1,12 +1,14 @@
 """What the coordinator's log says of a round as it closes, beside the numbers ``metrics.jsonl`` keeps:
 whether a secure round unmasked its sum (of how many masked inputs) or was abandoned, and the epsilon
-spent so far at the round's delta (docs/explanation/privacy.md: the accountant's figure, under its stated
-assumptions about sampling and the adversary who sees every released model)."""
+spent so far at the round's delta against each adversary it holds for (docs/explanation/privacy.md: the
+accountant's figures, for zero-out neighbours: readers of the models and plans, and the coordinator)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from flayer.engine.adversaries import ADVERSARIES
 
 __all__ = ["closing_notes"]
 
@@ -22,7 +24,11 @@ def closing_notes(record: Mapping[str, Any]) -> str:
             notes.append(f"secure round unmasked: the sum of {len(survivors)} masked inputs only"
                          f"{f', {len(dropped)} device(s) dropped out' if dropped else ''}")
     if record.get("epsilon") is not None:
-        eps = record["epsilon"]
-        notes.append(f"epsilon {eps if isinstance(eps, str) else f'{eps:.4g}'} spent so far at delta "
-                     f"{float(record['delta']):.3g}")
+        notes.append(f"epsilon {_eps(record['epsilon'])} spent so far at delta {float(record['delta']):.3g} against "
+                     f"{ADVERSARIES['public']}, {_eps(record.get('epsilon_coordinator', 'inf'))} against the "
+                     f"coordinator (zero-out neighbours)")
     return "".join(f"; {n}" for n in notes)
+
+
+def _eps(eps: Any) -> str:
+    return eps if isinstance(eps, str) else f"{float(eps):.4g}"

@@ -89,7 +89,8 @@ class FleetView:
                             "bytes_down": rec["bytes_down"], "selected": len(rec["selected"]),
                             "reported": rec["reported"], "late": rec["late"], "refused": dict(rec["refused"]),
                             "wall_s": rec["wall_s"], "closed": rec["closed"], "time": rec["time"],
-                            "epsilon": rec.get("epsilon"), "delta": rec.get("delta")})  # private runs
+                            "epsilon": rec.get("epsilon"), "delta": rec.get("delta"),  # private runs
+                            "epsilon_coordinator": rec.get("epsilon_coordinator")})
         for row in rec["devices"]:
             d = self.devices.setdefault(row["id"], _Device())
             if row["result"] == "accepted":

@@ -41,7 +41,8 @@ def test_the_coordinators_round_line_says_unmasked_or_abandoned_and_the_epsilon(
     unmasked = closing_notes({"secure_survivors": ["a", "b", "c"], "secure_dropped": ["d"], "secure_abandoned": None,
                               "epsilon": 1.23456, "delta": 1e-5})
     assert "secure round unmasked: the sum of 3 masked inputs only, 1 device(s) dropped out" in unmasked
-    assert "epsilon 1.235 spent so far at delta 1e-05" in unmasked
+    assert "epsilon 1.235 spent so far at delta 1e-05 against readers of the published models" in unmasked
+    assert "inf against the coordinator" in unmasked
     gone = closing_notes({"secure_survivors": ["a"], "secure_abandoned": "1 survivor < t = 2", "epsilon": "inf",
                           "delta": 1e-5})
     assert "secure round abandoned (1 survivor < t = 2), nothing unmasked" in gone and "epsilon inf" in gone

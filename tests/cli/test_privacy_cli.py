@@ -98,7 +98,9 @@ def test_status_and_the_fleet_view_show_epsilon():
     snap = view.snapshot(11.0)
     assert snap["last_round"]["epsilon"] == 1.2345
     snap["source"] = {"federation": "f", "broker": "b", "metrics": "m.jsonl", "metrics_error": None}
-    assert "privacy: epsilon 1.234 spent at delta 0.001 after round 4" in render(snap)
+    line = render(snap)
+    assert "privacy: epsilon 1.234 spent at delta 0.001 after round 4 against readers of the published models" in line
+    assert "inf against the coordinator" in line  # central mode: no figure against it, said so
 
 
 def test_seeded_noise_is_asked_for_and_labelled_not_private(tmp_path, capsys):

@@ -128,7 +128,7 @@
       (p.deadline_in_s !== null && p.deadline_in_s !== undefined ? ` · deadline ${p.deadline_in_s > 0 ? "in " + p.deadline_in_s.toFixed(0) + " s" : "passed"}` : "");
     $("closed").textContent = String(s.rounds.length);
     $("last-round").textContent = (last ? `round ${last.round}: ${last.reported}/${last.selected} reported, acc ${fmt(last.acc, 4)}, ${last.closed}` +
-      (last.epsilon !== null && last.epsilon !== undefined ? ` · epsilon ${typeof last.epsilon === "string" ? last.epsilon : last.epsilon.toFixed(3)} at delta ${last.delta.toPrecision(3)}` : "") : "-") + devicePrivacy(s.device_privacy);
+      (last.epsilon !== null && last.epsilon !== undefined ? ` · epsilon ${typeof last.epsilon === "string" ? last.epsilon : last.epsilon.toFixed(3)} at delta ${last.delta.toPrecision(3)} against readers of the models and plans, ${last.epsilon_coordinator === null || last.epsilon_coordinator === undefined || typeof last.epsilon_coordinator === "string" ? (last.epsilon_coordinator || "inf") : last.epsilon_coordinator.toFixed(3)} against the coordinator` : "") : "-") + devicePrivacy(s.device_privacy);
     $("device-count").textContent = String(s.devices.length);
     $("state-counts").textContent = Object.entries(s.states).map(([k, v]) => `${v} ${k}`).join(", ") || "-";
     $("accepted-total").textContent = String(s.updates_accepted);
