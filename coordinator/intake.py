@@ -55,7 +55,8 @@ __all__ = ["REJECTION_COUNTERS", "IntakeContext", "Verdict", "screen", "validate
 
 REJECTION_COUNTERS = ("future_round", "late", "stale", "in_buffer", "not_selected", "duplicate", "oversize", "malformed",
                       "wrong_sender", "wrong_model", "invalid", "norm", "bad_chunk", "incomplete", "bad_message",
-                      "cut_off", "queue_full", "retained", "quarantined", "secure", "unsigned")
+                      "cut_off", "queue_full", "retained", "quarantined", "secure", "unsigned",
+                      "replayed")
 # refusals that count against a device's budget of max_malformed per round: junk no honest device sends
 # (coordinator.inbox; secure: a secure-round protocol message refused); late, stale, not_selected and duplicate are what honest devices send, and never count
 STRIKES = frozenset({"future_round", "oversize", "malformed", "wrong_sender", "wrong_model", "invalid", "norm",

@@ -70,6 +70,10 @@ class MessageIntake:
             env, msg = got
             assert parsed.client is not None
             if isinstance(msg, Status):
+                why = self.registry.replayed(parsed.client, msg, env.digest, ev.retain)
+                if why is not None:  # an earlier status of the device, put back (coordinator.registry)
+                    self.inbox.count("replayed", f"status of {parsed.client}: {why}", parsed.client)
+                    return
                 self.registry.observe(parsed.client, msg, self.clock(), ev.retain)
                 self._announced(parsed.client, msg, ev.retain)
             elif isinstance(msg, Metrics) and self.secure_phase.metrics(parsed.client, msg):

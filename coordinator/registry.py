@@ -6,6 +6,17 @@ its last status is not ``offline`` and no older than ``stale_after_s``. Freshnes
 the coordinator's clock at arrival; a retained status (stored by the broker, possibly long ago) is
 only as fresh as the time it carries, so an old ``online`` left behind by a device that vanished
 with the broker down does not count.
+
+Replays (:meth:`DeviceRegistry.replayed`). A status is signed by its device, with the device's clock in it,
+but a party that can write the device's status topic (a mistaken ACL, a bridge, a broker defect) can put back
+one the device sent earlier: an old heartbeat would keep a device that died looking online (selected, and its
+rounds waiting to the deadline), an old will would make a live one look offline. So a status older than the
+newest one taken from the device, or that very one again, is refused. A last will is the exception: it is
+signed when the device connects, before the heartbeats that follow, so an ``offline`` status counts when it
+is no older than the connection the device's newest status names (``info.since``, its will's time); the will
+of an earlier connection is refused. What this cannot tell apart: the will of the device's current connection,
+put back while the device lives, shows it offline until its next heartbeat; and the coordinator remembers the
+newest status from its start only (docs/explanation/security.md, "Replays").
 """
 
 from __future__ import annotations
@@ -29,6 +40,28 @@ class DeviceRegistry:
     def __init__(self, stale_after_s: float) -> None:
         self.stale_after_s = stale_after_s
         self._devices: dict[str, DeviceInfo] = {}
+        self._newest: dict[str, tuple[float, str, float | None]] = {}  # client -> (time, digest, since)
+
+    def replayed(self, client: str, status: Status, digest: str, retained: bool = False) -> str | None:
+        """Why ``status`` (``digest``: its payload's, signed by ``client``) is an earlier status put back, or
+        None: it is taken, and the newest one when it is (module docstring)."""
+        prev = self._newest.get(client)
+        if prev is not None:
+            newest, newest_digest, since = prev
+            if retained and digest == newest_digest:
+                return None  # the broker's retained copy of the newest one (the coordinator reconnected)
+            if status.state == "offline" and status.time < newest:
+                if since is not None and status.time < since:
+                    return (f"an offline status of {status.time:.3f}, older than the connection its newest status "
+                            f"names ({since:.3f}): an earlier will put back")
+                return None  # the will of its current connection: taken; the newest heartbeat stays the mark
+            if status.time < newest or (status.time == newest and digest == newest_digest):
+                return (f"a status of {status.time:.3f}, not newer than the newest taken ({newest:.3f}): an earlier "
+                        "one put back (or the device's clock stepped back)")
+        named = status.info.get("since")
+        mark = float(named) if isinstance(named, (int, float)) and not isinstance(named, bool) else None
+        self._newest[client] = (status.time, digest, mark)
+        return None
 
     def observe(self, client: str, status: Status, now: float, retained: bool = False) -> None:
         seen = min(now, status.time) if retained else now

@@ -124,7 +124,9 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
         self.trust = PeerTrust(creds.federation, coordinator)
         self._plan_round = max(self.stored.done_round, self.stored.upload.round if self.stored.upload else 0,
                                self.store.plan_round())  # the newest plan taken, across reboots
-        will = encode_message(Status(0, "offline", clock(), {}), creds.federation, self.id, key=self.signer)
+        self._since = clock()  # this connection's will: every status names it (coordinator.registry, replays)
+        will = encode_message(Status(0, "offline", self._since, {"since": self._since}), creds.federation, self.id,
+                              key=self.signer)
         self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=False,
                              will=(self.topics.status(self.id), will), keepalive=settings.keepalive_s,
                              network=network)

@@ -30,6 +30,7 @@ class DeviceStatus:
     signer: Any
     clock: Any
     skipped: dict[int, str]
+    _since: float  # the time of this client's last will: the coordinator takes no older will than it
     _private_federation: bool | None
     _link_kbps: float | None
     _announcing: dict[str, int | float]
@@ -37,7 +38,8 @@ class DeviceStatus:
 
     def _status_payload(self, state: str) -> bytes:
         private = self._private_federation is not False  # before the first training plan: as private
-        info: dict[str, str | int | float | bool] = {"device": str(self.device), "client_index": self.settings.client_index}
+        info: dict[str, str | int | float | bool] = {"device": str(self.device), "client_index": self.settings.client_index,
+                                                     "since": self._since}
         if not private:  # the training-set size is the device's data: not in a private federation
             info["num_train"] = self.data.num_train if self.data is not None else 0
         if self._link_kbps is not None:
