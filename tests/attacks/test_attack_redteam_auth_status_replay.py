@@ -88,7 +88,7 @@ def test_a_devices_earlier_statuses_put_back_are_refused(tmp_path: Path, fed: Fe
         for _ in range(times):
             before = sum(m.payload == payload for m in mallory.messages)
             assert mallory.link.wait_published([mallory.link.publish(T.status("dev-b"), payload, retain=True)], 5)
-            mallory.next(lambda e: sum(m.payload == payload for m in mallory.messages) > before, 5)
+            mallory.next(lambda e, n=before: sum(m.payload == payload for m in mallory.messages) > n, 5)
             assert sum(m.payload == payload for m in mallory.messages) > before, \
                 "the broker did not deliver mallory's copy: the attack was not made"
             time.sleep(0.3)
