@@ -51,6 +51,7 @@ class Phases:
     quarantine: Any
     window: Any  # VersionWindow | None (asynchronous rounds)
     privacy: Any  # coordinator.privacy.FederationPrivacy | None
+    registry: Any  # coordinator.registry.Registry: the devices that reported
     budget_stop: str | None
     slots: Any  # coordinator.async_rounds.Slots
     asynchronous: bool
@@ -324,8 +325,10 @@ class Phases:
             self.on_progress("calibrated", {"resolved": resolved, "reports": len(cal.reports)})
 
     def _over_budget(self, number: int, selected: Any) -> bool:
-        """Round ``number`` would exceed ``target_epsilon`` (coordinator.privacy, rule 2): the federation ends."""
-        why = self.privacy.over_budget(number, len(selected)) if self.privacy is not None else None
+        """Round ``number`` would exceed ``target_epsilon``, or delta 1/N for the devices that reported
+        (coordinator.privacy, rule 2): the federation ends."""
+        why = None if self.privacy is None else \
+            self.privacy.population_problem(len(self.registry)) or self.privacy.over_budget(number, len(selected))
         if why is None:
             return False
         log.warning("%s", why)

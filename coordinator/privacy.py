@@ -9,7 +9,8 @@ Rules, in the order the coordinator applies them:
    made private (:func:`flayer.engine.privacy.private_strategy`). A setting that cannot hold stops the
    start; a population or an epsilon too weak to protect much is logged as a warning.
 2. Before a round (or model version) opens: if composing it would bring epsilon (against readers of the
-   models and plans) above ``target_epsilon``, the federation ends here (the final model is published) with
+   models and plans) above ``target_epsilon``, or if more devices have reported than ``population`` and
+   delta is 1/(that count) or more, the federation ends here (the final model is published) with
    the reason in the log and the metrics. A local-mode round is checked at the fewest uploads it may close
    with (``min_updates``): its noise is that of the shares that arrive.
 3. Each round: the plan carries C, z and m (:class:`flayer.engine.privacy.RoundPrivacy`); every update is
@@ -52,6 +53,7 @@ class FederationPrivacy:
     fewest: int = 1  # the fewest uploads a round may close with (min_updates)
     accounts: Accounts = field(default_factory=lambda: Accounts("central", False))
     z: float = 0.0  # the multiplier of the last closed round's sum
+    _warned_population: bool = False
 
     @classmethod
     def of(cls, settings: PrivacySettings, strategy: Strategy, quorum: int, buffer: int,
@@ -93,6 +95,24 @@ class FederationPrivacy:
         return (f"privacy budget: round {number} would bring epsilon to {eps:.3f} > target_epsilon {target:g} at "
                 f"delta {self.delta:.3g}; the federation ends after round {number - 1} with epsilon "
                 f"{self.epsilon():.3f}")
+
+    def population_problem(self, reported: int) -> str | None:
+        """Rule 2 too: why no private round may open once ``reported`` devices have reported -- more than the
+        ``population`` N the delta was checked against, so that delta is 1/``reported`` or more -- or None. More
+        devices than N with delta still below 1/``reported`` is logged once as a warning."""
+        n = self.settings.population
+        if n is None or reported <= n:
+            return None
+        if self.delta >= 1.0 / reported:
+            return (f"privacy: {reported} devices have reported, more than [privacy] population = {n}, and delta "
+                    f"{self.delta:.3g} >= 1/{reported}: at delta >= 1/N a mechanism that publishes one device's data "
+                    f"whole satisfies the guarantee; the federation ends (set population to the devices that may "
+                    f"take part)")
+        if not self._warned_population:
+            self._warned_population = True
+            log.warning("privacy: %d devices have reported, more than [privacy] population = %d; delta %.3g is "
+                        "still below 1/%d", reported, n, self.delta, reported)
+        return None
 
     def close(self, agg: OpenAggregate) -> dict[str, Any]:
         """Rule 4: compose the closed round, adapt C; the round record's privacy fields."""
