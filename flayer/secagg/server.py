@@ -261,6 +261,7 @@ class SecAggServer:
             return keys.public_from_private(secret) == advert.s_pk
 
         fallback: bytes | None = None
+        dealt_another = False  # the first t shares agree with the others on a secret that is not the advertised one
         for i, subset in enumerate(_subsets(sorted(shares), p.threshold)):
             used = {x: shares[x] for x in subset}
             try:
@@ -276,12 +277,14 @@ class SecAggServer:
                         log.warning("secagg round %d: %s", p.round, self.faulty[holder])
                     return secret
                 fallback = fallback or secret  # genuine, but too many shares disagree to tell who lied
-            elif i == 0 and len(shares) > p.threshold and _decoded(shares, used, p.threshold, False) is not None:
-                self.faulty[owner] = (f"{owner} dealt shares of {kind}_{owner} that agree on a secret other than "
-                                      f"the {'seed it committed to' if kind == 'b' else 'key it advertised'}")
-                log.warning("secagg round %d: %s", p.round, self.faulty[owner])
+            elif i == 0 and len(shares) > p.threshold:
+                dealt_another = _decoded(shares, used, p.threshold, False) is not None
         if fallback is not None:
             return fallback  # unmasked with the genuine secret; nobody named
+        if dealt_another:
+            self.faulty[owner] = (f"{owner} dealt shares of {kind}_{owner} that agree on a secret other than "
+                                  f"the {'seed it committed to' if kind == 'b' else 'key it advertised'}")
+            log.warning("secagg round %d: %s", p.round, self.faulty[owner])
         raise self._abandon(f"no {p.threshold} of the {len(shares)} shares of {kind}_{owner} rebuild the "
                             f"{'seed it committed to' if kind == 'b' else 'key it advertised'}")
 
