@@ -323,13 +323,10 @@ def _decoded(shares: Mapping[int, int], used: Mapping[int, int], t: int, exact: 
     known to be the dealer's (b_u, by its commitment; not s_u, whose public key X25519's clamping leaves the same for
     other values), one more point: ``(m - t + 1) / 2``."""
     limit = (len(shares) - t + int(exact)) // 2
-    off = []
-    for x in sorted(set(shares) - set(used)):
-        if shamir.evaluate(used, x) != shares[x]:
-            off.append(x)
-            if len(off) > limit:
-                return None
-    return off
+    beyond = sorted(set(shares) - set(used))
+    on = shamir.evaluate_many(used, beyond)
+    off = [x for x in beyond if on[x] != shares[x]]
+    return off if len(off) <= limit else None
 
 
 def _subsets(xs: list[int], t: int, tries: int = 256) -> Iterator[tuple[int, ...]]:
