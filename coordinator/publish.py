@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,7 @@ class Publisher:
         self.cancelled = cancelled
         self.live: str | None = None  # digest published by this process
         self.companions: set[str] = set()  # blobs retained beside it (the deltas to it), published by this process
+        self._issued = 0.0  # the last plan's ``issued``
 
     def _retained(self) -> dict[str, int]:
         try:
@@ -135,6 +137,10 @@ class Publisher:
         return len(chunks), sum(len(p) for p in chunks)
 
     def plan(self, plan: Plan) -> int:
+        # issued: strictly later for every plan this process publishes, so a device given an earlier plan of the
+        # same round again (an async slot change undone, a deadline before its extension) refuses it
+        self._issued = max(time.time(), self._issued + 1e-6)
+        plan = dataclasses.replace(plan, issued=self._issued)
         payload = encode_message(plan, self.topics.federation, self.sender, key=self.key)
         self._wait([self.link.publish(self.topics.round(), payload, retain=True)], f"plan of round {plan.round}")
         return len(payload)

@@ -124,6 +124,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
         self.trust = PeerTrust(creds.federation, coordinator)
         self._plan_round = max(self.stored.done_round, self.stored.upload.round if self.stored.upload else 0,
                                self.store.plan_round())  # the newest plan taken, across reboots
+        self._issued = 0.0  # when the newest plan taken was issued (a later one of its round comes later)
         self._since = clock()  # this connection's will: every status names it (coordinator.registry, replays)
         will = encode_message(Status(0, "offline", self._since, {"since": self._since}), creds.federation, self.id,
                               key=self.signer)
@@ -266,12 +267,12 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
             elif parsed.kind == "round":
                 _, plan = decode_message(ev.payload, self.limits, Kind.PLAN, self.trust)
                 assert isinstance(plan, Plan)
-                if plan.round < self._plan_round:  # signed, but older than one seen: a replay
-                    raise WireError(f"plan of round {plan.round} after round {self._plan_round}: rounds only "
-                                    "move forward (a replayed plan)")
+                if plan.round < self._plan_round or (plan.round == self._plan_round and plan.issued < self._issued):
+                    raise WireError(f"plan of round {plan.round} issued {plan.issued:.3f}, after one of round "
+                                    f"{self._plan_round} issued {self._issued:.3f}: plans only move forward (a replay)")
                 if plan.round > self._plan_round:
                     self.store.save_plan_round(plan.round)
-                self._plan_round = plan.round
+                self._plan_round, self._issued = plan.round, plan.issued
                 self._on_plan(plan)
             elif parsed.kind == "ack":
                 _, ack = decode_message(ev.payload, self.limits, Kind.ACK, self.trust)

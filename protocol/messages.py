@@ -216,6 +216,7 @@ class Plan:
     privacy: Mapping[str, Scalar] = field(default_factory=dict)  # a private round's C, z, m (flayer.engine.privacy)
     secure: Mapping[str, Scalar] = field(default_factory=dict)  # a secure round's public parameters (flayer.engine.secure)
     models_url: str = ""  # models over HTTP: <models_url>/<digest> serves each model and delta (protocol.model_url)
+    issued: float = 0.0  # when the coordinator published it: later plans of one round are issued later (0: unknown)
 
     CHECKS: ClassVar[Checks] = {
         "round": _ROUND, "selected": _ids, "deadline": _time, "strategy": _id,
@@ -226,10 +227,10 @@ class Plan:
               "max_update_bytes": _int(0, 2**63), "mode": _choice(PLAN_MODES), "max_staleness": _int(0, 1000),
               "delta": _mapping(8, _scalar), "upload_fit": _mapping(8, _scalar), "close_by": _time,
               "delta_chain": _links, "privacy": _mapping(16, _scalar), "secure": _mapping(16, _scalar),
-              "models_url": _models_url}
+              "models_url": _models_url, "issued": _time}
     # fields added after the first release: left out of the JSON while at their default, so a plan that
     # does not use them is byte for byte what earlier devices decode (their decoders want exactly their fields)
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"models_url"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"models_url", "issued"})
 
     def problems(self) -> str | None:
         """Checks across fields: round 0 is the calibration phase and only that."""
