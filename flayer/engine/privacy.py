@@ -87,11 +87,13 @@ def upload_norm(update: Update) -> float:
 
 
 def clip_upload(update: Update, clip: float) -> tuple[Update, float]:
-    """(``update`` scaled by ``min(1, C / ||update||)``, its norm before clipping)."""
+    """(``update`` scaled by ``min(1, C / ||update||)``, its norm before clipping). The scale is a hair under
+    ``C / ||update||`` so that the float32 values come out at most C: the coordinator clips again to C and counts
+    what it scales down, and that count must not say whose update was over C."""
     norm = upload_norm(update)
     if norm <= clip:
         return update, norm
-    f = clip / norm
+    f = clip / norm * (1 - 1e-6)
     deltas = {k: TensorDelta(d.shape, (d.values.astype(np.float64) * f).astype(np.float32), d.indices)
               for k, d in update.deltas.items()}
     return Update(deltas, update.num_samples, update.info), norm

@@ -101,7 +101,7 @@ def test_strategy_options_dp_cannot_honour_are_refused(digits):
 def test_clip_scales_to_c_and_leaves_small_updates_alone():
     up = _update({"a": np.array([3.0, 0.0]), "b": np.array([4.0])})  # norm 5
     clipped, norm = clip_upload(up, 1.0)
-    assert norm == pytest.approx(5.0) and upload_norm(clipped) == pytest.approx(1.0, rel=1e-6)
+    assert norm == pytest.approx(5.0) and 1.0 - 1e-5 < upload_norm(clipped) <= 1.0
     np.testing.assert_allclose(clipped.deltas["a"].values, [0.6, 0.0], rtol=1e-6)  # Delta * C / ||Delta||
     same, _ = clip_upload(up, 10.0)
     assert same is up
@@ -131,7 +131,7 @@ def test_privatize_reports_the_clip_bit_and_drops_strategy_info():
                     np.random.default_rng(0))
     small = privatize(_update({"w": np.array([0.3, 0.4])}), rp, np.random.default_rng(0))
     assert big.info == {UNCLIPPED_KEY: 0.0, "train_loss": 1.0} and small.info[UNCLIPPED_KEY] == 1.0
-    assert upload_norm(big) == pytest.approx(1.0, rel=1e-6)
+    assert 1.0 - 1e-5 < upload_norm(big) <= 1.0  # never above C (the coordinator counts what it clips)
 
 
 def test_server_bound_is_c_central_and_covers_the_share_local():
