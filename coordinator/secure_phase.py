@@ -49,6 +49,11 @@ class SecurePhase:
         # device -> the proof (a refused key, a false share): left out of every later round's selection, as a
         # device over its strikes is cut off (in memory: a restart forgets them)
         self.excluded: dict[str, str] = {}
+        if self.enabled and getattr(coord, "privacy", None) is None and coord.fs.norm_bound is None:
+            log.warning("secure rounds without DP and without [federation] norm_bound: no single update's norm is "
+                        "ever seen, so the automatic bound stays at norm_auto x the model's own norm, and one "
+                        "hostile device can move the model by about that much a round; set norm_bound "
+                        "(docs/explanation/secure-aggregation.md)")
 
     @property
     def enabled(self) -> bool:
