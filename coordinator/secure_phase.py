@@ -19,6 +19,7 @@ from flayer.engine.secure import abandon_kind, plan_round, plan_secure
 from flayer.engine.secure_layout import round_layout
 from flayer.secagg import SecAggAbandoned
 from protocol import Envelope, Kind, Metrics, SignatureError, WireError, check_topic, decode_envelope
+from protocol.signing import survivor_verifier
 
 from .secure_round import SecureRound
 
@@ -72,7 +73,8 @@ class SecurePhase:
         planned = plan_round(s, session, rnd.number, selected, layout, c.cfg.run.seed, private,
                              rnd.ctx.bounds.norm_bound)
         params = planned.params
-        rnd.secure = SecureRound(planned, layout, c.clock() + s.secure_stage_s)
+        rnd.secure = SecureRound(planned, layout, c.clock() + s.secure_stage_s,
+                                 verify=survivor_verifier(c.device_keys, c.creds.federation, rnd.number))
         rnd.ctx = dataclasses.replace(rnd.ctx, masked=rnd.secure.masked)
         log.info("round %d: secure aggregation over %d devices, t = %d, %d neighbours each, %d coordinates, "
                  "contributions clipped to L2 %.4g", rnd.number, len(selected), params.threshold, params.degree,
@@ -142,7 +144,9 @@ class SecurePhase:
             if sec.stage == 3 and closing is not None:
                 rnd.stats.extra["secure_closed"] = closing
                 self._send(rnd, sec.advance(now, masked_done=True))
-            if sec.stage == 4 and sec.unmask_done(now):
+            if sec.stage == 4:  # the consistency round: the unmask requests once the survivors signed
+                self._send(rnd, sec.advance(now))
+            if sec.stage == 5 and sec.unmask_done(now):
                 self.close(rnd, sec.finish())
         except SecAggAbandoned as exc:
             self.close(rnd, sec.abandon_early(exc.reason))

@@ -11,7 +11,10 @@ Driven by the coordinator's worker thread (its messages and ticks), over :class:
 3. **Masked inputs** arrive as the round's update blobs -- the update path's chunks, memory budget, journal
    and ack (:meth:`SecureRound.masked`) -- and the round's timer ends the stage as it ends a plain round
    (quorum and grace, or the deadline).
-4. **Unmasking.** Each survivor gets its ``UnmaskRequest``; when all answered, or the stage's time is up, the
+4. **Consistency.** Each survivor gets the whole survivor set (``ConsistencyRequest``) and signs it with its own
+   key (``SurvivorSignature``, checked against the federation's registry); when all have, or the stage's time is up,
+   the signatures travel on in the unmask requests (fewer than T abandon the round: :mod:`flayer.secagg.consistency`).
+5. **Unmasking.** Each survivor gets its ``UnmaskRequest``; when all answered, or the stage's time is up, the
    sum is rebuilt (:meth:`SecureRound.finish`): decoded, checked against what ``count`` clipped uploads can
    reach, and folded. Too few survivors or shares abandon the round with the reason; the model stays.
 
@@ -24,6 +27,7 @@ lived in memory only, so a journaled secure round is abandoned and the next one 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flayer.engine.secure import PlannedSecure, SecureSum, sum_update
@@ -34,7 +38,9 @@ from flayer.secagg import (
     SecAggAbandoned,
     SecAggError,
     SecAggServer,
+    ServerConsistency,
     ShareBatch,
+    SurvivorSignature,
     UnmaskShares,
     decode_message,
 )
@@ -43,7 +49,7 @@ __all__ = ["SecureRound"]
 
 log = logging.getLogger(__name__)
 
-_STAGE_MESSAGE = {1: KeyAdvert, 2: ShareBatch, 4: UnmaskShares}
+_STAGE_MESSAGE = {1: KeyAdvert, 2: ShareBatch, 4: SurvivorSignature, 5: UnmaskShares}
 
 
 @dataclass
@@ -56,9 +62,10 @@ class SecureRound:
     stage: int = 1
     server: SecAggServer = field(init=False)
     sent_bytes: int = 0  # protocol messages sent to devices (the update path counts the masked inputs)
+    verify: Callable[[str, bytes, bytes], bool] | None = None  # the devices' keys (the survivor signatures)
 
     def __post_init__(self) -> None:
-        self.server = SecAggServer(self.planned.params)
+        self.server = SecAggServer(self.planned.params, ServerConsistency(self.verify, self.planned.corrupt_fraction))
 
     @property
     def participants(self) -> tuple[str, ...]:
@@ -80,6 +87,8 @@ class SecureRound:
                 self.server.receive_advert(msg)
             elif isinstance(msg, ShareBatch):
                 self.server.receive_shares(msg)
+            elif isinstance(msg, SurvivorSignature):
+                self.server.receive_signature(msg)
             else:
                 assert isinstance(msg, UnmaskShares)
                 self.server.receive_unmask(msg)
@@ -120,14 +129,17 @@ class SecureRound:
             out = [(d, s.shares_for(d).to_bytes()) for d in sorted(s.shared)]
             self.stage = 3
         elif self.stage == 3 and masked_done:
-            out = [(d, s.unmask_request(d).to_bytes()) for d in sorted(s.survivors)]
+            out = [(d, s.consistency_request(d).to_bytes()) for d in sorted(s.survivors)]
             self.stage, self.stage_end = 4, now + stage_s
+        elif self.stage == 4 and (s.signed == s.survivors or now >= self.stage_end):
+            out = [(d, s.unmask_request(d).to_bytes()) for d in sorted(s.survivors)]
+            self.stage, self.stage_end = 5, now + stage_s
         self.sent_bytes += sum(len(b) for _, b in out)
         return out
 
     def unmask_done(self, now: float) -> bool:
-        """Stage 4 is over: every survivor answered, or its time is up."""
-        return self.stage == 4 and (self.server.responded == self.server.survivors or now >= self.stage_end)
+        """The unmasking (stage 5) is over: every survivor answered, or its time is up."""
+        return self.stage == 5 and (self.server.responded == self.server.survivors or now >= self.stage_end)
 
     def finish(self) -> SecureSum:
         """The round's sum, decoded and checked, or why it cannot be had (the model then stays as it was)."""

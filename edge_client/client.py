@@ -67,6 +67,7 @@ from .device_status import DeviceStatus
 from .download import ModelDownload, Pending
 from .fetch import HttpDone, HttpDownload, ModelFetch
 from .jobs import Job, Jobs, Stop
+from .peer_keys import PeerKeys
 from .runtime import TrainingRuntime
 from .secure import SecureRounds, SecureSession
 from .slots import HeldSlots, ModelSlots, SlotFree
@@ -122,6 +123,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
         except CredentialsError as exc:
             raise EdgeError(str(exc)) from None
         self.trust = PeerTrust(creds.federation, coordinator)
+        self.peers = PeerKeys(creds.federation, creds.registry)  # the other devices' keys: secure rounds' signatures
         self._plan_round = max(self.stored.done_round, self.stored.upload.round if self.stored.upload else 0,
                                self.store.plan_round())  # the newest plan taken, across reboots
         self._issued = 0.0  # when the newest plan taken was issued (a later one of its round comes later)

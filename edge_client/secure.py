@@ -9,7 +9,10 @@ A selected device:
 3. once it has trained and holds the shares addressed to it, lays its upload out on the round's common
    positions, quantises it into the ring and masks it (:meth:`SecureSession.masked_blob`): that blob is its
    update of the round, sent, stored and re-sent like any update;
-4. answers the ``UnmaskRequest`` with the shares it holds (one kind per neighbour: never both).
+4. signs the whole survivor set the coordinator shows it (``ConsistencyRequest``), once, with its own key;
+5. answers the ``UnmaskRequest`` with the shares it holds (one kind per neighbour: never both), and only when the
+   request carries T valid signatures of other devices over the set it signed, checked against the federation's
+   key registry (:mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
 
 The keys and the shares live in this object only, never on disk: a restarted device cannot finish the round
 and counts as dropped (its masked input, if it was sent, is unmasked with its neighbours' shares).
@@ -25,7 +28,16 @@ from typing import Any
 
 from flayer.engine.secure import PlannedSecure, secure_from_plan
 from flayer.engine.secure_layout import layout_of
-from flayer.secagg import KeyBundle, SecAggClient, SecAggError, ShareBatch, UnmaskRequest, decode_message
+from flayer.secagg import (
+    ConsistencyRequest,
+    DeviceConsistency,
+    KeyBundle,
+    SecAggClient,
+    SecAggError,
+    ShareBatch,
+    UnmaskRequest,
+    decode_message,
+)
 from flayer.update import Update
 from protocol import (
     Envelope,
@@ -37,6 +49,7 @@ from protocol import (
     decode_envelope,
     encode_message,
 )
+from protocol.signing import survivor_signer, survivor_verifier
 
 from .download import Pending
 from .store import StoredState, UploadRecord
@@ -49,9 +62,9 @@ log = logging.getLogger("edge_client.client")
 class SecureSession:
     """One secure round's protocol state on this device (module docstring)."""
 
-    def __init__(self, planned: PlannedSecure, device: str) -> None:
+    def __init__(self, planned: PlannedSecure, device: str, consistency: DeviceConsistency | None) -> None:
         self.planned, self.device = planned, device
-        self.client = SecAggClient(planned.params, device, os.urandom)
+        self.client = SecAggClient(planned.params, device, os.urandom, consistency)
         self.shares: ShareBatch | None = None
         self.update: Update | None = None
         self.masked_sent = False
@@ -81,6 +94,8 @@ class SecureSession:
         if isinstance(msg, ShareBatch):
             self.shares = msg
             return []
+        if isinstance(msg, ConsistencyRequest):
+            return [self.client.sign_survivors(msg).to_bytes()]
         if isinstance(msg, UnmaskRequest):
             return [self.client.unmask(msg).to_bytes()]
         raise SecAggError(f"a {type(msg).__name__} is not a message for a device")
@@ -107,6 +122,7 @@ class SecureRounds:
     creds: Any
     signer: Any  # this device's SigningKey
     trust: Any  # the coordinator's key (protocol.PeerTrust): a secreq it did not sign is refused
+    peers: Any  # the other devices' keys (edge_client.peer_keys.PeerKeys): the survivor signatures
     topics: Any
     link: Any
     store: Any
@@ -141,7 +157,11 @@ class SecureRounds:
             return
         if cur is not None and cur.session == planned.params.session:
             return  # the plan again (re-published, or the deadline extended)
-        self._secure = SecureSession(planned, self.id)
+        fed = self.creds.federation
+        gamma = max(planned.corrupt_fraction, self.settings.secure_corrupt_fraction)
+        consistency = DeviceConsistency(survivor_signer(self.signer, fed, plan.round, self.id),
+                                        survivor_verifier(self.peers, fed, plan.round), gamma)
+        self._secure = SecureSession(planned, self.id, consistency)
         self._secure.privacy = dict(plan.privacy)
         self._secure_publish([self._secure.advert()], plan.round)
 

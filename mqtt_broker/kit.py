@@ -7,6 +7,8 @@ A kit is a gzip'd tar (mode 0600) holding, with paths relative to the folder it 
     tls/ca.crt           the federation CA (TLS only)
     tls/client.crt       the device's client certificate and key (TLS only)
     tls/client.key
+    signing_keys.json    the federation's public keys (the coordinator's and every device's) when the kit was
+                         made: the device checks the other devices' signatures of a secure round against it
     device.toml          to complete: [data] (or pass --data), [edge]
     START                the one-line start command
 
@@ -52,7 +54,7 @@ from mqtt_broker.state import (
 from mqtt_broker.tls import client_cert_paths
 from protocol.topics import TopicError, validate_id
 from transport.credentials import Credentials, TlsSettings
-from transport.kit import KIT_TLS_FILES
+from transport.kit import KIT_REGISTRY, KIT_TLS_FILES
 
 __all__ = ["revoke_device", "write_kit"]
 
@@ -103,6 +105,9 @@ def write_kit(state_dir: str | Path, device_id: str, out: str | Path, allow_entr
     kit_creds = Credentials(creds.federation, creds.role, creds.username, creds.password, creds.host, creds.port,
                             creds.max_packet_size, tls, creds.failover, creds.signing_key, creds.coordinator_key)
     members["credentials.toml"] = kit_creds.to_toml().encode()
+    registry = files.state_dir / KIT_REGISTRY
+    if registry.is_file():  # public keys only; devices added later are believed once the kit's copy is refreshed
+        members[KIT_REGISTRY] = registry.read_bytes()
     members["device.toml"] = _device_toml(creds, list(dict.fromkeys(allow_entry_points))).encode()
     members["START"] = f"flayer edge --kit {out.name} --data ./data\n".encode()
     out.parent.mkdir(parents=True, exist_ok=True)

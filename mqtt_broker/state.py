@@ -209,7 +209,8 @@ def _write_credentials(files: BrokerFiles, cfg: BrokerConfig, user: str, role: s
         tls = TlsSettings(cfg.tls_connect_host, cfg.tls_port, files.tls_dir / "ca.crt", cert, key)
     creds = Credentials(cfg.federation, role, user, password, cfg.connect_host, cfg.port, cfg.max_packet_size, tls,
                         signing_key=signer.private_text() if signer is not None else "",
-                        coordinator_key="" if role == "coordinator" else coordinator.text)
+                        coordinator_key="" if role == "coordinator" else coordinator.text,
+                        registry=registry_path(files.state_dir))  # as Credentials.load finds it from the file
     save_credentials(creds, files.credentials(user))
     return creds
 

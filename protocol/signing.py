@@ -9,7 +9,7 @@ only (docs/explanation/security.md).
 The small API other modules call::
 
     key = SigningKey.generate()                        # a device's or the coordinator's private key
-    ctx = SignContext("fed", 7, "dev-3", "secagg:consistency")
+    ctx = SignContext("fed", 7, "dev-3", "secagg:survivors")
     sig = key.sign(ctx, data)                          # 64 bytes
     key.public.verify(ctx, data, sig)                  # None, or SignatureError
 
@@ -25,8 +25,9 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -34,14 +35,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from .errors import WireError
 from .topics import TopicError, validate_id
 
-__all__ = ["DOMAIN", "KEY_PREFIX", "SIGNATURE_BYTES", "KeyRing", "PeerTrust", "SignContext", "SignatureError",
-           "SigningKey", "VerifyKey", "key_problem", "parse_key_registry", "render_key_registry"]
+__all__ = ["DOMAIN", "KEY_PREFIX", "SIGNATURE_BYTES", "SURVIVORS", "KeyRing", "PeerTrust", "SignContext", "SignatureError",
+           "SigningKey", "VerifyKey", "key_problem", "parse_key_registry", "render_key_registry", "survivor_signer",
+           "survivor_verifier"]
 
 DOMAIN = b"FLAYER-EDGE-SIG-1\x00"
 KEY_PREFIX = "ed25519:"
 SIGNATURE_BYTES = 64
 _U64 = struct.Struct("<Q")
 _PURPOSE_MAX = 64
+SURVIVORS = "secagg:survivors"  # a secure round's consistency round: a device signs the survivor set it was shown
 
 
 class SignatureError(WireError):
@@ -227,3 +230,24 @@ def render_key_registry(coord: VerifyKey | None, devices: Mapping[str, VerifyKey
 
     return json.dumps({"coordinator": coord.text if coord else "",
                        "devices": {d: k.text for d, k in sorted(devices.items())}}, indent=1) + "\n"
+
+
+def survivor_signer(key: SigningKey, federation: str, round_: int, device: str) -> Callable[[bytes], bytes]:
+    """A device's signer of a secure round's survivor set (:mod:`flayer.secagg.consistency`), bound to the
+    federation, the round and the device."""
+    ctx = SignContext(federation, round_, device, SURVIVORS)
+    return lambda data: key.sign(ctx, data)
+
+
+def survivor_verifier(trust: Any, federation: str, round_: int) -> Callable[[str, bytes, bytes], bool]:
+    """(device, data, signature) -> True when the key ``trust`` holds for that device signed the survivor set
+    (``trust.key_for(federation, device)``: a registry of the federation's devices, never the coordinator's word)."""
+    def verify(device: str, data: bytes, signature: bytes) -> bool:
+        try:
+            trust.key_for(federation, device).verify(SignContext(federation, round_, device, SURVIVORS), data,
+                                                     signature)
+        except SignatureError:
+            return False
+        return True
+
+    return verify

@@ -60,6 +60,7 @@ ROLES = ("device", "coordinator", "observer", "gateway")  # gateway: a site brok
 # Bytes of each packet reserved for MQTT framing: fixed header (<= 5), topic length + topic
 # (the longest topic of protocol.topics is ~220 bytes), packet id (2), MQTT 5 properties.
 MQTT_HEADROOM = 1024
+REGISTRY_FILE = "signing_keys.json"  # the federation's public keys (mqtt_broker.keys), beside or above the file
 MAX_FAILOVER = 16  # addresses besides host:port in a credentials file
 
 
@@ -96,6 +97,9 @@ class Credentials:
     failover: tuple[tuple[str, int], ...] = ()  # other broker nodes (host, port), tried in turn
     signing_key: str = field(default="", repr=False)  # this user's private key (protocol.signing), "" for none
     coordinator_key: str = ""  # the coordinator's public key (devices, observers), "" for none
+    # the federation's key registry (signing_keys.json): beside the file (a kit's copy) if there, else in the broker's
+    # state folder above it; not written: a device checks the other devices' signatures of a secure round against it
+    registry: Path | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -216,9 +220,10 @@ class Credentials:
         for key in ("signing_key", "coordinator_key"):
             if not isinstance(data.get(key, ""), str):
                 raise CredentialsError(f"{key} must be a string")
+        registry = base / REGISTRY_FILE if (base / REGISTRY_FILE).is_file() else base.parent / REGISTRY_FILE
         creds = cls(data["federation"], data["role"], data["username"], data["password"], data["host"], data["port"],
                     data["max_packet_size"], tls, tuple(parse_address(a) for a in failover),
-                    data.get("signing_key", ""), data.get("coordinator_key", ""))
+                    data.get("signing_key", ""), data.get("coordinator_key", ""), registry)
         if "max_payload" in data and data["max_payload"] != creds.max_payload:
             raise CredentialsError(f"max_payload {data['max_payload']!r} does not match max_packet_size "
                                     f"{creds.max_packet_size} (expected {creds.max_payload})")

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from transport.credentials import Credentials, CredentialsError
 
-__all__ = ["KIT_FILES", "KIT_TLS_FILES", "MAX_KIT_MEMBER", "KitError", "kit_folder", "unpack_kit"]
+__all__ = ["KIT_FILES", "KIT_REGISTRY", "KIT_TLS_FILES", "MAX_KIT_MEMBER", "KitError", "kit_folder", "unpack_kit"]
 
 KIT_FILES = ("credentials.toml", "device.toml", "START")
 KIT_TLS_FILES = ("tls/ca.crt", "tls/client.crt", "tls/client.key")
+KIT_REGISTRY = "signing_keys.json"  # optional: the federation's public keys when the kit was made (secure rounds)
 MAX_KIT_MEMBER = 1 << 20  # a kit holds small text files
 
 
@@ -40,7 +41,7 @@ def _read(kit: Path) -> dict[str, bytes]:
     try:
         with tarfile.open(kit, "r:gz") as tar:
             for info in tar.getmembers():
-                if info.name not in KIT_FILES + KIT_TLS_FILES or not info.isfile():
+                if info.name not in KIT_FILES + KIT_TLS_FILES + (KIT_REGISTRY,) or not info.isfile():
                     raise KitError(f"kit {kit}: unexpected member {info.name!r} (a kit holds only "
                                    f"{', '.join(KIT_FILES + KIT_TLS_FILES)})")
                 if info.size > MAX_KIT_MEMBER or info.name in members:

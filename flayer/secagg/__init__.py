@@ -17,7 +17,8 @@ Overhead" (CCS 2020, "SecAgg+").
    coordinator routes them.
 3. *Masked input*: u sends ``y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv) mod 2^32``
    over the neighbours v whose shares reached it, s_uv = HKDF(KA(s_u, s_v)).
-4. *Unmask*: the coordinator names the survivors (sent y) and the dropped (shared keys, sent no y);
+4. *Consistency* (optional, :mod:`.consistency`): each survivor signs the whole survivor set it is shown.
+5. *Unmask*: the coordinator names the survivors (sent y) and the dropped (shared keys, sent no y);
    each survivor returns its share of b_v for surviving and of s_v^SK for dropped neighbours,
    never both for one v. The coordinator rebuilds each survivor's b_u and each dropped device's
    s_v^SK (>= t shares each), removes PRG(b_u) and the dropped devices' pairwise masks, and is left
@@ -31,12 +32,13 @@ colluding with it learn nothing beyond the sum of the honest survivors' inputs a
 t of any honest device's k+1 share holders collude and the honest survivors' graph stays connected:
 in the complete graph any t-1 colluding devices; in a sparse graph a fraction gamma of colluders
 within the failure budget of :func:`neighbour_count` (its ``corrupt_fraction``). t >= 2 always,
-and the default rule takes t a strict majority of the k+1 holders. An *active* coordinator could do
-more, and nothing here stops it: substitute public keys in the bundles it relays (the adverts are not
-signed; Bonawitz's active variant signs them with long-term keys) and so read every share, or tell
-different devices different survivor sets (the majority threshold keeps two disjoint groups of honest
-devices from handing it both secrets of one device, but colluders break that; devices check t against
-a floor they compute, the graph seed and the survivor list). A false share is caught: b_u is checked
+and the default rule takes t a strict majority of the k+1 holders. An *active* coordinator that tells different devices different survivor sets is caught by the consistency round
+(:mod:`.consistency`, with a :class:`DeviceConsistency`): every survivor signs the whole survivor set with its
+long-term key, and a device unmasks only with T = floor((P + c)/2) + 1 signatures over the set it signed (c =
+max(1, ceil(gamma P)) colluders assumed), so all honest devices that answer saw one set. Still not stopped:
+substituting public keys in the bundles it relays (the adverts are not signed; Bonawitz's active variant signs
+them with long-term keys), which reads every share. Devices also check t against a floor they compute, the
+graph seed and the survivor list. A false share is caught: b_u is checked
 against the commitment in u's advert, s_u against its public key, every share beyond t against the
 rebuilt polynomial, and the holder of a false one is named (``SecAggServer.faulty``) when the shares
 determine the polynomial (2e <= m - t: framing an honest holder takes more than (m - t)/2 false shares), as is a
@@ -73,16 +75,19 @@ Entry points: :class:`SecAggClient` (device), :class:`SecAggServer` (coordinator
 from __future__ import annotations
 
 from .client import SecAggClient
+from .consistency import DeviceConsistency, LocalIdentities, ServerConsistency, consistency_threshold
 from .errors import SecAggAbandoned, SecAggError
 from .graph import neighbour_count, neighbour_graph
 from .local import DROP_POINTS, RoundOutcome, run_round
 from .messages import (
+    ConsistencyRequest,
     EncryptedShare,
     KeyAdvert,
     KeyBundle,
     MaskedInput,
     Message,
     ShareBatch,
+    SurvivorSignature,
     UnmaskRequest,
     UnmaskShares,
     decode_message,
@@ -94,9 +99,12 @@ from .server import SecAggServer
 
 __all__ = [
     "DROP_POINTS",
+    "ConsistencyRequest",
+    "DeviceConsistency",
     "EncryptedShare",
     "KeyAdvert",
     "KeyBundle",
+    "LocalIdentities",
     "MaskedInput",
     "Message",
     "RingSpec",
@@ -107,9 +115,12 @@ __all__ = [
     "SecAggParams",
     "SecAggServer",
     "SeededEntropy",
+    "ServerConsistency",
     "ShareBatch",
+    "SurvivorSignature",
     "UnmaskRequest",
     "UnmaskShares",
+    "consistency_threshold",
     "decode_message",
     "decode_sum",
     "encode",

@@ -10,8 +10,11 @@ Bonawitz et al. (CCS 2017), Fig. 4, restricted to the device's neighbours N(u) (
 2. :meth:`SecAggClient.masked_input`: open the shares received (their senders are the neighbours that
    completed stage 2) and send ``y_u = x_u + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)``
    (mod 2^32, v over those neighbours, ``>`` on the participant order).
-3. :meth:`SecAggClient.unmask`: reveal the share of b_v for each surviving v and of s_v^SK for each
-   dropped v -- never both for one v, and only once per round.
+3. :meth:`SecAggClient.sign_survivors` (with a :class:`~flayer.secagg.consistency.DeviceConsistency`): sign the
+   whole survivor set the coordinator shows, once per round (the consistency round, :mod:`.consistency`).
+4. :meth:`SecAggClient.unmask`: reveal the share of b_v for each surviving v and of s_v^SK for each
+   dropped v -- never both for one v, and only once per round; with the consistency round only when the
+   request matches the signed set and carries T valid signatures over that same set.
 
 Every stage checks what it can (round, addressee, sender in N(u), enough devices left: t) and
 raises :class:`~flayer.secagg.errors.SecAggError` on anything else; after a refusal the client
@@ -26,13 +29,16 @@ import os
 import numpy as np
 
 from . import keys, shamir
+from .consistency import DeviceConsistency, consistency_threshold, count_valid, survivor_set_message
 from .errors import SecAggError
 from .messages import (
+    ConsistencyRequest,
     EncryptedShare,
     KeyAdvert,
     KeyBundle,
     MaskedInput,
     ShareBatch,
+    SurvivorSignature,
     UnmaskRequest,
     UnmaskShares,
 )
@@ -49,7 +55,8 @@ _FAILED = -1
 class SecAggClient:
     """One device's state for one round (``params`` shared by all, ``device`` one of its participants)."""
 
-    def __init__(self, params: SecAggParams, device: str, entropy: Entropy = os.urandom) -> None:
+    def __init__(self, params: SecAggParams, device: str, entropy: Entropy = os.urandom,
+                 consistency: DeviceConsistency | None = None) -> None:
         if not params.is_participant(device):
             raise ValueError(f"device {device!r} is not a participant of round {params.round}")
         self.params = params
@@ -63,6 +70,8 @@ class SecAggClient:
         self._peers: dict[str, KeyAdvert] = {}
         self._held: dict[str, tuple[bytes, bytes]] = {}  # neighbour -> (share of b_v, share of s_v)
         self._partners: frozenset[str] = frozenset()
+        self._consistency = consistency  # None: no consistency round (a coordinator trusted to tell one story)
+        self._signed: frozenset[str] | None = None  # the survivor set this device signed (once per round)
 
     @property
     def partners(self) -> frozenset[str]:
@@ -180,12 +189,57 @@ class SecAggClient:
         self._stage = 3
         return MaskedInput(p.round, me, y)
 
+    def sign_survivors(self, request: ConsistencyRequest) -> SurvivorSignature:
+        """The consistency round: sign the whole survivor set shown, once (a second set is refused)."""
+        self._enter(3, "sign_survivors")
+        p, me, cons = self.params, self.device, self._consistency
+        if cons is None:
+            raise self._refuse("asked to sign a survivor set, but this device runs no consistency round")
+        if request.round != p.round or request.device != me:
+            raise self._refuse(f"consistency request is for {request.device} in round {request.round}")
+        if self._signed is not None:
+            raise self._refuse("asked to sign a second survivor set this round")
+        survivors = frozenset(request.survivors)
+        strangers = sorted(d for d in survivors if not p.is_participant(d))
+        if strangers:
+            raise self._refuse(f"the survivor set names {strangers[:5]}, not participants of the round")
+        if me not in survivors:
+            raise self._refuse("the survivor set leaves out this device, which sent its masked input")
+        need = consistency_threshold(len(p.participants), cons.corrupt_fraction)
+        if len(survivors) < max(need, p.threshold):
+            raise self._refuse(f"{len(survivors)} survivors listed, fewer than the {max(need, p.threshold)} "
+                               "the unmasking needs")
+        unknown = sorted((survivors & p.neighbours(me)) - set(self._held))
+        if unknown:
+            raise self._refuse(f"the survivor set holds neighbours {unknown}, whose shares never reached this device")
+        self._signed = survivors
+        return SurvivorSignature(p.round, me, cons.sign(survivor_set_message(p.session, p.round, survivors)))
+
+    def _check_consistent(self, request: UnmaskRequest) -> None:
+        """With the consistency round: the request is this device's view of the set it signed, and T devices of that
+        set signed the same set (:mod:`.consistency`)."""
+        p, me, cons, signed = self.params, self.device, self._consistency, self._signed
+        assert cons is not None
+        if signed is None:
+            raise self._refuse("an unmask request before this device signed a survivor set")
+        mine = (signed & p.neighbours(me)) | {me}
+        if set(request.survivors) != mine or set(request.dropped) != set(self._held) - signed:
+            raise self._refuse("the unmask request does not match the survivor set this device signed")
+        good = count_valid(survivor_set_message(p.session, p.round, signed), signed, request.signatures, cons.verify)
+        good.add(me)
+        need = consistency_threshold(len(p.participants), cons.corrupt_fraction)
+        if len(good) < need:
+            raise self._refuse(f"{len(good)} devices signed the survivor set this device signed, fewer than "
+                               f"T={need}: the coordinator may have shown others another set")
+
     def unmask(self, request: UnmaskRequest) -> UnmaskShares:
         """Stage 4: shares of b_v for the surviving, of s_v^SK for the dropped neighbours (once)."""
         self._enter(3, "unmask")
         p, me = self.params, self.device
         if request.round != p.round or request.device != me:
             raise self._refuse(f"unmask request is for {request.device} in round {request.round}")
+        if self._consistency is not None:
+            self._check_consistent(request)
         both = set(request.survivors) & set(request.dropped)
         if both:
             raise self._refuse(f"asked for both shares of {sorted(both)}")

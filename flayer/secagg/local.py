@@ -7,7 +7,10 @@ layout and the codecs are exercised. A device may drop at one point of the round
 * ``"before_keys"``: it never advertises;
 * ``"after_keys"``: it advertises and then sends nothing (no shares);
 * ``"after_shares"``: it sends its shares and no masked input;
-* ``"after_masked"``: it sends its masked input and does not answer the unmask stage.
+* ``"after_masked"``: it sends its masked input and does not answer the consistency or unmask stage.
+
+With ``consistency`` (the default) the survivors sign the survivor set between the masked inputs and the
+unmasking (:mod:`~flayer.secagg.consistency`), with in-process long-term keys (:class:`LocalIdentities`).
 
 A device that refuses a message (:class:`~flayer.secagg.errors.SecAggError`) drops at that point
 and its reason is kept in ``RoundOutcome.refusals``.
@@ -24,6 +27,7 @@ from typing import Literal, TypeVar
 import numpy as np
 
 from .client import SecAggClient
+from .consistency import LocalIdentities, ServerConsistency
 from .errors import SecAggAbandoned, SecAggError
 from .messages import Message, decode_message
 from .params import SecAggParams
@@ -64,7 +68,8 @@ def _entropy_for(seed: bytes | None, device: str) -> Entropy:
 
 
 def run_round(params: SecAggParams, vectors: Mapping[str, np.ndarray],
-              drop_after: Mapping[str, DropPoint] | None = None, seed: bytes | None = None) -> RoundOutcome:
+              drop_after: Mapping[str, DropPoint] | None = None, seed: bytes | None = None,
+              consistency: bool = True) -> RoundOutcome:
     """Run all four stages for ``params.participants``; ``vectors`` are ring-encoded (uint32) inputs.
 
     ``seed`` makes the run reproducible (every device's entropy is derived from it); without it the
@@ -95,8 +100,10 @@ def run_round(params: SecAggParams, vectors: Mapping[str, np.ndarray],
         assert type(out) is type(msg)
         return out
 
-    server = SecAggServer(params)
-    clients = {d: SecAggClient(params, d, _entropy_for(seed, d)) for d in params.participants}
+    ids = LocalIdentities(params.participants, _entropy_for(seed, "identities/")) if consistency else None
+    server = SecAggServer(params, ServerConsistency(ids.verify) if ids else None)
+    clients = {d: SecAggClient(params, d, _entropy_for(seed, d), ids.for_device(d) if ids else None)
+               for d in params.participants}
     alive = [d for d in params.participants if drops.get(d) != "before_keys"]
 
     def step(leaving: str | None, action: str) -> None:
@@ -112,6 +119,9 @@ def run_round(params: SecAggParams, vectors: Mapping[str, np.ndarray],
                 elif action == "mask":
                     shares = carry(server.shares_for(d), d)
                     server.receive_masked(carry(clients[d].masked_input(shares, vectors[d]), d))
+                elif action == "sign":
+                    shown = carry(server.consistency_request(d), d)
+                    server.receive_signature(carry(clients[d].sign_survivors(shown), d))
                 else:
                     request = carry(server.unmask_request(d), d)
                     server.receive_unmask(carry(clients[d].unmask(request), d))
@@ -126,6 +136,8 @@ def run_round(params: SecAggParams, vectors: Mapping[str, np.ndarray],
         step("after_keys", "advertise")
         step("after_shares", "share")
         step("after_masked", "mask")
+        if consistency:
+            step("consistency", "sign")  # nobody leaves here
         step(None, "unmask")
         ring_sum = server.result()
     except SecAggAbandoned as exc:

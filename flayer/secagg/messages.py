@@ -23,26 +23,29 @@ from __future__ import annotations
 from ._wire import MAGIC, VERSION
 from .errors import SecAggError
 from .msg_setup import CIPHERTEXT_LEN, EncryptedShare, KeyAdvert, KeyBundle, ShareBatch
-from .msg_unmask import MaskedInput, UnmaskRequest, UnmaskShares
+from .msg_unmask import ConsistencyRequest, MaskedInput, SurvivorSignature, UnmaskRequest, UnmaskShares
 
 __all__ = [
     "CIPHERTEXT_LEN",
     "MAGIC",
     "VERSION",
+    "ConsistencyRequest",
     "EncryptedShare",
     "KeyAdvert",
     "KeyBundle",
     "MaskedInput",
     "Message",
     "ShareBatch",
+    "SurvivorSignature",
     "UnmaskRequest",
     "UnmaskShares",
     "decode_message",
 ]
 
-Message = KeyAdvert | KeyBundle | ShareBatch | MaskedInput | UnmaskRequest | UnmaskShares
+Message = (KeyAdvert | KeyBundle | ShareBatch | MaskedInput | UnmaskRequest | UnmaskShares | ConsistencyRequest
+           | SurvivorSignature)
 _KINDS: dict[int, type[Message]] = {1: KeyAdvert, 2: KeyBundle, 3: ShareBatch, 4: MaskedInput,
-                                    5: UnmaskRequest, 6: UnmaskShares}
+                                    5: UnmaskRequest, 6: UnmaskShares, 7: ConsistencyRequest, 8: SurvivorSignature}
 
 
 def decode_message(data: bytes) -> Message:

@@ -18,11 +18,33 @@ from ._wire import (
     pack_u16,
     pack_u32,
 )
+from .consistency import SIGNATURE_LEN
 from .errors import SecAggError
 from .prg import MAX_LENGTH
 from .shamir import SHARE_LEN
 
-__all__ = ["MaskedInput", "UnmaskRequest", "UnmaskShares"]
+__all__ = ["ConsistencyRequest", "MaskedInput", "SurvivorSignature", "UnmaskRequest", "UnmaskShares"]
+
+MAX_SET = 0xFFFF  # a whole round's survivors (participants travel as u16 Shamir x)
+
+
+def _check_set(ids: tuple[str, ...], what: str) -> None:
+    if len(ids) > MAX_SET:
+        raise SecAggError(f"{what}: {len(ids)} entries exceed the limit {MAX_SET}")
+    for i in ids:
+        check_id(i, what)
+    if len(set(ids)) != len(ids):
+        raise SecAggError(f"{what}: duplicate device")
+
+
+def _check_signatures(sigs: tuple[tuple[str, bytes], ...], what: str) -> None:
+    _check_set(tuple(s for s, _ in sigs), what)
+    for signer, sig in sigs:
+        check_bytes(sig, SIGNATURE_LEN, f"{what} of {signer}")
+
+
+def _pack_signatures(sigs: tuple[tuple[str, bytes], ...]) -> bytes:
+    return pack_u16(len(sigs), "signatures") + b"".join(pack_id(s) + sig for s, sig in sigs)
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,7 +82,8 @@ class MaskedInput:
 class UnmaskRequest:
     """Stage 4, server -> device: which of its neighbours survived (sent y) and which dropped after stage 2.
 
-    ``survivors`` includes the device itself; ``survivor_count`` is the size of the whole survivor set.
+    ``survivors`` includes the device itself; ``survivor_count`` is the size of the whole survivor set;
+    ``signatures`` the survivors' signatures over the survivor set (the consistency round: :mod:`.consistency`).
     """
 
     round: int
@@ -68,6 +91,7 @@ class UnmaskRequest:
     survivor_count: int
     survivors: tuple[str, ...]
     dropped: tuple[str, ...]
+    signatures: tuple[tuple[str, bytes], ...] = ()
 
     def __post_init__(self) -> None:
         check_round(self.round)
@@ -76,13 +100,16 @@ class UnmaskRequest:
         object.__setattr__(self, "dropped", tuple(self.dropped))
         check_list(self.survivors, "UnmaskRequest survivors")
         check_list(self.dropped, "UnmaskRequest dropped")
+        object.__setattr__(self, "signatures", tuple((s, sig) for s, sig in self.signatures))
+        _check_signatures(self.signatures, "UnmaskRequest signature")
         if not isinstance(self.survivor_count, int) or not 0 <= self.survivor_count <= 0xFFFFFFFF:
             raise SecAggError(f"UnmaskRequest survivor_count {self.survivor_count!r} is not a u32")
 
     def to_bytes(self) -> bytes:
         return (header(5, self.round) + pack_id(self.device) + pack_u32(self.survivor_count, "survivor_count")
                 + pack_u16(len(self.survivors), "survivors") + b"".join(pack_id(s) for s in self.survivors)
-                + pack_u16(len(self.dropped), "dropped") + b"".join(pack_id(d) for d in self.dropped))
+                + pack_u16(len(self.dropped), "dropped") + b"".join(pack_id(d) for d in self.dropped)
+                + _pack_signatures(self.signatures))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnmaskRequest:
@@ -90,8 +117,10 @@ class UnmaskRequest:
         device, count = r.device("device"), r.u32("survivor_count")
         survivors = tuple(r.device(f"survivor {i}") for i in range(r.count("survivors", MAX_ENTRIES)))
         dropped = tuple(r.device(f"dropped {i}") for i in range(r.count("dropped", MAX_ENTRIES)))
+        sigs = tuple((r.device(f"signer {i}"), r.take(SIGNATURE_LEN, f"signature {i}"))
+                     for i in range(r.count("signatures", MAX_SET)))
         r.done()
-        return cls(round_id, device, count, survivors, dropped)
+        return cls(round_id, device, count, survivors, dropped, sigs)
 
 
 @dataclass(frozen=True)
@@ -134,3 +163,55 @@ class UnmaskShares:
                                 for i in range(count)))
         r.done()
         return cls(round_id, device, blocks[0], blocks[1])
+
+
+@dataclass(frozen=True)
+class ConsistencyRequest:
+    """Consistency round, server -> device: the whole survivor set S, for the device to sign (:mod:`.consistency`)."""
+
+    round: int
+    device: str
+    survivors: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        check_round(self.round)
+        check_id(self.device, "ConsistencyRequest device")
+        object.__setattr__(self, "survivors", tuple(self.survivors))
+        _check_set(self.survivors, "ConsistencyRequest survivors")
+
+    def to_bytes(self) -> bytes:
+        return (header(7, self.round) + pack_id(self.device) + pack_u16(len(self.survivors), "survivors")
+                + b"".join(pack_id(s) for s in self.survivors))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ConsistencyRequest:
+        r, round_id = open_message(data, 7, "ConsistencyRequest")
+        device = r.device("device")
+        survivors = tuple(r.device(f"survivor {i}") for i in range(r.count("survivors", MAX_SET)))
+        r.done()
+        return cls(round_id, device, survivors)
+
+
+@dataclass(frozen=True)
+class SurvivorSignature:
+    """Consistency round, device -> server: its Ed25519 signature over the survivor set it was shown (64 B)."""
+
+    round: int
+    device: str
+    signature: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        check_round(self.round)
+        check_id(self.device, "SurvivorSignature device")
+        check_bytes(self.signature, SIGNATURE_LEN, "SurvivorSignature signature")
+
+    def to_bytes(self) -> bytes:
+        return header(8, self.round) + pack_id(self.device) + self.signature
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SurvivorSignature:
+        r, round_id = open_message(data, 8, "SurvivorSignature")
+        device = r.device("device")
+        sig = r.take(SIGNATURE_LEN, "signature")
+        r.done()
+        return cls(round_id, device, sig)

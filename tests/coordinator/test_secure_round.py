@@ -10,7 +10,7 @@ from coordinator.secure_round import SecureRound
 from flayer.engine.secure import PlannedSecure, device_vector, round_params
 from flayer.engine.secure_layout import layout_of
 from flayer.privacy_config import PrivacySettings
-from flayer.secagg import SecAggClient, decode_message
+from flayer.secagg import LocalIdentities, SecAggClient, SeededEntropy, decode_message
 from flayer.update import TensorDelta, Update
 
 IDS = ("a", "b", "c", "d")
@@ -25,8 +25,10 @@ def _round(stage_s: float = 5.0) -> tuple[SecureRound, dict[str, SecAggClient], 
     ups = {d: _update(i) for i, d in enumerate(IDS)}
     lay = layout_of(ups["a"])
     params, _ = round_params(PrivacySettings(secure_aggregation=True), "fed.1.x", 1, IDS, lay, 0)
-    sec = SecureRound(PlannedSecure(params, lay.digest, False, stage_s), lay, stage_end=100.0 + stage_s)
-    return sec, {d: SecAggClient(params, d) for d in IDS}, ups
+    ids = LocalIdentities(IDS, SeededEntropy(bytes(32)))  # the devices' long-term keys (the consistency round)
+    sec = SecureRound(PlannedSecure(params, lay.digest, False, stage_s), lay, stage_end=100.0 + stage_s,
+                      verify=ids.verify)
+    return sec, {d: SecAggClient(params, d, consistency=ids.for_device(d)) for d in IDS}, ups
 
 
 def _deliver(out: list[tuple[str, bytes]]) -> dict[str, object]:
@@ -57,8 +59,16 @@ def test_a_whole_round_gives_the_sum_and_each_stage_takes_only_its_message():
     for d in ("a", "c", "d"):
         assert sec.masked(d, blobs[d]) is None
     assert sec.masked("a", blobs["a"]) is not None  # a second one
-    requests = _deliver(sec.advance(102.0, masked_done=True))
-    assert sec.stage == 4 and set(requests) == {"a", "c", "d"}
+    sets = _deliver(sec.advance(102.0, masked_done=True))
+    assert sec.stage == 4 and set(sets) == {"a", "c", "d"} and all(m.survivors == ("a", "c", "d") for m in sets.values())
+    signature_c = clients["c"].sign_survivors(sets["c"]).to_bytes()
+    assert "does not verify" in (sec.receive("a", signature_c.replace(b"\x01c", b"\x01a", 1)) or "")  # c's, as a's
+    for d in ("a", "d"):
+        assert sec.receive(d, clients[d].sign_survivors(sets[d]).to_bytes()) is None
+    assert sec.advance(102.0) == [] and sec.stage == 4  # waiting for c's signature
+    assert sec.receive("c", signature_c) is None
+    requests = _deliver(sec.advance(102.0))  # every survivor signed: the unmask requests, with the signatures
+    assert sec.stage == 5 and set(requests) == {"a", "c", "d"}
     from coordinator.intake import IntakeContext, validate
     from protocol import WireLimits
 
@@ -104,8 +114,10 @@ def test_the_loop_sleeps_until_the_unmask_stage_ends_instead_of_spinning():
     for d in IDS:
         vec = device_vector(ups[d], sec.layout, sec.planned.params, np.random.default_rng(0))
         sec.masked(d, clients[d].masked_input(shares[d], vec).to_bytes())
-    sec.advance(102.0, masked_done=True)
-    assert sec.stage == 4 and sec.stage_end == 107.0
+    for d, req in _deliver(sec.advance(102.0, masked_done=True)).items():
+        sec.receive(d, clients[d].sign_survivors(req).to_bytes())
+    sec.advance(102.0)
+    assert sec.stage == 5 and sec.stage_end == 107.0
     timer = RoundTimer(opened_at=90.0, deadline=150.0, selected=4, quorum=3, grace_s=1.0, quorum_at=100.0)
     waits: list[float] = []
     fake = types.SimpleNamespace(

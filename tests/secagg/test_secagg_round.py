@@ -99,15 +99,16 @@ def test_dropouts_at_every_stage_together_are_recovered():
     ("before_keys", "2 devices advertised keys, fewer than t=3"),
     ("after_keys", "2 devices sent shares, fewer than t=3"),
     ("after_shares", "2 devices sent a masked input, fewer than t=3"),
-    ("after_masked", "fewer than t=3")])
+    ("after_masked", "2 survivors signed the survivor set, fewer than T=4")])
 def test_too_many_dropouts_abandon_the_round_with_a_reason(point, reason):
     p = params(5)  # complete graph, t = 3
     _, vectors = encoded(p)
     out = run_round(p, vectors, dict.fromkeys(["dev-00", "dev-01", "dev-02"], point), seed=b"r")
     assert out.ring_sum is None and out.sum is None
     assert out.abandoned_reason is not None and reason in out.abandoned_reason
-    if point == "after_masked":
-        assert "shares of b_" in out.abandoned_reason  # 5 survivors, 2 answer: no b_u has t shares
+    if point == "after_masked":  # 5 survivors, 2 answer: too few sign the set (T = 4 of 5) ...
+        out = run_round(p, vectors, dict.fromkeys(["dev-00", "dev-01", "dev-02"], point), seed=b"r", consistency=False)
+        assert "shares of b_" in out.abandoned_reason  # ... and without the consistency round no b_u has t shares
 
 
 def test_a_dropped_device_whose_neighbours_also_left_cannot_be_unmasked():
@@ -123,16 +124,22 @@ def test_a_dropped_device_whose_neighbours_also_left_cannot_be_unmasked():
 
 
 def test_traffic_grows_with_k_and_n_not_with_the_participants():
-    def worst(count: int, degree: int, length: int) -> int:
+    def worst(count: int, degree: int, length: int, consistency: bool = False) -> int:
         p = params(count, degree, 3, length)
-        return max(run_round(p, encoded(p)[1], seed=b"r").bytes_per_device.values())
+        return max(run_round(p, encoded(p)[1], seed=b"r", consistency=consistency).bytes_per_device.values())
 
     small, large = worst(10, 4, 100), worst(40, 4, 100)
     assert large == small  # same k and n, four times the devices: the same bytes per device
     assert worst(10, 4, 1100) - small == 4 * 1000  # the masked input: 4 bytes a coordinate, nothing else
     assert worst(10, 8, 100) > small
     p = params(10, 4, 3, 100)
-    assert set(run_round(p, encoded(p)[1], seed=b"r").messages_per_device.values()) == {7}
+    assert set(run_round(p, encoded(p)[1], seed=b"r", consistency=False).messages_per_device.values()) == {7}
+    # the consistency round adds two messages, the whole survivor set (7 B an id here) and T signatures (7 + 64 B)
+    assert set(run_round(p, encoded(p)[1], seed=b"r").messages_per_device.values()) == {9}
+    for count in (10, 40):
+        t_sig = count // 2 + 1  # T = floor((P + 1) / 2) + 1 at gamma = 0: P // 2 + 1
+        extra = (10 + 7 + 2 + 7 * count) + (10 + 7 + 64) + 71 * t_sig
+        assert worst(count, 4, 100, consistency=True) - worst(count, 4, 100) == extra
 
 
 def test_run_round_validates_its_inputs():

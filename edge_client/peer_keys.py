@@ -1,0 +1,67 @@
+"""The other devices' public keys, as the federation's admin wrote them: the key registry ``signing_keys.json``.
+
+A device checks the signatures of a secure round's consistency round (each survivor signs the survivor set it
+was shown, :mod:`flayer.secagg.consistency`) against these keys, never against keys the coordinator relays: a
+coordinator that could hand out keys could sign for anyone. The registry comes with the device's kit (a copy
+beside ``credentials.toml``, made when the kit was) or is read in place from the broker's state folder above the
+credentials (a device on the broker's machine, the emulator); it is read again when its modification time
+changes, so devices added since are believed from then on. No registry: every signature is refused, so this
+device answers no unmask request (its secure rounds are abandoned rather than unmasked on the coordinator's word).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from protocol import SignatureError, VerifyKey
+from protocol.signing import parse_key_registry
+
+__all__ = ["PeerKeys"]
+
+log = logging.getLogger(__name__)
+MAX_FILE_BYTES = 32 << 20
+
+
+class PeerKeys:
+    """``key_for(federation, device)`` from the registry at ``path`` (a :class:`protocol.Trust`)."""
+
+    def __init__(self, federation: str, path: Path | None) -> None:
+        self.federation, self.path = federation, path
+        self.keys: dict[str, VerifyKey] = {}
+        self._mtime: float | None = None
+        self._missing_logged = False
+        self._refresh()
+
+    def _refresh(self) -> None:
+        if self.path is None:
+            return
+        try:
+            st = self.path.stat()
+        except OSError:
+            if not self._missing_logged:
+                log.warning("no key registry at %s: this device cannot check the other devices' signatures, so it "
+                            "answers no secure round's unmask request", self.path)
+                self._missing_logged = True
+            return
+        try:
+            if st.st_mtime == self._mtime:
+                return
+            if st.st_size > MAX_FILE_BYTES:
+                raise SignatureError(f"{st.st_size} bytes (at most {MAX_FILE_BYTES})")
+            _, keys = parse_key_registry(self.path.read_text(), str(self.path))
+        except (OSError, UnicodeDecodeError, SignatureError) as exc:
+            log.error("key registry %s unreadable (%s); keeping the %d known", self.path, exc, len(self.keys))
+            return
+        self.keys, self._mtime = keys, st.st_mtime
+
+    def key_for(self, federation: str, sender: str) -> VerifyKey:
+        if federation != self.federation:
+            raise SignatureError(f"signed for federation {federation!r}, not {self.federation!r}")
+        key = self.keys.get(sender)
+        if key is None:
+            self._refresh()
+            key = self.keys.get(sender)
+        if key is None:
+            raise SignatureError(f"no key in the registry for {sender!r}")
+        return key
