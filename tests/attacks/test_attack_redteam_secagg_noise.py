@@ -25,6 +25,7 @@ from flayer.engine.secure import plan_round, plan_secure
 from flayer.engine.secure_layout import layout_of
 from flayer.privacy_config import PrivacySettings
 from flayer.update import TensorDelta, Update
+from protocol import SigningKey
 
 IDS = tuple(f"dev-{i}" for i in range(6))
 ME = "dev-1"
@@ -35,6 +36,9 @@ class _Device(SecureRounds):
 
     def __init__(self) -> None:
         self.id = ME
+        self.creds = SimpleNamespace(federation="fed")
+        self.signer = SigningKey.generate()  # its own key (the consistency round's signatures)
+        self.peers = None  # the other devices' keys: not reached here
         self.settings = SimpleNamespace(secure_corrupt_fraction=0.0)
         self.stored = SimpleNamespace(done_round=0)
         self._secure = None
