@@ -21,21 +21,20 @@ from collections.abc import Container, Iterator, Mapping
 import numpy as np
 
 from . import keys, shamir
-from .consistency import ServerConsistency, consistency_threshold, survivor_set_message
+from .consistency import ServerConsistency
 from .errors import SecAggAbandoned, SecAggError
 from .messages import (
-    ConsistencyRequest,
     KeyAdvert,
     KeyBundle,
     MaskedInput,
     ShareBatch,
-    SurvivorSignature,
     UnmaskRequest,
     UnmaskShares,
 )
 from .msg_setup import EncryptedShare
 from .params import SecAggParams
 from .prg import expand
+from .server_consistency import ConsistencyStage
 
 __all__ = ["SecAggServer"]
 
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 _KINDS = ("b", "s")  # b: self-mask seed (survivors), s: mask private key (dropped)
 
 
-class SecAggServer:
+class SecAggServer(ConsistencyStage):
     """The coordinator's state for one round; every input is checked against ``params`` and the stage."""
 
     def __init__(self, params: SecAggParams, consistency: ServerConsistency | None = None) -> None:
@@ -203,46 +202,6 @@ class SecAggServer:
         if self._stage == 3:
             self._close(3, self.survivors, "sent a masked input")
             self._check_connected()
-
-    @property
-    def signed(self) -> frozenset[str]:
-        """The survivors whose signature over the survivor set arrived (the consistency round)."""
-        return frozenset(self._signatures)
-
-    @property
-    def signatures_needed(self) -> int:
-        assert self.consistency is not None
-        return max(self.params.threshold,
-                   consistency_threshold(len(self.params.participants), self.consistency.corrupt_fraction))
-
-    def consistency_request(self, device: str) -> ConsistencyRequest:
-        """The whole survivor set, for ``device`` to sign (closes stage 3 on the first call)."""
-        if self.consistency is None:
-            raise SecAggError("this round runs no consistency round")
-        self._at((3, 4), "consistency request")
-        self._close_masked()
-        if self._signed_closed:
-            raise SecAggError("the consistency round is over")
-        if device not in self._masked:
-            raise SecAggError(f"{device} sent no masked input")
-        return ConsistencyRequest(self.params.round, device, tuple(sorted(self._masked)))
-
-    def receive_signature(self, msg: SurvivorSignature) -> None:
-        if self.consistency is None:
-            raise SecAggError("this round runs no consistency round")
-        self._at((4,), "survivor signature")
-        self._check(msg.round, msg.device, self._masked, "survivor signature")
-        if self._signed_closed:
-            raise SecAggError(f"survivor signature from {msg.device} after the consistency round closed")
-        if msg.device in self._signatures:
-            raise SecAggError(f"second survivor signature from {msg.device}")
-        verify = self.consistency.verify
-        if self._set_message is None:
-            self._set_message = survivor_set_message(self.params.session, self.params.round, self._masked)
-        message = self._set_message
-        if verify is not None and not verify(msg.device, message, msg.signature):
-            raise SecAggError(f"survivor signature from {msg.device} does not verify under its key")
-        self._signatures[msg.device] = msg.signature
 
     def unmask_request(self, device: str) -> UnmaskRequest:
         """Which of ``device``'s neighbours survived or dropped (closes stage 3 on the first call; with the consistency
