@@ -158,6 +158,9 @@ class SecurePhase:
         else:
             log.warning("round %d: secure round abandoned: %s; the model stays as it was", rnd.number, out.reason)
             self.coord.counters["secure_abandoned"] += 1
+            private = rnd.aggregate.privacy
+            if abandon_kind(out.reason) == "sum_check" and private is not None and self.coord.privacy is not None:
+                self.coord.privacy.accounts.unmasked_unfolded(private)  # the sum was unmasked, then refused
         faulty = dict(rnd.secure.server.faulty)
         for device, proof in sorted(faulty.items()):
             if device not in self.excluded:

@@ -14,7 +14,8 @@ is public, so nobody is uncertain about who took part):
   aggregation: it sees the un-noised clipped updates, or their un-noised sum: **no guarantee** (infinite).
   Local mode without secure aggregation: it sees each device's upload with that device's own share,
   ``N(0, (z C)^2 / m)``: a Gaussian mechanism of multiplier ``z / sqrt(m)`` per round. Local mode with
-  secure aggregation (distributed DP): only the sum, so the ``public`` figure.
+  secure aggregation (distributed DP): only the sum, so the ``public`` figure, plus every sum it unmasked and
+  then refused (:meth:`Accounts.unmasked_unfolded`).
 
 Both assume the coordinator runs the mechanism as written (it clips, adds its noise, keeps the fixed
 denominator); only the local-mode figure against the coordinator holds when it does not.
@@ -70,6 +71,14 @@ class Accounts:
         if self.coordinator is not None:
             self.coordinator.compose(z if self.secure else rp.update_multiplier / math.sqrt(rp.contributions), 1.0)
         return z
+
+    def unmasked_unfolded(self, rp: RoundPrivacy) -> None:
+        """A secure round whose sum the coordinator unmasked, then refused (it broke the round's bounds): the
+        models did not move, so nothing is composed for their readers, but the coordinator (and the broker
+        operator, who can unmask what it relays) saw the noised sum: composed against it. Central mode: no
+        figure against it anyway."""
+        if self.coordinator is not None and self.secure:
+            self.coordinator.compose(self.round_z(rp, rp.contributions), 1.0)
 
     def epsilons(self, delta: float) -> dict[str, float]:
         """``{"public": eps, "coordinator": eps}`` at ``delta`` (inf: no guarantee)."""

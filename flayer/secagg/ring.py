@@ -147,8 +147,9 @@ def decode_sum(ring_sum: np.ndarray, spec: RingSpec, count: int) -> np.ndarray:
     signed = np.where(r > spec.sum_limit, r - np.int64(spec.modulus), r)
     bound = count * spec.q_max
     if signed.size and int(np.abs(signed).max()) > bound:
-        worst = int(np.argmax(np.abs(signed)))
-        raise ValueError(f"ring sum {int(signed[worst])} at position {worst} exceeds what {count} summands "
-                         f"can reach ({bound}): wrong count, or masks that did not cancel")
+        # no value or position of the sum in the message: it reaches the round's record, and the sum is the
+        # devices' data (un-noised in central mode)
+        raise ValueError(f"a coordinate of the ring sum exceeds what {count} summands can reach ({bound}): "
+                         f"wrong count, or masks that did not cancel")
     assert spec.scale is not None
     return signed.astype(np.float64) / spec.scale
