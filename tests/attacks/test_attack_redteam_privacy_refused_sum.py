@@ -67,7 +67,8 @@ def test_every_sum_the_coordinator_unmasked_is_in_its_epsilon(monkeypatch: Any) 
         unmasked += 1  # the coordinator decoded this sum before refusing it
         rnd = SimpleNamespace(number=r, aggregate=agg, stats=SimpleNamespace(extra={}),
                               secure=SimpleNamespace(server=SimpleNamespace(faulty={}), sent_bytes=0))
-        coord = SimpleNamespace(privacy=fp, counters={"secure_abandoned": 0}, cfg=None)
+        coord = SimpleNamespace(privacy=fp, counters={"secure_abandoned": 0}, fs=SimpleNamespace(norm_bound=None),
+                                cfg=SimpleNamespace(run=SimpleNamespace(privacy=s)))
         coord._close_round = lambda reason, rnd=rnd: records.append(fp.close(rnd.aggregate))
         SecurePhase(coord).close(rnd, out)
     seen = epsilon_for([(Z, 1.0, unmasked)], fp.delta)
