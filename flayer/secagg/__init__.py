@@ -40,10 +40,11 @@ substituting public keys in the bundles it relays (the adverts are not signed; B
 them with long-term keys), which reads every share. Devices also check t against a floor they compute, the
 graph seed and the survivor list. A false share is caught: b_u is checked
 against the commitment in u's advert, s_u against its public key, every share beyond t against the
-rebuilt polynomial, and the holder of a false one is named (``SecAggServer.faulty``) when the shares
-determine the polynomial (2e <= m - t: framing an honest holder takes more than (m - t)/2 false shares), as is a
-dealer whose shares agree on a secret other than the one it advertised, and a device advertising a low-order,
-shared or repeated key.
+rebuilt polynomial and skipped when off it. Named (``SecAggServer.faulty``): a device whose share of its own
+secret is off, or whose shares agree on a secret other than the one it advertised -- only when the shares
+determine the polynomial (2e <= m - t: getting it wrong takes more than (m - t)/2 false shares) -- and a device
+advertising a low-order, shared or repeated key; never a holder for a share of another's secret (a dealer could
+have sealed it that share).
 Device authentication rides on the broker: each device publishes only under its own credentials and
 ACL, so the coordinator knows which device sent which message; the sealed shares' associated data
 binds (session, round, sender, receiver, stage) against replay, forgery and misaddressing.

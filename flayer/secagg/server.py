@@ -271,12 +271,16 @@ class SecAggServer(ConsistencyStage):
         every share beyond the t used is checked too. SecAggError if its other secret was rebuilt (the never-both
         rule); SecAggAbandoned if no t of the shares give the advertised secret.
 
-        Who is named in :attr:`faulty` (:func:`_decoded`): with m shares, the holders of the e shares off the
-        polynomial that rebuilds the genuine secret, only when ``2e <= m - t`` -- the m shares then determine the
-        polynomial (Reed-Solomon's unique decoding), so naming an honest holder would take more than ``(m - t) / 2``
-        false shares of this one secret, never one device alone, and never two whose errors cancel at 0. The owner
-        (the dealer) is named when no t shares rebuild its advertised secret although m > t shares agree on one
-        polynomial up to such e: its shares are not of the secret it committed to."""
+        Who is named in :attr:`faulty`, only from what determines the dealer's polynomial (:func:`_decoded`: with m
+        shares, e of them off the polynomial that rebuilds the genuine secret, ``2e <= m - t``, Reed-Solomon's unique
+        decoding: getting it wrong takes more than ``(m - t) / 2`` false shares of this one secret, never one device,
+        never two whose errors cancel at 0):
+
+        * the owner, when its *own* share is off (it dealt that share to itself), or when no t shares rebuild its
+          advertised secret although m > t shares agree on one polynomial: its shares are not of that secret;
+        * never a holder for a share of *another* device's secret that is off: the holder may have lied, or the
+          dealer sealed it that share (a sealed share proves nothing to the coordinator), so the share is skipped.
+        """
         assert kind in _KINDS
         done = self._reconstructed.setdefault(owner, set())
         if done - {kind}:
@@ -302,8 +306,12 @@ class SecAggServer(ConsistencyStage):
                 if off is not None:
                     for x in off:
                         holder = p.participants[x - 1]
-                        self.faulty[holder] = f"{holder} sent a false share of {kind}_{owner}"
-                        log.warning("secagg round %d: %s", p.round, self.faulty[holder])
+                        if holder == owner:
+                            self.faulty[owner] = f"{owner} sent a false share of its own {kind}_{owner}"
+                            log.warning("secagg round %d: %s", p.round, self.faulty[owner])
+                        else:  # a lie or a false dealing: the coordinator cannot tell which
+                            log.warning("secagg round %d: %s's share of %s_%s is off the polynomial: skipped",
+                                        p.round, holder, kind, owner)
                     return secret
                 fallback = fallback or secret  # genuine, but too many shares disagree to tell who lied
             elif i == 0 and len(shares) > p.threshold:

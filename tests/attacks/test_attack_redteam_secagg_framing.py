@@ -14,6 +14,8 @@ advertised, and names the holders of the shares that are off the rebuilt polynom
 * **one device and the mask key's clamping**: one holder of a dropped device's mask key shifts its share so the
   rebuilt key differs only in bits X25519 clamps away: the key still matches the advertised public key, and
   again every honest share beyond the first t is off the rebuilt polynomial.
+* **one dealer seals a false share**: the adversary seals one honest neighbour a share of its own seed that is off
+  its polynomial; the neighbour reveals what it got, and that share is off the polynomial the others give.
 
 The guarantee: no honest device is named (so none is left out later); the round is unmasked with the genuine
 secrets (the sum is the honest one); and a lie is only ever pinned on a device that sent one.
@@ -22,12 +24,23 @@ secrets (the sum is the honest one); and a lie is only ever pinned on a device t
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import replace
 
 import numpy as np
 
-from flayer.secagg import RingSpec, SecAggClient, SecAggParams, SecAggServer, SeededEntropy, UnmaskShares
-from flayer.secagg.shamir import PRIME, decode_share, encode_share, lagrange_at_zero
+from flayer.secagg import (
+    EncryptedShare,
+    RingSpec,
+    SecAggClient,
+    SecAggParams,
+    SecAggServer,
+    SeededEntropy,
+    UnmaskShares,
+    keys,
+)
+from flayer.secagg.client import SHARE_STAGE
+from flayer.secagg.shamir import PRIME, SHARE_LEN, decode_share, encode_share, lagrange_at_zero
 
 IDS = tuple(f"dev-{i}" for i in range(6))  # the complete graph: k = 5, t = 4 (a strict majority of 6 holders)
 
@@ -101,3 +114,37 @@ def test_one_device_cannot_get_honest_holders_named_through_the_mask_keys_clampi
         assert np.array_equal(total, _honest_sum(vectors))
         framed = set(server.faulty) - {hostile}
         assert not framed, f"honest devices named faulty (seed {seed}): {server.faulty}"
+
+
+def test_one_dealer_cannot_get_an_honest_holder_named_by_sealing_it_a_false_share():
+    """The adversary deals: it seals one honest neighbour a share of its own b that is off its polynomial (it holds
+    the pair's sealing key, so it opens its own ciphertext, shifts the share and seals it again). The holder
+    cannot tell and reveals what it got; the coordinator finds that share off the polynomial the others give."""
+    params = SecAggParams("fed.1.ab", 1, IDS, 4, 5, bytes(32), 8, RingSpec.for_summands(1.0, len(IDS)))
+    server, clients = SecAggServer(params), {d: SecAggClient(params, d) for d in IDS}
+    hostile, victim = "dev-2", "dev-5"
+    for d in IDS:
+        server.receive_advert(clients[d].advertise())
+    for d in IDS:
+        bundle = server.key_bundle(d)
+        batch = clients[d].share_keys(bundle)
+        if d == hostile:
+            c_private = clients[d]._c.private  # the adversary's own key pair (its client is its own)
+            peer = next(a for a in bundle.adverts if a.device == victim)
+            key = keys.derive_aead_key(keys.agree(c_private, peer.c_pk), params.session, params.round, d, victim)
+            ad = keys.associated_data(params.session, params.round, d, victim, SHARE_STAGE)
+            sealed = next(s for s in batch.shares if s.receiver == victim)
+            plain = keys.open_sealed(key, sealed.ciphertext, ad, "own share")
+            x, y = decode_share(plain[:SHARE_LEN])
+            forged = encode_share(x, (y + 1) % PRIME) + plain[SHARE_LEN:]
+            batch = replace(batch, shares=tuple(
+                EncryptedShare(d, victim, keys.seal(key, forged, ad, os.urandom)) if s.receiver == victim else s
+                for s in batch.shares))
+        server.receive_shares(batch)
+    vectors = {d: np.full(8, i + 1, np.uint32) for i, d in enumerate(IDS)}
+    for d in IDS:
+        server.receive_masked(clients[d].masked_input(server.shares_for(d), vectors[d]))
+    for d in IDS:
+        server.receive_unmask(clients[d].unmask(server.unmask_request(d)))
+    assert np.array_equal(server.result(), _honest_sum(vectors))
+    assert victim not in server.faulty, f"an honest holder named faulty: {server.faulty}"

@@ -4,7 +4,8 @@ and left out"; the same moves over a broker: test_attack_secagg_attribution.py, 
 The adversary is one participant: it sends the coordinator a key advert of its choosing (an all-zero or other
 low-order X25519 key, one key for both purposes, or an honest device's key), or -- having run the protocol
 honestly -- a false share in its unmask answer. The guarantee: the advert is refused and its sender named, the
-others' round is unmasked; the false share is caught, its sender named, and the sum is the honest one.
+others' round is unmasked; the false share is caught and the sum is the honest one; a false share of its own seed
+names its sender (one of a neighbour's seed cannot be told from a false dealing, and is skipped).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _round() -> tuple[SecAggParams, SecAggServer, dict[str, SecAggClient]]:
 
 
 def _finish(server: SecAggServer, clients: dict[str, SecAggClient], devices: list[str],
-            tamper: str | None = None) -> np.ndarray:
+            tamper: str | None = None, own: bool = True) -> np.ndarray:
     vectors = {d: np.full(8, i + 1, np.uint32) for i, d in enumerate(devices)}
     for d in devices:
         server.receive_shares(clients[d].share_keys(server.key_bundle(d)))
@@ -36,8 +37,8 @@ def _finish(server: SecAggServer, clients: dict[str, SecAggClient], devices: lis
         server.receive_masked(clients[d].masked_input(server.shares_for(d), vectors[d]))
     for d in devices:
         answer = clients[d].unmask(server.unmask_request(d))
-        if d == tamper:  # a false share of a neighbour's b
-            owner, raw = next(e for e in answer.b_shares if e[0] != d)
+        if d == tamper:  # a false share of its own b (own=True) or of a neighbour's
+            owner, raw = next(e for e in answer.b_shares if (e[0] == d) == own)
             x, y = decode_share(raw)
             answer = replace(answer, b_shares=tuple((o, encode_share(x, (y + 1) % PRIME) if o == owner else r)
                                                     for o, r in answer.b_shares))
@@ -63,9 +64,19 @@ def test_a_bad_key_advert_is_refused_and_its_sender_named(kind):
     _finish(server, clients, honest)  # the others' round goes on and is unmasked
 
 
-def test_a_false_share_is_caught_its_sender_named_and_the_sum_honest():
+def test_a_false_share_of_its_own_seed_is_caught_its_sender_named_and_the_sum_honest():
     _, server, clients = _round()
     for d in IDS:
         server.receive_advert(clients[d].advertise())
-    _finish(server, clients, list(IDS), tamper="dev-2")
-    assert set(server.faulty) == {"dev-2"} and "false share of b_" in server.faulty["dev-2"]
+    _finish(server, clients, list(IDS), tamper="dev-2", own=True)
+    assert set(server.faulty) == {"dev-2"} and "false share of its own b_dev-2" in server.faulty["dev-2"]
+
+
+def test_a_false_share_of_a_neighbours_seed_is_caught_and_the_sum_honest():
+    """Not named: the coordinator cannot tell a holder's lie from a dealer that sealed it a false share (a dealer
+    would otherwise frame its neighbours: test_attack_redteam_secagg_framing.py)."""
+    _, server, clients = _round()
+    for d in IDS:
+        server.receive_advert(clients[d].advertise())
+    _finish(server, clients, list(IDS), tamper="dev-2", own=False)
+    assert not server.faulty

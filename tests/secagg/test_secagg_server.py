@@ -67,7 +67,7 @@ def test_the_server_refuses_a_share_it_did_not_ask_for(staged):
         r.server.receive_unmask(replace(answer, device="dev-03"))
 
 
-def test_a_forged_share_of_a_dropped_key_is_caught_by_its_public_key_and_its_holder_named(staged):
+def test_a_forged_share_of_a_dropped_key_is_caught_by_its_public_key_and_skipped(staged):
     r = run_to_unmask(staged, drop="dev-03", count=7)  # t = 4, six holders of s_dev-03 answer: one false share
     # among them is off the polynomial the others give (with only t + 1, a false share among the t combined first
     # could move the key by bits X25519 clamps away and leave an honest share off: nobody is named then)
@@ -81,8 +81,8 @@ def test_a_forged_share_of_a_dropped_key_is_caught_by_its_public_key_and_its_hol
         r.server.receive_unmask(answer)
     total = r.server.result()  # another four shares rebuild the key dev-03 advertised
     expect = np.sum(np.stack([r.vectors[d] for d in r.server.survivors]), axis=0, dtype=np.uint32)
-    assert np.array_equal(total, expect) and set(r.server.faulty) == {liar}
-    assert "false share of s_dev-03" in r.server.faulty[liar]
+    assert np.array_equal(total, expect)
+    assert not r.server.faulty  # the holder may have lied or dev-03 sealed it that share: nobody is named
 
 
 def test_the_server_abandons_a_round_whose_survivors_are_split(staged):
@@ -180,5 +180,6 @@ def test_unreadable_or_inconsistent_shares_are_refused_or_end_the_round(staged):
                                                              *answers["dev-00"].b_shares[2:]))
     for answer in answers.values():
         r.server.receive_unmask(answer)
-    r.server.result()  # the other shares of b_dev-01 rebuild the committed seed; dev-00 is named
-    assert set(r.server.faulty) == {"dev-00"} and "false share of b_dev-01" in r.server.faulty["dev-00"]
+    total = r.server.result()  # the other shares of b_dev-01 rebuild the committed seed; dev-00's is skipped
+    assert np.array_equal(total, np.sum(np.stack([r.vectors[d] for d in r.server.survivors]), axis=0, dtype=np.uint32))
+    assert not r.server.faulty  # a false share of another's secret, or a false dealing to dev-00: not attributable
