@@ -37,9 +37,10 @@ CREDS = Credentials("utest", "coordinator", "coordinator", "pw", "127.0.0.1", 18
 KEYS = {d: SigningKey.generate() for d in DEVICES}  # the devices' keys, as the broker's registry holds them
 
 
-def _config(tmp: Path, clipping: str) -> Any:
+def _config(tmp: Path, clipping: str, mode: str = "sync") -> Any:
+    asynchronous = ['mode = "async"', "buffer = 2", "concurrency = 0"] if mode == "async" else []
     lines = ["[federation]", 'credentials = "creds.toml"', 'state_dir = "coord"', "min_devices = 4", "quorum = 2",
-             "over_selection = 1.0", "deadline_s = 60.0", "grace_s = 0.0",
+             "over_selection = 1.0", "deadline_s = 60.0", "grace_s = 0.0", *asynchronous,
              "[run]", 'strategy = "flayer"', "rounds = 2", "seed = 3", "[data]", 'dataset = "digits"',
              "[privacy]", "enabled = true", "population = 4", "clip = 0.3", "noise_multiplier = 1.0",
              "delta = 0.01", f'clipping = "{clipping}"', "count_stddev = 2.0"]
@@ -53,13 +54,14 @@ def datas(digits):
     return [client_data(digits, c) for c in part.clients]
 
 
-def _run_round(tmp: Path, datas: list[Any], clipping: str) -> tuple[bytes, dict[str, torch.Tensor],
-                                                                    dict[str, torch.Tensor], dict[str, np.ndarray]]:
-    """One private round through the coordinator's loop (no broker): (the plan's wire payload, the model
-    published before, the model published after, the true sum of the clipped uploads per tensor)."""
+def _run_round(tmp: Path, datas: list[Any], clipping: str, mode: str = "sync"
+               ) -> tuple[bytes, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, np.ndarray]]:
+    """One private round (asynchronous: one model version, its buffer of 2) through the coordinator's loop (no
+    broker): (the plan's wire payload, the model published before, the model published after, the true sum of
+    the clipped uploads per tensor)."""
     now = [1000.0]
     plans: list[Any] = []
-    c = Coordinator(_config(tmp, clipping), CREDS, clock=lambda: now[0])
+    c = Coordinator(_config(tmp, clipping, mode), CREDS, clock=lambda: now[0])
     setattr(c, "_publish_model", lambda round_: setattr(c, "_chunks", 1))  # noqa: B010 -- no broker
     setattr(c, "_publish_plan", lambda phase="train": plans.append(c._plan(phase)))  # noqa: B010
     setattr(c.publisher, "clear_old_models", lambda: 0)  # noqa: B010
@@ -81,7 +83,7 @@ def _run_round(tmp: Path, datas: list[Any], clipping: str) -> tuple[bytes, dict[
         cache = StrategyCache({"lr": 0.05, "batch_size": 10, "local_epochs": 1, "device": "cpu"})
         strategy = cache.get(plan)
         truth: dict[str, np.ndarray] = {}
-        for dev in sorted(plan.selected):
+        for dev in sorted(plan.selected)[:2 if mode == "async" else None]:  # async: the version's buffer
             i = DEVICES.index(dev)
             up = train_and_encode(strategy, plan, before, strategy.initial_state(), datas[i],
                                   round_context(plan, i, torch.device("cpu")), federation="utest", sender=dev,
@@ -123,13 +125,14 @@ def _replay(payload: bytes, before: dict[str, torch.Tensor], after: dict[str, to
     return out
 
 
-@pytest.mark.parametrize("clipping", ["fixed", "adaptive"])
-def test_a_plan_reader_cannot_subtract_the_central_noise(tmp_path, datas, clipping):
-    payload, before, after, truth = _run_round(tmp_path, datas, clipping)
+@pytest.mark.parametrize(("clipping", "mode"), [("fixed", "sync"), ("adaptive", "sync"), ("fixed", "async")])
+def test_a_plan_reader_cannot_subtract_the_central_noise(tmp_path, datas, clipping, mode):
+    payload, before, after, truth = _run_round(tmp_path, datas, clipping, mode)
     recovered = _replay(payload, before, after)
     rp = RoundPrivacy.from_plan(decode_message(payload)[1].privacy)
     assert rp is not None and rp.sum_std > 0
     carried = sum(int(np.count_nonzero(after[n].numpy() != before[n].numpy())) for n in before)
+    assert carried > 0, "no model was published after the round (or version)"
     err = np.sqrt(sum(float(np.sum((recovered[n] - truth.get(n, 0.0)) ** 2)) for n in before))
     noise_norm = rp.sum_std * np.sqrt(carried)
     # the published models' float32 rounding alone leaves about 1e-7 of each value: a replayed noise brings
