@@ -26,7 +26,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from protocol import Kind, Plan, Status, TopicError, Topics, WireError, WireLimits, decode_message
+from protocol import (
+    Kind,
+    PeerTrust,
+    Plan,
+    Status,
+    TopicError,
+    Topics,
+    VerifyKey,
+    WireError,
+    WireLimits,
+    decode_message,
+)
 from protocol.metrics_schema import MetricsSchemaError, parse_lines
 from transport.credentials import Credentials, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, Received
@@ -84,6 +95,11 @@ class FleetWatch:
         self.creds, self.metrics_path, self.clock = creds, metrics, clock
         self.view = FleetView(stale_after_s)
         self.topics = Topics(creds.federation) if creds is not None else None
+        # the plan shown is one the coordinator signed (the key an observer's credentials carry); statuses are
+        # shown as delivered: an observer holds no device's key (docs/explanation/security.md, "Watchers")
+        self.trust = PeerTrust(creds.federation, VerifyKey.from_text(creds.coordinator_key)) \
+            if creds is not None and creds.coordinator_key else None
+        self.refused = 0  # plans not signed by the coordinator's key
         self.limits = WireLimits()
         self.events: queue.Queue[Any] = queue.Queue(MAX_QUEUED)
         self.dropped = 0  # messages dropped because the queue was full (rule 1)
@@ -199,7 +215,11 @@ class FleetWatch:
         try:
             parsed = self.topics.parse(ev.topic)
             if parsed.kind == "round":
-                _, plan = decode_message(ev.payload, self.limits, Kind.PLAN)
+                try:
+                    _, plan = decode_message(ev.payload, self.limits, Kind.PLAN, self.trust)
+                except WireError:
+                    self.refused += 1
+                    raise
                 assert isinstance(plan, Plan)
                 return ("plan", now, plan)
             if parsed.kind == "status" and parsed.client is not None:

@@ -38,7 +38,8 @@ def _link(creds) -> MqttLink:  # type: ignore[no-untyped-def]
 
 def _say(link: MqttLink, creds, msg) -> None:  # type: ignore[no-untyped-def]
     topic = T.round() if isinstance(msg, Plan) else T.status(creds.username)
-    link.wait_published([link.publish(topic, encode_message(msg, FED, creds.username), retain=True)], 10)
+    payload = encode_message(msg, FED, creds.username, key=creds.signer())  # the plan: the coordinator's signature
+    link.wait_published([link.publish(topic, payload, retain=True)], 10)
 
 
 def _plan(r: int, phase: str = "train") -> Plan:
