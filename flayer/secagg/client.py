@@ -31,6 +31,7 @@ import numpy as np
 from . import keys, shamir
 from .consistency import DeviceConsistency, consistency_threshold, count_valid, survivor_set_message
 from .errors import SecAggError
+from .graph import connected
 from .messages import (
     ConsistencyRequest,
     EncryptedShare,
@@ -209,6 +210,9 @@ class SecAggClient:
         if len(survivors) < max(need, p.threshold):
             raise self._refuse(f"{len(survivors)} survivors listed, fewer than the {max(need, p.threshold)} "
                                "the unmasking needs")
+        if not connected(p.graph, survivors):  # each part's masks would cancel alone: its sum exposed
+            raise self._refuse("the survivor set's neighbour graph is split: each part's sum could be unmasked "
+                               "on its own")
         unknown = sorted((survivors & p.neighbours(me)) - set(self._held))
         if unknown:
             raise self._refuse(f"the survivor set holds neighbours {unknown}, whose shares never reached this device")

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from .errors import SecAggError
 
-__all__ = ["check_degree", "colluders", "neighbour_count", "neighbour_graph", "threshold_floor"]
+__all__ = ["check_degree", "colluders", "connected", "neighbour_count", "neighbour_graph", "threshold_floor"]
 
 _DOMAIN = b"flayer-secagg/v1/graph\x00"
 DEFAULT_FAILURE = 2.0**-20
@@ -76,6 +76,22 @@ def neighbour_graph(participants: Sequence[str], k: int, seed: bytes) -> dict[st
     half = k // 2
     return {u: frozenset(order[(i + j) % n] for j in range(-half, half + 1) if j)
             for i, u in enumerate(order)}
+
+
+def connected(graph: Mapping[str, frozenset[str]], nodes: Collection[str]) -> bool:
+    """True when the graph's edges among ``nodes`` join them all (an empty or one-node set is connected): masks
+    cancel within each connected part of a survivor set, so a split one would expose each part's sum."""
+    members = set(nodes)
+    if not members:
+        return True
+    start = min(members)
+    seen, todo = {start}, [start]
+    while todo:
+        for v in graph[todo.pop()] & members:
+            if v not in seen:
+                seen.add(v)
+                todo.append(v)
+    return seen == members
 
 
 def _tail_ge(k: int, p: float, t: int) -> float:
