@@ -62,10 +62,14 @@ class Accounts:
         return self.round_z(rp, max(1, fewest))
 
     def compose(self, rp: RoundPrivacy, arrived: int) -> float:
-        """Compose a closed round of which ``arrived`` uploads were folded (none: nothing about any device
-        was released, nothing is composed); the round's public multiplier."""
+        """Compose a closed round of which ``arrived`` uploads were folded (none: the models did not move, nothing
+        is composed for their readers -- but in local mode without secure aggregation the coordinator may still
+        have read uploads it did not fold, late or refused, so its ledger composes every round); the round's
+        public multiplier."""
         z = self.round_z(rp, arrived)
         if arrived <= 0:
+            if self.coordinator is not None and not self.secure:
+                self.coordinator.compose(rp.update_multiplier / math.sqrt(rp.contributions), 1.0)
             return z
         self.public.compose(z, 1.0)
         if self.coordinator is not None:
