@@ -346,7 +346,13 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[st
     revoked = _resolve(base, fed.revoked_file) if fed.revoked_file else creds.parent.parent / "revoked.json"
     token = _resolve(base, fed.metrics_token_file) if fed.metrics_token_file else None
     models = _resolve(base, fed.models_dir) if fed.models_dir else None
-    return CoordinatorConfig(fed, run, spec, creds, _resolve(base, fed.state_dir), initial, revoked, token, models,
+    state = _resolve(base, fed.state_dir)
+    for what, kept in (("state_dir (the journals hold every device's update)", state),
+                       ("the credentials file (the coordinator's password and signing key)", creds)):
+        if models is not None and (models == kept.resolve() or models in kept.resolve().parents):
+            raise ConfigError(f"{path} [federation] models_dir {models} would serve {what} to every device over "
+                              f"HTTP: give it a folder of its own")
+    return CoordinatorConfig(fed, run, spec, creds, state, initial, revoked, token, models,
                              creds.parent.parent / "signing_keys.json")
 
 

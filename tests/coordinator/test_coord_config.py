@@ -104,3 +104,21 @@ def test_checkpoint_round_trip_and_identity(tmp_path: Path) -> None:
     (tmp_path / "checkpoint.safetensors").write_bytes(b"\x00" * 10)
     with pytest.raises(CheckpointError):
         load_checkpoint(tmp_path, ident)
+
+
+@pytest.mark.parametrize("models_dir", [".", "state", "broker", "broker/credentials"])
+def test_a_models_dir_that_would_serve_the_state_or_the_credentials_is_refused(tmp_path: Path,
+                                                                              models_dir: str) -> None:
+    """nginx serves everything under models_dir to every device: the journals (every device's update) and the
+    coordinator's credentials (its password and signing key) must not be under it."""
+    text = GOOD.replace('state_dir = "state"',
+                        f'state_dir = "state"\nmodels_dir = "{models_dir}"\nmodels_url = "http://127.0.0.1:8080"')
+    with pytest.raises(ConfigError, match="models_dir .* would serve"):
+        load_coordinator_config(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize("models_dir", ["models", "state/models"])
+def test_a_models_dir_of_its_own_is_taken(tmp_path: Path, models_dir: str) -> None:
+    text = GOOD.replace('state_dir = "state"',
+                        f'state_dir = "state"\nmodels_dir = "{models_dir}"\nmodels_url = "http://127.0.0.1:8080"')
+    assert load_coordinator_config(_write(tmp_path, text)).models_dir == (tmp_path / models_dir).resolve()
