@@ -45,6 +45,10 @@ def command(a: argparse.Namespace, method: str, variant: str, seed: int) -> list
     cmd = ["simulate", "--dataset", "fmnist", "--partition", "dir0.1", "--clients", str(a.clients),
            "--samples", str(a.samples), "--join-ratio", str(a.join_ratio), "--rounds", str(a.rounds),
            "--seed", str(seed), "--strategy", method, "--threads", "1"]
+    if a.partition_file:  # the saved partition replaces --partition and --samples
+        cmd = ["simulate", "--dataset", "fmnist", "--partition-file", str(a.partition_file), "--clients",
+               str(a.clients), "--join-ratio", str(a.join_ratio), "--rounds", str(a.rounds), "--seed", str(seed),
+               "--strategy", method, "--threads", "1"]
     if variant == "public":
         return [*cmd, "--set", "flayer.positions=public"]
     if variant != "none":
@@ -53,17 +57,32 @@ def command(a: argparse.Namespace, method: str, variant: str, seed: int) -> list
     return cmd
 
 
-def run_one(out: Path, cmd: list[str], name: str) -> dict[str, Any]:
+def run_one(out: Path, cmd: list[str], name: str, deadline: float | None = None) -> dict[str, Any] | None:
+    """Run ``cmd`` unless its folder holds a summary (resumable); append the finished run to
+    ``out/runs.jsonl`` (one line per run, keyed by the command's digest, written once). ``None``: not run,
+    the ``deadline`` (a UTC timestamp) has passed."""
     key = hashlib.sha256("\0".join(cmd).encode()).hexdigest()[:12]
     folder = out / f"{name}-{key}"
     if not (folder / "summary.json").exists():
+        if deadline is not None and time.time() > deadline:
+            print(f"{name}: not started, past the deadline", file=sys.stderr)
+            return None
         t0 = time.perf_counter()
         with open(out / f"{name}-{key}.log", "w") as fh:
             subprocess.run([sys.executable, "-m", "cli.main", *cmd, "--out", str(folder)], cwd=ROOT, check=True,
                            stdout=fh, stderr=subprocess.STDOUT)
         print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     (folder / "command.txt").write_text("flayer " + " ".join(cmd) + "\n")
-    return {"cmd": cmd, **json.loads((folder / "summary.json").read_text())}
+    summary = json.loads((folder / "summary.json").read_text())
+    log = out / "runs.jsonl"
+    done = {json.loads(line)["key"] for line in log.read_text().splitlines() if line.strip()} if log.exists() else set()
+    if key not in done:
+        keep = ("strategy", "seed", "clients", "rounds", "best_acc", "final_round_acc", "final_personal_acc", "acc",
+                "epsilon", "delta", "diverged", "budget_stop", "wall_seconds", "cpu_seconds")
+        with open(log, "a") as fh:
+            fh.write(json.dumps({"key": key, "name": name, "command": "flayer " + " ".join(cmd),
+                                 **{k: summary.get(k) for k in keep}}) + "\n")
+    return {"cmd": cmd, **summary}
 
 
 def _flag(cmd: list[str], name: str, default: str | None = None) -> str | None:
@@ -124,11 +143,15 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--join-ratio", type=float, default=0.2)
     p.add_argument("--samples", type=int, default=40000)  # Dir(0.1) over 100 clients needs >= 40 each
+    p.add_argument("--partition-file", type=Path, default=None,
+                   help="a saved partition (benchmarks/partition_devices.py) instead of Dir(0.1) over --samples")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--dp-mode", choices=("central", "local"), default="central",
                    help="who adds the noise: the coordinator (central) or each device its share (local)")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--deadline", default=None, metavar="HH:MM",
+                   help="start no new run after this UTC time today (finished runs are still tabulated)")
     p.add_argument("--table", default="results", help="the table files written, relative to --out (NAME.md, NAME.json)")
     p.add_argument("--no-public", action="store_true", help="leave out FLAYER's public positions without noise")
     p.add_argument("--summary", action="store_true",
@@ -142,10 +165,20 @@ def main() -> int:
             for v in a.epsilons.split(",")]
     if "flayer" in a.methods.split(",") and not a.no_public:
         jobs += [("flayer", "public", s) for s in (int(x) for x in a.seeds.split(","))]
+    deadline = None
+    if a.deadline:
+        import datetime as dt
+
+        hh, mm = (int(x) for x in a.deadline.split(":"))
+        now = dt.datetime.now(dt.timezone.utc)
+        deadline = now.replace(hour=hh, minute=mm, second=0, microsecond=0).timestamp()
     with ThreadPoolExecutor(a.jobs) as pool:
-        results = list(pool.map(lambda j: (j, run_one(a.out, command(a, *j), f"{j[0]}-{j[1]}-s{j[2]}")), jobs))
+        results = list(pool.map(lambda j: (j, run_one(a.out, command(a, *j), f"{j[0]}-{j[1]}-s{j[2]}", deadline)),
+                                jobs))
     rows = []
     for (method, variant, seed), s in results:
+        if s is None:
+            continue
         z = None if variant in ("none", "public") else noise_for(float(variant), a.clients, a.join_ratio, a.rounds,
                                                                   seed)[0]
         rows.append({"method": method, "variant": variant, "seed": seed, "z": z, "epsilon": s["epsilon"],
