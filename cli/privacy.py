@@ -17,7 +17,7 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("differential privacy (flags override [privacy]; docs/explanation/privacy.md)")
     g.add_argument("--dp", choices=("central", "local"), default=None,
                    help="client-level DP: the coordinator (central) or each device (local) adds the Gaussian noise")
-    g.add_argument("--dp-clip", type=float, metavar="C", help="L2 bound on a device's upload (1.0)")
+    g.add_argument("--dp-clip", type=float, metavar="C", help="L2 bound on a device's upload (0.3)")
     g.add_argument("--dp-noise", type=float, metavar="Z", help="noise multiplier: std z*C on the round's sum (1.0)")
     g.add_argument("--dp-delta", type=float, metavar="D",
                    help="delta of the reported epsilon (default min(1e-5, 1/(10 N)); must be below 1/N)")

@@ -29,7 +29,9 @@ class PrivacySettings:
 
     enabled: bool = False
     mode: Literal["central", "local"] = "central"  # who adds the noise: the coordinator, or each device a share
-    clip: float = 1.0  # C: L2 bound on a device's upload (the initial C with adaptive clipping)
+    # C: L2 bound on a device's upload (the initial C with adaptive clipping). 0.3: on Fashion-MNIST, 100 devices,
+    # 20 a round, 10 rounds at epsilon 8, C = 1 diverged and 0.03 / 0.1 learned less (docs/results/privacy.md)
+    clip: float = 0.3
     noise_multiplier: float = 1.0  # z: the noise std on the round's sum is z * C
     delta: float | None = None  # the delta epsilon is reported at; default min(1e-5, 1/(10 N)); must be < 1/N
     target_epsilon: float | None = None  # stop the federation before epsilon would exceed it

@@ -32,6 +32,23 @@ def test_dp_plan_prints_the_accountants_numbers(capsys):
     assert f"Poisson sampling at q = 0.5 would give {epsilon_for([(1.1, 0.5, 20)], delta):.4g}" in out
 
 
+def test_the_default_clip_is_the_measured_one(capsys, tmp_path):
+    """Without --dp-clip or [privacy] clip, C is 0.3: the value docs/results/privacy.md measured best of
+    0.03, 0.1, 0.3 and 1 (C = 1 diverged at every epsilon there); the plan, the config and the help agree."""
+    from flayer.privacy_config import PrivacySettings
+
+    assert PrivacySettings().clip == 0.3
+    assert main(["simulate", *COMMON, "--dp", "central", "--dp-noise", "1.9", "--dp-plan"]) == 0
+    assert "C = 0.3," in capsys.readouterr().out
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[privacy]\nenabled = true\nnoise_multiplier = 1.9\n")
+    assert main(["simulate", "--config", str(cfg), *COMMON, "--dp-plan"]) == 0
+    assert "C = 0.3," in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    assert "upload (0.3)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flags, needle", [
     (["--dp", "central", "--dp-delta", "0.2"], "delta must be in (0, 1/N)"),
     (["--dp", "central", "--dp-clip", "0"], "clip (C) must be"),
