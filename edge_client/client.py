@@ -352,6 +352,8 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
         if plan.phase == "final":
             self._submit("finished", plan.round, self._finish_job, strategy, plan, global_state, state)
         elif plan.phase == "calibrate":
+            if self._budget_refuses(plan):  # a calibration plan that replaced a training one mid-download
+                return
             self._set_state("training")
             self._submit("calibrated", plan.round, self._calibrate_job, strategy, plan, global_state)
         elif self._trains_on(plan) and plan.round not in self.skipped:
