@@ -49,6 +49,7 @@ class PrivacySettings:
     secure_dropout: float = 0.1  # the dropout rate k and t are chosen to survive (emulate: from the profiles if unset)
     secure_corrupt_fraction: float = 0.0  # devices that may collude with the coordinator: t's floor (devices check)
     secure_stage_s: float = 10.0  # coordinator: how long the key, share and unmask stages each wait for devices
+    secure_value_bits: int = 16  # resolution of one device's value over [-R, R]: with the cohort, the ring's width
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip) and self.clip > 0):
@@ -82,6 +83,9 @@ class PrivacySettings:
             raise ValueError(f"secure_stage_s must be in [0.1, 3600] seconds, got {self.secure_stage_s}")
         if not 0 <= self.secure_corrupt_fraction < 0.5:
             raise ValueError(f"secure_corrupt_fraction must be in [0, 0.5), got {self.secure_corrupt_fraction}")
+        if isinstance(self.secure_value_bits, bool) or not isinstance(self.secure_value_bits, int) \
+                or not 8 <= self.secure_value_bits <= 30:
+            raise ValueError(f"secure_value_bits must be an integer in [8, 30], got {self.secure_value_bits!r}")
         if not 0 <= self.secure_dropout < 0.5:
             raise ValueError(f"secure_dropout must be in [0, 0.5), got {self.secure_dropout}")
         if self.enabled and self.mode == "local" and self.clipping == "adaptive":

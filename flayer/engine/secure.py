@@ -38,11 +38,33 @@ from flayer.update import Update
 
 from .privacy import UNCLIPPED_KEY, RoundPrivacy
 from .secure_layout import Layout, flatten, layout_of, unflatten
+from .secure_ring import NOISE_HEADROOM, ring_noise, ring_range, round_ring
 
-__all__ = ["ABANDON_KINDS", "DROP_STAGES", "PlannedSecure", "SecureSum", "abandon_kind", "allowances",
-           "check_sum", "contribution_bounds", "corrupt_fraction", "csprng", "device_vector", "drops_for",
-           "graph_seed_of", "plan_round", "plan_secure", "ring_noise", "round_params", "secure_from_plan",
-           "secure_sum", "sum_update"]
+__all__ = [
+    "ABANDON_KINDS",
+    "DROP_STAGES",
+    "NOISE_HEADROOM",
+    "PlannedSecure",
+    "SecureSum",
+    "abandon_kind",
+    "allowances",
+    "check_sum",
+    "contribution_bounds",
+    "corrupt_fraction",
+    "csprng",
+    "device_vector",
+    "drops_for",
+    "graph_seed_of",
+    "plan_round",
+    "plan_secure",
+    "ring_noise",
+    "ring_range",
+    "round_params",
+    "round_ring",
+    "secure_from_plan",
+    "secure_sum",
+    "sum_update",
+]
 
 DROP_STAGES = ("after_keys", "after_shares", "after_masked")
 
@@ -58,28 +80,6 @@ class SecureSum:
     bits: float = 0.0  # adaptive clipping: the sum of the survivors' clip bits
     bytes_per_device: Mapping[str, int] = field(default_factory=dict)
     messages_per_device: Mapping[str, int] = field(default_factory=dict)
-
-
-def ring_noise(rp: RoundPrivacy | None, threshold: int, n: int, clip_range: float, cohort: int
-               ) -> tuple[float, RingSpec]:
-    """Distributed DP in the ring (local-mode noise in a secure round, :mod:`flayer.secagg.noise`): (each
-    device's discrete Gaussian share, its std in value units; the ring, sized for the values and the noise).
-
-    The round is unmasked only with >= t survivors, so shares of variance ``(z_Delta C)^2 / t`` give the sum
-    at least the noise ``(z_Delta C)^2`` the accountant composes, whoever drops out. In the ring a clipped
-    upload's sensitivity grows by the stochastic rounding, at most ``sqrt(n)`` ring units over C s, so the
-    share is widened by ``1 + sqrt(n) / (C s)``: the noise-to-sensitivity ratio stays z. Each value's range
-    gets 9 standard deviations of headroom for the share, so the cohort's sum cannot wrap."""
-    if rp is None or rp.mode != "local":
-        return 0.0, RingSpec.for_summands(clip_range, cohort)
-    sigma = rp.sum_std / math.sqrt(threshold)
-    ring = RingSpec.for_summands(clip_range + 9.0 * sigma, cohort)
-    assert ring.scale is not None
-    widen = 1.0 + math.sqrt(n) / (rp.clip * ring.scale)
-    if widen > 1.1:
-        raise ValueError(f"the ring is too coarse for distributed noise: rounding adds {widen - 1:.0%} to the "
-                         f"sensitivity; lower secure_clip_range or the cohort")
-    return sigma * widen, ring
 
 
 def corrupt_fraction(s: PrivacySettings) -> float:
@@ -112,8 +112,8 @@ def round_params(s: PrivacySettings, session: str, round_: int, participants: tu
     adaptive = s.enabled and s.clipping == "adaptive"
     length = layout.n + int(adaptive)
     k, t = neighbour_count(len(participants), s.secure_dropout, corrupt_fraction=corrupt_fraction(s))
-    rng_range = s.clip_range if value_range is None else value_range
-    noise, ring = ring_noise(rp, t, length, max(rng_range, 1.0) if adaptive else rng_range, len(participants))
+    noise, ring, _ = ring_noise(rp, t, length, ring_range(s.clip_range if value_range is None else value_range,
+                                                          adaptive), len(participants), s.secure_value_bits)
     graph_seed = graph_seed_of(seed, round_)
     return SecAggParams(session, round_, participants, t, k, graph_seed, length, ring), noise
 
@@ -247,8 +247,10 @@ def plan_round(s: PrivacySettings, session: str, round_: int, participants: tupl
     bound, value_range = contribution_bounds(s, rp, norm_bound)
     params, noise = round_params(s, session, round_, participants, layout, seed, rp, value_range)
     adaptive = s.enabled and s.clipping == "adaptive"
+    _, _, value_bits = ring_noise(rp, params.threshold, params.length, ring_range(value_range, adaptive),
+                                  len(participants), s.secure_value_bits)  # the resolution the ring was built at
     return PlannedSecure(params, layout.digest, adaptive, s.secure_stage_s if stage_s is None else stage_s, noise,
-                         bound, value_range, corrupt_fraction(s), seed)
+                         bound, value_range, corrupt_fraction(s), seed, value_bits)
 
 
 def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads: Mapping[str, Update],
@@ -289,7 +291,8 @@ def plan_secure(planned: PlannedSecure) -> dict[str, Any]:
     assert params.ring.scale is not None
     return {"session": params.session, "threshold": params.threshold, "degree": params.degree,
             "graph_seed": params.graph_seed.hex(), "length": params.length, "clip_range": params.ring.clip_range,
-            "scale": params.ring.scale, "max_summands": params.ring.max_summands, "layout": planned.layout,
+            "scale": params.ring.scale, "max_summands": params.ring.max_summands, "bits": params.ring.bits,
+            "value_bits": planned.value_bits, "layout": planned.layout,
             "adaptive": planned.adaptive, "stage_s": planned.stage_s, "noise_std": planned.noise_std,
             "bound": planned.bound, "value_range": planned.value_range, "corrupt_fraction": planned.corrupt_fraction,
             "run_seed": planned.run_seed}
@@ -306,6 +309,7 @@ class PlannedSecure:
     value_range: float | None = None  # per-coordinate range of the values (min(R, B))
     corrupt_fraction: float = 0.0  # the stated fraction of devices that may collude with the coordinator
     run_seed: int | None = None  # the run seed the graph seed is drawn from (devices recompute it)
+    value_bits: int = 16  # the resolution of one device's value: with the range and the cohort, the ring's width
 
     def vector(self, update: Update, layout: Layout, rng: np.random.Generator | KeystreamRandom | None = None
                ) -> np.ndarray:
@@ -333,7 +337,8 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
     if not raw:
         return None
     try:
-        ring = RingSpec(float(raw["clip_range"]), 32, float(raw["scale"]), int(raw["max_summands"]))
+        ring = RingSpec(float(raw["clip_range"]), int(raw["bits"]), float(raw["scale"]), int(raw["max_summands"]))
+        value_bits = int(raw["value_bits"])
         seed = bytes.fromhex(str(raw["graph_seed"]))
         params = SecAggParams(str(raw["session"]), round_, tuple(selected), int(raw["threshold"]), int(raw["degree"]),
                               seed, int(raw["length"]), ring)
@@ -352,6 +357,16 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
                          f"be finite and > 0, the value range within the ring's {ring.clip_range})")
     if not (0 <= gamma < 1) or not isinstance(run_seed, int) or isinstance(run_seed, bool):
         raise ValueError("plan: malformed secure-round parameters (corrupt_fraction or run_seed)")
+    adaptive = bool(raw.get("adaptive", False))
+    try:  # the ring every device computes from the plan's bounds, resolution, noise and cohort, the width included
+        want = round_ring(ring_range(value_range, adaptive), len(params.participants), value_bits, noise_std)
+    except ValueError as exc:
+        raise ValueError(f"plan: malformed secure-round parameters ({exc})") from None
+    if ring != want:
+        raise ValueError(f"plan: the secure round's ring ({ring.bits} bits, scale {ring.scale:g}, range "
+                         f"{ring.clip_range:g}, {ring.max_summands} summands) is not the one its bounds, resolution, "
+                         f"noise and cohort give ({want.bits} bits, scale {want.scale:g}, range {want.clip_range:g}, "
+                         f"{want.max_summands} summands): refused")
     if seed != graph_seed_of(run_seed, round_):
         raise ValueError("plan: the secure round's graph seed is not the one the run seed and the round give: "
                          "refused (a coordinator choosing the graph could pick who neighbours whom)")
@@ -361,8 +376,7 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
                          f"k={params.degree} neighbours and a colluding fraction "
                          f"{max(gamma, min_corrupt_fraction):g}: refused")
     _check_noise(privacy, params.threshold, noise_std)
-    return PlannedSecure(params, layout, bool(raw.get("adaptive", False)), stage_s, noise_std, bound, value_range,
-                         gamma, run_seed)
+    return PlannedSecure(params, layout, adaptive, stage_s, noise_std, bound, value_range, gamma, run_seed, value_bits)
 
 
 def _check_noise(privacy: Mapping[str, Any] | None, threshold: int, noise_std: float) -> None:

@@ -9,7 +9,7 @@ Bonawitz et al. (CCS 2017), Fig. 4, restricted to the device's neighbours N(u) (
    of shares under c_uv; keep u's own share of b_u.
 2. :meth:`SecAggClient.masked_input`: open the shares received (their senders are the neighbours that
    completed stage 2) and send ``y_u = x_u + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)``
-   (mod 2^32, v over those neighbours, ``>`` on the participant order).
+   (mod 2^bits, the round's ring width; v over those neighbours, ``>`` on the participant order).
 3. :meth:`SecAggClient.sign_survivors` (with a :class:`~flayer.secagg.consistency.DeviceConsistency`): sign the
    whole survivor set the coordinator shows, once per round (the consistency round, :mod:`.consistency`).
 4. :meth:`SecAggClient.unmask`: reveal the share of b_v for each surviving v and of s_v^SK for each
@@ -187,8 +187,10 @@ class SecAggClient:
                 y += expand(seed, p.length)
             else:
                 y -= expand(seed, p.length)
+        if p.ring.bits < 32:  # masks and input live in Z_{2^bits}: the ring's width is all that travels
+            y &= np.uint32(p.ring.modulus - 1)
         self._stage = 3
-        return MaskedInput(p.round, me, y)
+        return MaskedInput(p.round, me, y, p.ring.bits)
 
     def sign_survivors(self, request: ConsistencyRequest) -> SurvivorSignature:
         """The consistency round: sign the whole survivor set shown, once (a second set is refused)."""

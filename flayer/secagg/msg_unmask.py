@@ -20,11 +20,13 @@ from ._wire import (
 )
 from .consistency import SIGNATURE_LEN
 from .errors import SecAggError
+from .packing import pack_values, packed_size, unpack_values
 from .prg import MAX_LENGTH
 from .shamir import SHARE_LEN
 
-__all__ = ["ConsistencyRequest", "MaskedInput", "SurvivorSignature", "UnmaskRequest", "UnmaskShares"]
+__all__ = ["MIN_BITS", "ConsistencyRequest", "MaskedInput", "SurvivorSignature", "UnmaskRequest", "UnmaskShares"]
 
+MIN_BITS = 2  # the narrowest ring (flayer.secagg.ring.RingSpec)
 MAX_SET = 0xFFFF  # a whole round's survivors (participants travel as u16 Shamir x)
 
 
@@ -49,33 +51,46 @@ def _pack_signatures(sigs: tuple[tuple[str, bytes], ...]) -> bytes:
 
 @dataclass(frozen=True, eq=False)
 class MaskedInput:
-    """Stage 3, device -> server: y_u, the masked uint32 vector (4 bytes per coordinate)."""
+    """Stage 3, device -> server: y_u, the masked vector in Z_{2^bits} (the round's ring width), packed at
+    ``bits`` bits a coordinate (:mod:`.packing`): ``ceil(n bits / 8)`` bytes, not 4 n."""
 
     round: int
     device: str
     vector: np.ndarray = field(repr=False)
+    bits: int = 32
 
     def __post_init__(self) -> None:
         check_round(self.round)
         check_id(self.device, "MaskedInput device")
+        b = self.bits
+        if not isinstance(b, int) or isinstance(b, bool) or not MIN_BITS <= b <= 32:
+            raise SecAggError(f"MaskedInput bits {b!r} must be an integer in [{MIN_BITS}, 32]")
         v = self.vector
         if not isinstance(v, np.ndarray) or v.dtype != np.uint32 or v.ndim != 1 or not 1 <= v.size <= MAX_LENGTH:
             raise SecAggError(f"MaskedInput vector must be a 1-D uint32 array of 1-{MAX_LENGTH} values")
+        if b < 32 and int(v.max()) >> b:
+            raise SecAggError(f"MaskedInput vector holds a value outside Z_2^{b}")
 
     def to_bytes(self) -> bytes:
-        return (header(4, self.round) + pack_id(self.device) + pack_u32(self.vector.size, "length")
-                + self.vector.astype("<u4", copy=False).tobytes())
+        return (header(4, self.round) + pack_id(self.device) + bytes([self.bits])
+                + pack_u32(self.vector.size, "length") + pack_values(self.vector, self.bits))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> MaskedInput:
         r, round_id = open_message(data, 4, "MaskedInput")
         device = r.device("device")
+        bits = r.u8("bits")
+        if not MIN_BITS <= bits <= 32:
+            raise SecAggError(f"MaskedInput: bits {bits} outside [{MIN_BITS}, 32]")
         n = r.u32("length")
         if not 1 <= n <= MAX_LENGTH:
             raise SecAggError(f"MaskedInput: length {n} outside [1, {MAX_LENGTH}]")
-        vector = np.frombuffer(r.take(4 * n, "vector"), dtype="<u4").astype(np.uint32)
+        try:
+            vector = unpack_values(r.take(packed_size(n, bits), "vector"), n, bits)
+        except ValueError as exc:
+            raise SecAggError(f"MaskedInput: {exc}") from None
         r.done()
-        return cls(round_id, device, vector)
+        return cls(round_id, device, vector, bits)
 
 
 @dataclass(frozen=True)

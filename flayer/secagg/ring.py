@@ -16,9 +16,20 @@ of the sum of the clipped values.
 
 **No wrap-around**: the sum of ``m <= max_summands`` quantised values satisfies
 ``|sum| <= m * q_max <= max_summands * ceil(C * s) <= 2^(bits-1) - 1``, which :class:`RingSpec`
-checks on construction, so the signed reading of the ring sum is the integer sum itself.
-:meth:`RingSpec.for_summands` picks the largest power-of-two ``s`` that meets the bound (a power of
-two makes ``q / s`` exact in float64).
+checks on construction (a ring too narrow for its cohort and range is refused), so the signed reading
+of the ring sum is the integer sum itself. :meth:`RingSpec.for_summands` picks the largest
+power-of-two ``s`` that meets the bound in a ring of given width (a power of two makes ``q / s`` exact
+in float64).
+
+**Width from the bound** (:meth:`RingSpec.for_bound`): a ring only as wide as the bounded, quantised sum
+needs. ``s`` gives one device's value ``value_bits`` bits of resolution over its range R (the largest
+power of two with ``R s <= 2^(value_bits - 1)``); the sum of ``m`` values, each within
+``ceil((R + headroom) s)`` (headroom: room for noise added in the ring), needs
+``bits = bit_length(m * ceil((R + headroom) s)) + 1`` (the sign) ``+ margin_bits``. The margin makes the
+honest range at most half the ring, so a sum that wrapped (a device's values outside its range, a wrong
+count) reads outside the honest range -- where :func:`decode_sum` refuses it -- for at least half of all
+possible sums; honest sums cannot wrap at all. A cohort too large for 32 bits at that resolution gets
+the 32-bit ring of :meth:`RingSpec.for_summands` (a coarser ``s``).
 """
 
 from __future__ import annotations
@@ -30,9 +41,11 @@ import numpy as np
 
 from .prg import KeystreamRandom
 
-__all__ = ["RingSpec", "decode_sum", "encode"]
+__all__ = ["MARGIN_BITS", "MAX_BITS", "MAX_VALUE_BITS", "MIN_VALUE_BITS", "RingSpec", "decode_sum", "encode"]
 
-MAX_BITS = 32  # the masks and the wire are uint32
+MAX_BITS = 32  # the masks are uint32; a narrower ring is their low bits
+MIN_VALUE_BITS, MAX_VALUE_BITS = 8, 30  # resolution of one device's value over its range (RingSpec.for_bound)
+MARGIN_BITS = 1  # above what the honest sum needs: a wrapped sum reads out of range at least half the time
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,31 @@ class RingSpec:
     def for_summands(cls, clip_range: float, max_summands: int, bits: int = 32) -> RingSpec:
         """The spec whose sums of up to ``max_summands`` values in ``[-clip_range, clip_range]`` never wrap."""
         return cls(clip_range=clip_range, bits=bits, scale=None, max_summands=max_summands)
+
+    @classmethod
+    def for_bound(cls, value_range: float, max_summands: int, value_bits: int, headroom: float = 0.0,
+                  margin_bits: int = MARGIN_BITS) -> RingSpec:
+        """The narrowest ring in which ``max_summands`` values in ``[-value_range - headroom, value_range +
+        headroom]``, each resolved to ``value_bits`` bits over ``value_range``, sum without wrapping, plus
+        ``margin_bits`` (module docstring); the 32-bit ring of :meth:`for_summands` when that is too narrow.
+        ValueError for a range, cohort, resolution or headroom out of bounds."""
+        if not (isinstance(value_range, (int, float)) and math.isfinite(value_range) and value_range > 0):
+            raise ValueError(f"value_range must be a finite number > 0, got {value_range!r}")
+        if (not isinstance(value_bits, int) or isinstance(value_bits, bool)
+                or not MIN_VALUE_BITS <= value_bits <= MAX_VALUE_BITS):
+            raise ValueError(f"value_bits must be an integer in [{MIN_VALUE_BITS}, {MAX_VALUE_BITS}], got {value_bits!r}")
+        if not (isinstance(headroom, (int, float)) and math.isfinite(headroom) and headroom >= 0):
+            raise ValueError(f"headroom must be a finite number >= 0, got {headroom!r}")
+        if not isinstance(margin_bits, int) or isinstance(margin_bits, bool) or not 0 <= margin_bits <= 8:
+            raise ValueError(f"margin_bits must be an integer in [0, 8], got {margin_bits!r}")
+        if not isinstance(max_summands, int) or isinstance(max_summands, bool) or max_summands < 1:
+            raise ValueError(f"max_summands must be an integer >= 1, got {max_summands!r}")
+        scale = _largest_scale(float(value_range), 1, 1 << (value_bits - 1))
+        span = float(value_range) + float(headroom)
+        bits = (max_summands * math.ceil(span * scale)).bit_length() + 1 + margin_bits
+        if bits > MAX_BITS:
+            return cls.for_summands(span, max_summands, MAX_BITS)
+        return cls(clip_range=span, bits=max(bits, 2), scale=scale, max_summands=max_summands)
 
     @property
     def sum_limit(self) -> int:

@@ -195,6 +195,9 @@ class SecAggServer(ConsistencyStage):
         if masked.vector.shape != (self.params.length,):
             raise SecAggError(f"masked input from {masked.device} has {masked.vector.size} values, "
                               f"not {self.params.length}")
+        if masked.bits != self.params.ring.bits:
+            raise SecAggError(f"masked input from {masked.device} is in Z_2^{masked.bits}, not the round's "
+                              f"Z_2^{self.params.ring.bits}")
         self._masked.add(masked.device)
         self._sum += masked.vector  # wraps mod 2^32; only the running sum is kept
 
@@ -326,7 +329,7 @@ class SecAggServer(ConsistencyStage):
                             f"{'seed it committed to' if kind == 'b' else 'key it advertised'}")
 
     def result(self) -> np.ndarray:
-        """The ring sum (uint32, mod 2^32) of the survivors' inputs; SecAggAbandoned if it cannot be had."""
+        """The ring sum (uint32, mod 2^bits) of the survivors' inputs; SecAggAbandoned if it cannot be had."""
         if self._result is not None:
             return self._result.copy()
         self._at((4,), "result")
@@ -349,6 +352,7 @@ class SecAggServer(ConsistencyStage):
                 else:
                     total += expand(seed, p.length)
         self._shares = {"b": {}, "s": {}}
+        total &= np.uint32(p.ring.modulus - 1)  # the masks cancel mod 2^bits (2^bits divides 2^32)
         self._result = total
         return total.copy()
 

@@ -82,7 +82,8 @@ def test_a_whole_round_gives_the_sum_and_each_stage_takes_only_its_message():
     out = sec.finish()
     assert out.reason is None and out.survivors == ("a", "c", "d") and out.dropped == ("b",)
     plain = sum(ups[d].deltas["w"].values.astype(np.float64) for d in ("a", "c", "d"))
-    assert out.update is not None and np.abs(out.update.deltas["w"].values - plain).max() < 1e-5
+    scale = sec.planned.params.ring.scale  # stochastic rounding: each of 3 summands within 1/scale
+    assert out.update is not None and np.abs(out.update.deltas["w"].values - plain).max() < 3 / scale
 
 
 def test_a_stage_ends_by_its_time_and_too_few_devices_abandon_the_round():

@@ -23,6 +23,7 @@ from flayer.update import TensorDelta, Update
 
 TRAIN = TrainConfig(lr=0.05, batch_size=10, device="cpu")
 SECURE = PrivacySettings(secure_aggregation=True)
+FINE = PrivacySettings(secure_aggregation=True, secure_value_bits=28)  # a ring fine enough to compare with the clear
 
 
 def _upload(rng: np.random.Generator, scale: float = 0.01, idx: np.ndarray | None = None) -> Update:
@@ -52,10 +53,14 @@ def test_the_unmasked_sum_is_the_plain_sum_of_the_survivors_within_the_rounding(
     ups = {f"d{i}": _upload(rng) for i in range(6)}
     out = secure_sum(SECURE, "t", 3, 7, ups, None)
     assert out.reason is None and out.survivors == tuple(sorted(ups)) and out.update is not None
+    from flayer.engine.secure import round_params
+
+    ring = round_params(SECURE, "t", 3, tuple(sorted(ups)), layout_of(ups["d0"]), 7)[0].ring
+    assert ring.scale == 2.0**12 and ring.bits == 1 + (6 * 2**15).bit_length() + 1  # R = 8 at 16 bits, 6 summands
     for name in ("a.weight", "b.weight"):
         plain = sum(u.deltas[name].values.astype(np.float64) for u in ups.values())
         # stochastic rounding: each summand within 1/scale of its value (flayer.secagg.ring)
-        assert np.abs(out.update.deltas[name].values - plain).max() < 6 * 1e-6
+        assert np.abs(out.update.deltas[name].values - plain).max() < 6 / ring.scale
     assert all(b > 0 for b in out.bytes_per_device.values()) and set(out.messages_per_device) == set(ups)
 
 
@@ -65,7 +70,7 @@ def test_dropouts_leave_the_survivors_sum_and_too_few_abandon_the_round():
     out = secure_sum(SECURE, "t", 1, 0, ups, None, {"d2": "after_shares", "d5": "after_keys"})
     assert out.reason is None and out.dropped == ("d2", "d5") and out.update is not None
     plain = sum(u.deltas["a.weight"].values.astype(np.float64) for d, u in ups.items() if d not in ("d2", "d5"))
-    assert np.abs(out.update.deltas["a.weight"].values - plain).max() < 1e-5
+    assert np.abs(out.update.deltas["a.weight"].values - plain).max() < 6 / 2.0**12  # 6 summands, R = 8 at 16 bits
     few = secure_sum(SECURE, "t", 1, 0, {"d0": ups["d0"], "d1": ups["d1"]}, None, {"d1": "after_shares"})
     assert few.update is None and few.reason and few.survivors == ("d0",)
     alone = secure_sum(SECURE, "t", 1, 0, {"d0": ups["d0"]}, None)
@@ -107,12 +112,15 @@ def test_a_secure_simulation_equals_the_plain_fixed_denominator_mean(digits, cli
         return simulate(make_strategy(name, digits.model_spec(), TRAIN), clients, 2, seed=1, join_ratio=0.5,
                         privacy=privacy)
 
-    sec = run(SECURE)
+    sec = run(FINE)
     ref = run(PrivacySettings(enabled=True, clip=1e6, noise_multiplier=0.0))  # the same mean, seen in the clear
     assert max(float((sec.global_state[k] - ref.global_state[k]).abs().max()) for k in ref.global_state) < 1e-6
     assert [r.acc for r in sec.rounds] == [r.acc for r in ref.rounds]
     assert all(r.dropped == 0 and r.abandoned is None for r in sec.rounds)
     assert all(r.upload_bytes >= 4 * r.sent for r in sec.rounds)  # the protocol's bytes: 4 B a value and more
+    narrow = run(SECURE)  # the default resolution (16 bits over R = 8): within the rounding, fewer bytes
+    assert max(float((narrow.global_state[k] - ref.global_state[k]).abs().max()) for k in ref.global_state) < 1e-3
+    assert all(n.upload_bytes < r.upload_bytes for n, r in zip(narrow.rounds, sec.rounds, strict=True))
     plain = simulate(make_strategy(name, digits.model_spec(), TRAIN), clients, 2, seed=1, join_ratio=0.5)
     assert not all(torch.equal(plain.global_state[k], sec.global_state[k]) for k in plain.global_state)
 
@@ -121,7 +129,7 @@ def test_secure_rounds_with_central_dp_add_the_noise_to_the_unmasked_sum(digits,
     dp = PrivacySettings(enabled=True, clip=0.5, noise_multiplier=1.0)
     runs = [simulate(make_strategy("flayer", digits.model_spec(), TRAIN), clients, 2, seed=1, join_ratio=0.5,
                      privacy=p, seeded_noise=True) for p in (dp, PrivacySettings(enabled=True, clip=0.5, noise_multiplier=1.0,
-                                                              secure_aggregation=True))]
+                                                              secure_aggregation=True, secure_value_bits=28))]
     assert runs[0].epsilon == runs[1].epsilon
     assert max(float((runs[0].global_state[k] - runs[1].global_state[k]).abs().max())
                for k in runs[0].global_state) < 1e-5
@@ -164,7 +172,7 @@ def test_a_masked_input_out_of_the_ring_range_abandons_the_round_instead_of_rais
     ups = {f"d{i}": _upload(rng) for i in range(4)}
     params, _ = round_params(SECURE, "t", 1, tuple(sorted(ups)), layout_of(ups["d0"]), 0)
     vectors = {d: np.zeros(params.length, np.uint32) for d in ups}
-    vectors["d3"] = np.full(params.length, 2**31 - 1, np.uint32)  # past what 4 summands of range R reach
+    vectors["d3"] = np.full(params.length, params.ring.modulus // 2 - 1, np.uint32)  # past what 4 summands reach
     out = run_round(params, vectors, seed=b"\0" * 32)
     assert out.sum is None and "out of range" in (out.abandoned_reason or "") and out.ring_sum is not None
 

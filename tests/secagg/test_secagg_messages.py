@@ -55,7 +55,7 @@ def test_every_message_round_trips(messages, name):
 
 def test_sizes_are_what_the_layout_says(messages):
     assert len(messages["advert"].to_bytes()) == 10 + 7 + 96
-    assert len(messages["masked"].to_bytes()) == 10 + 7 + 4 + 4 * 16
+    assert len(messages["masked"].to_bytes()) == 10 + 7 + 1 + 4 + 4 * 16  # 1: the ring width
     assert len(messages["batch"].to_bytes()) == 10 + 7 + 2 + 4 * (7 + 7 + 164)
     assert len(messages["answer"].to_bytes()) == 10 + 7 + 2 + 5 * (7 + SHARE_LEN) + 2
 
@@ -117,13 +117,18 @@ def test_bad_ids_counts_and_lengths_are_named(messages):
         decode_message(bundle[:17] + (60000).to_bytes(2, "little") + bundle[19:])
     masked = messages["masked"].to_bytes()
     with pytest.raises(SecAggError, match="length 0 outside"):
-        decode_message(masked[:17] + bytes(4) + masked[21:])
+        decode_message(masked[:18] + bytes(4) + masked[22:])
     with pytest.raises(SecAggError, match="length 4294967295 outside"):
-        decode_message(masked[:17] + b"\xff" * 4 + masked[21:])
+        decode_message(masked[:18] + b"\xff" * 4 + masked[22:])
+    for width in (0, 1, 33, 255):  # the ring's width byte
+        with pytest.raises(SecAggError, match=f"bits {width} outside"):
+            decode_message(masked[:17] + bytes([width]) + masked[18:])
+    with pytest.raises(SecAggError, match="32 unexpected trailing bytes"):  # 16 values of 32 bits read at 16
+        decode_message(masked[:17] + bytes([16]) + masked[18:])
 
 
 def test_an_oversized_message_is_refused_before_it_is_parsed(messages, monkeypatch):
-    assert len(messages["masked"].to_bytes()) == 85 and len(messages["advert"].to_bytes()) == 113
+    assert len(messages["masked"].to_bytes()) == 86 and len(messages["advert"].to_bytes()) == 113
     monkeypatch.setattr(_wire, "MAX_MESSAGE", 112)
     with pytest.raises(SecAggError, match="113 bytes exceed any message"):
         decode_message(messages["advert"].to_bytes())
