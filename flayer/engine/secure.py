@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from flayer.privacy_config import PrivacySettings
-from flayer.secagg import RingSpec, SecAggParams, decode_sum, encode, neighbour_count
+from flayer.secagg import SecAggParams, decode_sum, encode, neighbour_count
 from flayer.secagg.graph import threshold_floor
 from flayer.secagg.noise import discrete_gaussian
 from flayer.secagg.prg import KeystreamRandom
@@ -286,14 +286,13 @@ def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads
 
 def plan_secure(planned: PlannedSecure) -> dict[str, Any]:
     """The plan's ``secure`` mapping: what every selected device needs to run the round's protocol
-    (participants are the plan's ``selected``)."""
+    (participants are the plan's ``selected``). The ring is not stated but for its width ``bits``: each device
+    computes it from the value range, the resolution ``value_bits``, the noise and the cohort
+    (:func:`round_ring`) and refuses a plan whose width is not the one it computes."""
     params = planned.params
-    assert params.ring.scale is not None
     return {"session": params.session, "threshold": params.threshold, "degree": params.degree,
-            "graph_seed": params.graph_seed.hex(), "length": params.length, "clip_range": params.ring.clip_range,
-            "scale": params.ring.scale, "max_summands": params.ring.max_summands, "bits": params.ring.bits,
-            "value_bits": planned.value_bits, "layout": planned.layout,
-            "adaptive": planned.adaptive, "stage_s": planned.stage_s, "noise_std": planned.noise_std,
+            "graph_seed": params.graph_seed.hex(), "length": params.length, "bits": params.ring.bits,
+            "value_bits": planned.value_bits, "layout": planned.layout, "adaptive": planned.adaptive, "stage_s": planned.stage_s, "noise_std": planned.noise_std,
             "bound": planned.bound, "value_range": planned.value_range, "corrupt_fraction": planned.corrupt_fraction,
             "run_seed": planned.run_seed}
 
@@ -337,36 +336,32 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
     if not raw:
         return None
     try:
-        ring = RingSpec(float(raw["clip_range"]), int(raw["bits"]), float(raw["scale"]), int(raw["max_summands"]))
-        value_bits = int(raw["value_bits"])
+        bits, value_bits = int(raw["bits"]), int(raw["value_bits"])
         seed = bytes.fromhex(str(raw["graph_seed"]))
-        params = SecAggParams(str(raw["session"]), round_, tuple(selected), int(raw["threshold"]), int(raw["degree"]),
-                              seed, int(raw["length"]), ring)
         stage_s = float(raw.get("stage_s", 10.0))
         noise_std = float(raw.get("noise_std", 0.0))
         layout = str(raw["layout"])
         bound, value_range = float(raw["bound"]), float(raw["value_range"])
         gamma = float(raw.get("corrupt_fraction", 0.0))
         run_seed = raw["run_seed"]
+        adaptive = bool(raw.get("adaptive", False))
+        if not all(math.isfinite(v) and 0 < v <= 1e9 for v in (bound, value_range)):
+            raise ValueError(f"bound {bound} and value_range {value_range} must be finite and > 0")
+        if not (0 <= noise_std <= 1e6 and math.isfinite(noise_std)):
+            raise ValueError(f"noise_std {noise_std}")
+        # the ring every device computes from the plan's range, resolution, noise and cohort
+        ring = round_ring(ring_range(value_range, adaptive), len(selected), value_bits, noise_std)
+        params = SecAggParams(str(raw["session"]), round_, tuple(selected), int(raw["threshold"]), int(raw["degree"]),
+                              seed, int(raw["length"]), ring)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"plan: malformed secure-round parameters ({exc})") from None
-    if len(layout) != 64 or not (0 < stage_s <= 86_400) or not (0 <= noise_std <= 1e6 and math.isfinite(noise_std)):
-        raise ValueError("plan: malformed secure-round parameters (layout digest, stage_s or noise_std)")
-    if not all(math.isfinite(v) and 0 < v <= 1e9 for v in (bound, value_range)) or value_range > ring.clip_range:
-        raise ValueError(f"plan: malformed secure-round parameters (bound {bound} and value_range {value_range} must "
-                         f"be finite and > 0, the value range within the ring's {ring.clip_range})")
+    if len(layout) != 64 or not (0 < stage_s <= 86_400):
+        raise ValueError("plan: malformed secure-round parameters (layout digest or stage_s)")
     if not (0 <= gamma < 1) or not isinstance(run_seed, int) or isinstance(run_seed, bool):
         raise ValueError("plan: malformed secure-round parameters (corrupt_fraction or run_seed)")
-    adaptive = bool(raw.get("adaptive", False))
-    try:  # the ring every device computes from the plan's bounds, resolution, noise and cohort, the width included
-        want = round_ring(ring_range(value_range, adaptive), len(params.participants), value_bits, noise_std)
-    except ValueError as exc:
-        raise ValueError(f"plan: malformed secure-round parameters ({exc})") from None
-    if ring != want:
-        raise ValueError(f"plan: the secure round's ring ({ring.bits} bits, scale {ring.scale:g}, range "
-                         f"{ring.clip_range:g}, {ring.max_summands} summands) is not the one its bounds, resolution, "
-                         f"noise and cohort give ({want.bits} bits, scale {want.scale:g}, range {want.clip_range:g}, "
-                         f"{want.max_summands} summands): refused")
+    if bits != ring.bits:
+        raise ValueError(f"plan: the secure round's ring is {bits} bits wide; its value range {value_range:g}, "
+                         f"resolution {value_bits} bits, noise and {len(selected)} devices need {ring.bits}: refused")
     if seed != graph_seed_of(run_seed, round_):
         raise ValueError("plan: the secure round's graph seed is not the one the run seed and the round give: "
                          "refused (a coordinator choosing the graph could pick who neighbours whom)")

@@ -44,8 +44,10 @@ def ring_noise(rp: RoundPrivacy | None, threshold: int, n: int, clip_range: floa
         return 0.0, round_ring(clip_range, cohort, value_bits), value_bits
     sigma = rp.sum_std / math.sqrt(threshold)
     floor = math.sqrt(n) / (rp.clip * ROUNDING_SHARE)  # the scale at which the widening is ROUNDING_SHARE
-    while value_bits < MAX_VALUE_BITS and round_ring(clip_range, cohort, value_bits).bits < MAX_BITS \
-            and round_ring(clip_range, cohort, value_bits).scale < floor:
+    while value_bits < MAX_VALUE_BITS:
+        ring = round_ring(clip_range, cohort, value_bits)
+        if ring.bits >= MAX_BITS or float(ring.scale or 0.0) >= floor:
+            break
         value_bits += 1
     scale = round_ring(clip_range, cohort, value_bits).scale
     for _ in range(16):  # the share's room narrows a 32-bit ring's scale, which widens the share: a fixed point

@@ -40,9 +40,9 @@ def pack_values(values: np.ndarray, bits: int) -> bytes:
         return values.astype("<u4", copy=False).tobytes()
     n = values.size
     groups = -(-n // _GROUP)
-    x = np.zeros(groups * _GROUP, dtype=np.uint64)
-    x[:n] = values
-    x = x.reshape(groups, _GROUP)
+    flat = np.zeros(groups * _GROUP, dtype=np.uint64)
+    flat[:n] = values
+    x = flat.reshape(groups, _GROUP)
     words = np.zeros((groups, 4), dtype=np.uint64)
     for j in range(_GROUP):
         word, shift = divmod(j * bits, 64)

@@ -31,10 +31,8 @@ RUN_SEED = 7
 def _plan(threshold: int, degree: int = 5, graph_seed: bytes | None = None) -> dict[str, object]:
     """A plan's ``secure`` mapping as the coordinator writes it (every key a device reads)."""
     seed = hashlib.sha256(f"secagg-graph:{RUN_SEED}:1".encode()).digest() if graph_seed is None else graph_seed
-    ring = round_ring(1.0, len(IDS), 16)
     return {"session": "fed.1.ab", "threshold": threshold, "degree": degree, "graph_seed": seed.hex(), "length": 8,
-            "clip_range": 1.0, "scale": ring.scale, "max_summands": len(IDS), "bits": ring.bits, "value_bits": 16,
-            "layout": "ab" * 32,
+            "bits": round_ring(1.0, len(IDS), 16).bits, "value_bits": 16, "layout": "ab" * 32,
             "adaptive": False, "stage_s": 10.0, "noise_std": 0.0, "bound": 1.0, "value_range": 1.0,
             "corrupt_fraction": 0.0, "run_seed": RUN_SEED}
 

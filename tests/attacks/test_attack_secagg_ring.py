@@ -44,27 +44,33 @@ def test_the_honest_plan_is_taken_and_its_ring_is_narrower_than_32_bits():
     assert raw["bits"] == planned.params.ring.bits < 32  # R = 2 at 16 bits, 12 summands: 22 bits
 
 
-@pytest.mark.parametrize("lie", ["narrower", "fewer_summands", "more_summands", "finer", "coarser", "resolution"])
+@pytest.mark.parametrize("lie", ["narrower", "wider", "resolution", "too_coarse", "too_fine"])
 def test_a_plan_whose_ring_is_not_the_one_its_bounds_give_is_refused_by_every_device(lie):
     _, raw = _honest()
     bad = dict(raw)
-    if lie == "narrower":  # the honest sum of 12 at the edge would wrap
+    if lie == "narrower":  # the honest sum of 12 values at the edge would wrap
         bad["bits"] = raw["bits"] - 2
-    elif lie == "fewer_summands":
-        bad["max_summands"] = len(IDS) - 1
-    elif lie == "more_summands":  # a ring for 4,000 summands: wider than the plan's cohort needs
-        bad["max_summands"], bad["bits"] = 4000, 32
-    elif lie == "finer":
-        bad["scale"] = raw["scale"] * 4
-    elif lie == "coarser":
-        bad["scale"] = raw["scale"] / 4
+    elif lie == "wider":
+        bad["bits"] = raw["bits"] + 1
+    elif lie == "resolution":  # a coarser resolution than the width was computed for
+        bad["value_bits"] = raw["value_bits"] - 4
+    elif lie == "too_coarse":
+        bad["value_bits"] = 7
     else:
-        bad["value_bits"] = 12
-    with pytest.raises(ValueError, match="ring|overflows|max_summands|could wrap"):
+        bad["value_bits"] = 31
+    with pytest.raises(ValueError, match="ring is|value_bits"):
         secure_from_plan(bad, 1, IDS)
     for missing in ("bits", "value_bits"):  # a plan that leaves the width to the device's guess
         with pytest.raises(ValueError, match="malformed"):
             secure_from_plan({k: v for k, v in raw.items() if k != missing}, 1, IDS)
+
+
+def test_a_ring_stated_beside_the_bounds_changes_nothing_the_device_computes():
+    planned, raw = _honest()
+    lied = {**raw, "scale": 2.0**30, "max_summands": 2, "clip_range": 1e-3}  # fields the device does not read
+    back = secure_from_plan(lied, 1, IDS)
+    assert back is not None and back.params.ring == planned.params.ring
+    assert back.params.ring.max_summands == len(IDS)  # the cohort it was selected with, not a stated count
 
 
 def test_a_masked_input_at_another_width_is_refused_by_the_coordinator():

@@ -203,9 +203,9 @@ def test_the_plan_carries_the_round_parameters_and_malformed_ones_are_refused():
     assert back == planned and back is not None and back.layout == lay.digest and back.stage_s == 12.0
     assert back.bound == 2.0 and back.value_range == 2.0
     assert secure_from_plan({}, 3, tuple(ups)) is None
-    for bad in ({**raw, "threshold": 99}, {**raw, "scale": 1e30}, {k: v for k, v in raw.items() if k != "length"},
+    for bad in ({**raw, "threshold": 99}, {**raw, "bits": "x"}, {k: v for k, v in raw.items() if k != "length"},
                 {**raw, "graph_seed": "zz"}, {**raw, "layout": "short"}, {**raw, "bound": float("nan")},
-                {**raw, "value_range": 1e9}, {**raw, "run_seed": "x"}):
+                {**raw, "value_range": 2e9}, {**raw, "run_seed": "x"}, {**raw, "value_bits": 40}):
         with pytest.raises(ValueError, match="secure-round parameters"):
             secure_from_plan(bad, 3, tuple(ups))
 
