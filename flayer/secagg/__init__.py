@@ -15,7 +15,7 @@ Overhead" (CCS 2020, "SecAgg+").
 2. *Share keys*: u draws a self-mask seed b_u, Shamir-splits b_u and s_u^SK t-of-(k+1), and sends each
    neighbour v its two shares sealed with ChaCha20-Poly1305 under a key from KA(c_u, c_v); the
    coordinator routes them.
-3. *Masked input*: u sends ``y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv) mod 2^32``
+3. *Masked input*: u sends ``y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv) mod 2^bits``
    over the neighbours v whose shares reached it, s_uv = HKDF(KA(s_u, s_v)).
 4. *Consistency* (optional, :mod:`.consistency`): each survivor signs the whole survivor set it is shown.
 5. *Unmask*: the coordinator names the survivors (sent y) and the dropped (shared keys, sent no y);
@@ -60,13 +60,16 @@ so that a dropout rate delta is survived with failure probability <= 2^-20 per r
 **Ring** (:mod:`flayer.secagg.ring`). Values are clipped to [-C, C], scaled by s and rounded
 stochastically (unbiased; nearest without an rng) to integers mod 2^bits (bits <= 32). With
 :meth:`RingSpec.for_summands` s is the largest power of two with ``max_summands * ceil(C s) <=
-2^(bits-1) - 1``, so the sum never wraps; the error per coordinate and summand is below 1/s, so a
+2^(bits-1) - 1``, so the sum never wraps; :meth:`RingSpec.for_bound` instead fixes s from a resolution
+and takes the ring only as wide as the sum of ``max_summands`` such values needs (plus a margin bit).
+The masks are the low ``bits`` bits of the PRG's words and the masked input travels packed at ``bits``
+bits a value (:mod:`flayer.secagg.packing`). The error per coordinate and summand is below 1/s, so a
 decoded sum of m inputs is within m/s of the sum of the clipped values.
 
 **Cost per device** (k neighbours, n coordinates): 4 messages up (advert, shares, masked input,
 unmask shares) and 3 down (bundle, shares, unmask request); per neighbour one advert (id + 64 B),
 a sealed share each way (2 ids + 164 B) and one revealed share (id + 68 B), about 510 B with
-6-character ids, plus 4 n B for the masked input: O(k + n) bytes and O(k n) PRG work, never n times
+6-character ids, plus n bits / 8 B for the masked input: O(k + n) bytes and O(k n) PRG work, never n times
 the participants. The coordinator: O(N k) routing and O((survivors + k * dropped) n) PRG work.
 
 Entry points: :class:`SecAggClient` (device), :class:`SecAggServer` (coordinator),

@@ -12,7 +12,7 @@ kind               direction            body
 1 KeyAdvert        device -> server     id, c_pk (32), s_pk (32)                    ~ 100 B
 2 KeyBundle        server -> device     receiver id, count, (id, c_pk, s_pk) each   ~ 100 k B
 3 ShareBatch       both ways            id, count, (sender, receiver, 164 B sealed) ~ 200 k B
-4 MaskedInput      device -> server     id, u32 n, n x u32                          4 n B
+4 MaskedInput      device -> server     id, u8 width w, u32 n, n values of w bits   n w / 8 B
 5 UnmaskRequest    server -> device     id, u32 survivor count, survivors, dropped  ~ 20 k B
 6 UnmaskShares     device -> server     id, b shares (id, 68 B), s shares (id, 68 B) ~ 90 k B
 =================  ===================  ==========================================================

@@ -30,11 +30,13 @@ pytestmark = pytest.mark.integration
 DEVICES = [f"dev-{i}" for i in range(4)]
 
 
-def _federation(tmp: Path, fb: Any, devices: int, rounds: int, stage_s: float = 20.0) -> Path:
+def _federation(tmp: Path, fb: Any, devices: int, rounds: int, stage_s: float = 20.0, value_bits: int = 16) -> Path:
+    """``value_bits``: the ring's resolution (28: fine enough to compare two runs' different roundings at 1e-5)."""
     fed = federation_toml(tmp / "federation.toml", fb.state_dir / "credentials/coordinator.toml", tmp / "coord",
                           strategy="flayer", rounds=rounds, dataset="digits", seed=0, lr=0.05, quorum=devices,
                           min_devices=devices, deadline_s=120.0)
-    fed.write_text(fed.read_text() + f"[privacy]\nsecure_aggregation = true\nsecure_stage_s = {stage_s}\n")
+    fed.write_text(fed.read_text() + f"[privacy]\nsecure_aggregation = true\nsecure_stage_s = {stage_s}\n"
+                                     f"secure_value_bits = {value_bits}\n")
     return fed
 
 
@@ -48,12 +50,13 @@ def test_secure_rounds_over_the_broker_fold_only_the_sum_and_equal_the_simulator
     pfile = save_partition(part, tmp_path / "digits-4.npz")
     clients = [client_data(digits, c) for c in part.clients]
     strategy = make_strategy("flayer", digits.model_spec(), TrainConfig(lr=0.05, batch_size=10, local_epochs=1), {})
-    reference = simulate(strategy, clients, 2, 0, privacy=PrivacySettings(secure_aggregation=True))
+    reference = simulate(strategy, clients, 2, 0, privacy=PrivacySettings(secure_aggregation=True,
+                                                                          secure_value_bits=28))
     plain = simulate(strategy, clients, 2, 0).global_state
     fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", DEVICES)
     devices: list[EdgeClient] = []
     try:
-        coord = Coordinator(load_coordinator_config(_federation(tmp_path, fb, 4, 2)), fb.coordinator)
+        coord = Coordinator(load_coordinator_config(_federation(tmp_path, fb, 4, 2, value_bits=28)), fb.coordinator)
         thread = coord.start()
         for i, name in enumerate(DEVICES):
             path = device_toml(tmp_path / f"{name}.toml", fb.state_dir / f"credentials/{name}.toml", dataset="digits",
@@ -143,13 +146,14 @@ def test_a_device_that_vanishes_after_its_keys_leaves_the_survivors_sum(tmp_path
     pfile = save_partition(part, tmp_path / "digits-4.npz")
     clients = [client_data(digits, c) for c in part.clients]
     strategy = make_strategy("flayer", digits.model_spec(), TrainConfig(lr=0.05, batch_size=10, local_epochs=1), {})
-    reference = simulate(strategy, clients, 1, 0, privacy=PrivacySettings(secure_aggregation=True))
+    reference = simulate(strategy, clients, 1, 0, privacy=PrivacySettings(secure_aggregation=True,
+                                                                          secure_value_bits=28))
     names = [*DEVICES, "mute"]
     fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", names)
     devices: list[EdgeClient] = []
     mute = _MuteDevice(fb.devices["mute"])
     try:
-        fed = _federation(tmp_path, fb, 5, 1, stage_s=3.0)
+        fed = _federation(tmp_path, fb, 5, 1, stage_s=3.0, value_bits=28)
         fed.write_text(fed.read_text().replace("quorum = 5", "quorum = 4").replace("over_selection = 1.0",
                                                                                   "over_selection = 1.25"))
         coord = Coordinator(load_coordinator_config(fed), fb.coordinator)
