@@ -123,6 +123,35 @@ def secure_round(values: np.ndarray, layout: Any, n: int, narrow: bool, seed: in
             "coordinator_cpu": row["server_cpu"] + row["server_codec"] + check}
 
 
+def table(n: int, by_kind: dict[str, list[dict[str, Any]]], alone: int) -> None:
+    """The cohort's rows, every ratio side by side (module docstring)."""
+    print(f"\nn = {n:,}")
+    print("| round | bits a value | KB sent | KB sent+received | device CPU s | coordinator CPU s "
+          "| sent / plain fp32 | sent / values alone | sent / link-fitted | device CPU / plain fp32 "
+          "| coordinator CPU / plain fp32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    base, fitted = by_kind["plain fp32"], by_kind["plain link-fitted (int8)"]
+
+    def mean(rows: list[dict[str, Any]], key: str) -> float:
+        return statistics.fmean(r[key] for r in rows)
+
+    for kind, rows in by_kind.items():
+        def cpu(key: str, rows: list[dict[str, Any]] = rows) -> str:
+            xs = [r[key] for r in rows]
+            return f"{statistics.fmean(xs):.4f} ({min(xs):.4f}-{max(xs):.4f})"
+
+        sent = mean(rows, "sent")
+        print(f"| {kind} | {rows[0]['bits']} | {sent / 1000:,.1f} | {mean(rows, 'both') / 1000:,.1f} "
+              f"| {cpu('device_cpu')} | {cpu('coordinator_cpu')} | {sent / mean(base, 'sent'):.3f} "
+              f"| {sent / alone:.3f} | {sent / mean(fitted, 'sent'):.3f} "
+              f"| {mean(rows, 'device_cpu') / mean(base, 'device_cpu'):.2f} "
+              f"| {mean(rows, 'coordinator_cpu') / mean(base, 'coordinator_cpu'):.2f} |")
+    old, new = by_kind["secure, 32-bit ring"], by_kind["secure, narrow ring"]
+    print(f"narrow / 32-bit ring: bytes sent {mean(new, 'sent') / mean(old, 'sent'):.3f}, device CPU "
+          f"{mean(new, 'device_cpu') / mean(old, 'device_cpu'):.2f}, coordinator CPU "
+          f"{mean(new, 'coordinator_cpu') / mean(old, 'coordinator_cpu'):.2f}", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ns", default="100,1000")
@@ -143,43 +172,22 @@ def main() -> int:
 
     state = {name: torch.zeros(shape) for name, shape in shapes.items()}
     kinds = ("plain fp32", "plain link-fitted (int8)", "secure, 32-bit ring", "secure, narrow ring")
-    results: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    print(f"{values.size:,} values a device; CPU: mean over {a.repeats} repeats (min-max); bytes per device; "
+          f"'values alone': {4 * values.size:,} bytes, 4 a value, no positions (the public seed fixes them)")
     for n in (int(x) for x in a.ns.split(",")):
-        results[n] = {kind: [] for kind in kinds}
+        by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+        results[str(n)] = by_kind
         for rep in range(a.repeats):
             t0 = time.perf_counter()
-            results[n]["plain fp32"].append(plain_round(update, n, False, shapes, state))
-            results[n]["plain link-fitted (int8)"].append(plain_round(update, n, True, shapes, state))
-            results[n]["secure, 32-bit ring"].append(secure_round(values, layout, n, False, rep))
-            results[n]["secure, narrow ring"].append(secure_round(values, layout, n, True, rep))
+            by_kind["plain fp32"].append(plain_round(update, n, False, shapes, state))
+            by_kind["plain link-fitted (int8)"].append(plain_round(update, n, True, shapes, state))
+            by_kind["secure, 32-bit ring"].append(secure_round(values, layout, n, False, rep))
+            by_kind["secure, narrow ring"].append(secure_round(values, layout, n, True, rep))
             print(f"n={n} repeat {rep + 1}/{a.repeats}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    print(f"{values.size:,} values a device; CPU: mean over {a.repeats} repeats (min-max); bytes per device")
-    for n, by_kind in results.items():
-        print(f"\nn = {n:,}")
-        print("| round | bits a value | KB sent | KB sent+received | device CPU s | coordinator CPU s "
-              "| sent / plain fp32 | sent / link-fitted | device CPU / plain fp32 | coordinator CPU / plain fp32 |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        base, fitted = by_kind["plain fp32"], by_kind["plain link-fitted (int8)"]
-
-        def mean(rows: list[dict[str, Any]], key: str) -> float:
-            return statistics.fmean(r[key] for r in rows)
-
-        for kind, rows in by_kind.items():
-            def cpu(key: str, rows: list[dict[str, Any]] = rows) -> str:
-                xs = [r[key] for r in rows]
-                return f"{statistics.fmean(xs):.4f} ({min(xs):.4f}-{max(xs):.4f})"
-
-            print(f"| {kind} | {rows[0]['bits']} | {mean(rows, 'sent') / 1000:,.1f} | {mean(rows, 'both') / 1000:,.1f} "
-                  f"| {cpu('device_cpu')} | {cpu('coordinator_cpu')} | {mean(rows, 'sent') / mean(base, 'sent'):.3f} "
-                  f"| {mean(rows, 'sent') / mean(fitted, 'sent'):.3f} "
-                  f"| {mean(rows, 'device_cpu') / mean(base, 'device_cpu'):.2f} "
-                  f"| {mean(rows, 'coordinator_cpu') / mean(base, 'coordinator_cpu'):.2f} |")
-        old, new = by_kind["secure, 32-bit ring"], by_kind["secure, narrow ring"]
-        print(f"narrow / 32-bit ring: bytes sent {mean(new, 'sent') / mean(old, 'sent'):.3f}, device CPU "
-              f"{mean(new, 'device_cpu') / mean(old, 'device_cpu'):.2f}, coordinator CPU "
-              f"{mean(new, 'coordinator_cpu') / mean(old, 'coordinator_cpu'):.2f}")
-    if a.json is not None:
-        a.json.write_text(json.dumps({str(n): v for n, v in results.items()}, indent=1) + "\n")
+        table(n, by_kind, 4 * values.size)
+        if a.json is not None:  # after each cohort: an interrupted run keeps what it measured
+            a.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
