@@ -27,8 +27,8 @@ from fedtestlib import FedBroker, Recorder, start_fed_broker
 
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
-from flayer.engine.secure import secure_from_plan
-from flayer.secagg import KeyAdvert, RingSpec, SecAggClient, SecAggServer, ShareBatch, decode_message
+from flayer.engine.secure import round_ring, secure_from_plan
+from flayer.secagg import KeyAdvert, SecAggClient, SecAggServer, ShareBatch, decode_message
 from mqtt_broker import mosquitto_available
 from protocol import Envelope, Kind, Plan, Topics, decode_envelope, encode_message
 
@@ -61,10 +61,9 @@ def shard(digits):  # type: ignore[no-untyped-def]
 
 def _secure() -> dict[str, Any]:
     """A plan's ``secure`` mapping as the coordinator writes it: every selected device neighbours every other."""
-    ring = RingSpec.for_summands(1.0, len(IDS))
     seed = hashlib.sha256(f"secagg-graph:{RUN_SEED}:1".encode()).digest()
     return {"session": f"{FED}.1.ab", "threshold": 6, "degree": 5, "graph_seed": seed.hex(), "length": 8,
-            "clip_range": 1.0, "scale": ring.scale, "max_summands": len(IDS), "layout": "ab" * 32,
+            "bits": round_ring(1.0, len(IDS), 16).bits, "value_bits": 16, "layout": "ab" * 32,
             "adaptive": False, "stage_s": 10.0, "noise_std": 0.0, "bound": 1.0, "value_range": 1.0,
             "corrupt_fraction": 0.0, "run_seed": RUN_SEED}
 
