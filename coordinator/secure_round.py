@@ -7,7 +7,9 @@ Driven by the coordinator's worker thread (its messages and ticks), over :class:
    ``secure_stage_s`` has passed, each advertiser gets its neighbours' keys (``KeyBundle`` on
    ``secreq/<client>``, which only that device may read).
 2. **Shares.** Each advertiser sends its ``ShareBatch`` (sealed for each neighbour: the coordinator relays
-   what it cannot read); when all have, or the stage's time is up, each gets the shares addressed to it.
+   what it cannot read); when all have, or the stage's time is up, each gets the shares addressed to it. A device
+   that cannot open one sends a ``ShareComplaint`` before its masked input (:mod:`flayer.secagg.server_complaints`):
+   the sender, or a false complainer, is named faulty and the round goes on.
 3. **Masked inputs** arrive as the round's update blobs -- the update path's chunks, memory budget, journal
    and ack (:meth:`SecureRound.masked`) -- and the round's timer ends the stage as it ends a plain round
    (quorum and grace, or the deadline).
@@ -40,6 +42,7 @@ from flayer.secagg import (
     SecAggServer,
     ServerConsistency,
     ShareBatch,
+    ShareComplaint,
     SurvivorSignature,
     UnmaskShares,
     decode_message,
@@ -49,7 +52,7 @@ __all__ = ["SecureRound"]
 
 log = logging.getLogger(__name__)
 
-_STAGE_MESSAGE = {1: KeyAdvert, 2: ShareBatch, 4: SurvivorSignature, 5: UnmaskShares}
+_STAGE_MESSAGE = {1: KeyAdvert, 2: ShareBatch, 3: ShareComplaint, 4: SurvivorSignature, 5: UnmaskShares}
 
 
 @dataclass
@@ -89,6 +92,10 @@ class SecureRound:
                 self.server.receive_shares(msg)
             elif isinstance(msg, SurvivorSignature):
                 self.server.receive_signature(msg)
+            elif isinstance(msg, ShareComplaint):  # checked at once: the accused, or a false complainer, is named
+                named = self.server.receive_complaint(msg)
+                log.warning("round %d: %s complained of %s's share; %s named faulty", self.planned.params.round,
+                            client, msg.accused, named)
             else:
                 assert isinstance(msg, UnmaskShares)
                 self.server.receive_unmask(msg)

@@ -113,6 +113,10 @@ class SecureSession:
         self.masked_sent = True
         return self.client.masked_input(self.shares, vector).to_bytes()
 
+    def complaints(self) -> list[bytes]:
+        """Complaints of shares that did not open (sent before the masked input; flayer.secagg.server_complaints)."""
+        return [c.to_bytes() for c in self.client.complaints()]
+
 
 class SecureRounds:
     """The edge client's secure rounds: a mixin of :class:`edge_client.client.EdgeClient` (module docstring)."""
@@ -223,6 +227,11 @@ class SecureRounds:
         if blob is None:
             return
         r = sec.round
+        complaints = sec.complaints()
+        if complaints:  # a neighbour's share did not open: the coordinator checks it, the round goes on
+            log.warning("%s: secure round %d: complaining of %d neighbour share(s) that did not open", self.id, r,
+                        len(complaints))
+            self._secure_publish(complaints, r)
         digest = blob_digest(blob)
         payloads = tuple(chunk_blob(blob, Kind.UPDATE_CHUNK, self.creds.federation, self.id, r,
                                     self.creds.max_payload, key=self.signer))

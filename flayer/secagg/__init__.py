@@ -67,10 +67,12 @@ bits a value (:mod:`flayer.secagg.packing`). The error per coordinate and summan
 decoded sum of m inputs is within m/s of the sum of the clipped values.
 
 **Cost per device** (k neighbours, n coordinates): 4 messages up (advert, shares, masked input,
-unmask shares) and 3 down (bundle, shares, unmask request); per neighbour one advert (id + 64 B),
-a sealed share each way (2 ids + 164 B) and one revealed share (id + 68 B), about 510 B with
-6-character ids, plus n bits / 8 B for the masked input: O(k + n) bytes and O(k n) PRG work, never n times
-the participants. The coordinator: O(N k) routing and O((survivors + k * dropped) n) PRG work.
+unmask shares) and 3 down (bundle, shares, unmask request); per neighbour its own channel key in the
+advert (32 B), one advert in the bundle (id + 96 B), a sealed share each way (2 ids + 164 B) and one
+revealed share (id + 68 B), about 570 B with 6-character ids, plus n bits / 8 B for the masked input:
+O(k + n) bytes and O(k n) PRG work, never n times the participants. The coordinator: O(N k) routing and
+O((survivors + k * dropped) n) PRG work. The consistency round adds one message each way and O(N) bytes
+and signature checks per device (the survivor set, T signatures).
 
 Entry points: :class:`SecAggClient` (device), :class:`SecAggServer` (coordinator),
 :func:`run_round` (all in process), :func:`encode` / :func:`decode_sum` (the ring).
@@ -91,6 +93,7 @@ from .messages import (
     MaskedInput,
     Message,
     ShareBatch,
+    ShareComplaint,
     SurvivorSignature,
     UnmaskRequest,
     UnmaskShares,
@@ -121,6 +124,7 @@ __all__ = [
     "SeededEntropy",
     "ServerConsistency",
     "ShareBatch",
+    "ShareComplaint",
     "SurvivorSignature",
     "UnmaskRequest",
     "UnmaskShares",

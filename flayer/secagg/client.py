@@ -39,6 +39,7 @@ from .messages import (
     KeyBundle,
     MaskedInput,
     ShareBatch,
+    ShareComplaint,
     SurvivorSignature,
     UnmaskRequest,
     UnmaskShares,
@@ -71,6 +72,8 @@ class SecAggClient:
         self._peers: dict[str, KeyAdvert] = {}
         self._held: dict[str, tuple[bytes, bytes]] = {}  # neighbour -> (share of b_v, share of s_v)
         self._partners: frozenset[str] = frozenset()
+        self._pairs: dict[str, keys.KeyPair] = {}  # neighbour -> this device's channel key pair toward it
+        self._complaints: dict[str, bytes] = {}  # neighbour whose share did not open -> that pair's private key
         self._consistency = consistency  # None: no consistency round (a coordinator trusted to tell one story)
         self._signed: frozenset[str] | None = None  # the survivor set this device signed (once per round)
 
@@ -90,15 +93,24 @@ class SecAggClient:
         return SecAggError(f"{self.device} refuses: {reason}")
 
     def advertise(self) -> KeyAdvert:
-        """Stage 1: this round's two public keys."""
+        """Stage 1: this round's keys: a channel key pair per neighbour (so that a complaint reveals one pair's
+        channel only), the mask key pair, and the commitment to b_u."""
         self._enter(0, "advertise")
-        self._c = keys.generate_keypair(self._entropy)
+        near = sorted(self.params.neighbours(self.device))
+        self._pairs = {v: keys.generate_keypair(self._entropy) for v in near}
+        self._c = self._pairs[near[0]]
         self._s = keys.generate_keypair(self._entropy)
         self._b = bytes(self._entropy(SEED_LEN))
         self._stage = 1
         p = self.params
         return KeyAdvert(p.round, self.device, self._c.public, self._s.public,
-                         keys.commit_seed(self._b, p.session, p.round, self.device))
+                         keys.commit_seed(self._b, p.session, p.round, self.device),
+                         tuple(self._pairs[v].public for v in near[1:]))
+
+    def complaints(self) -> tuple[ShareComplaint, ...]:
+        """After stage 3: a complaint for each neighbour whose sealed share did not open (or held no share at this
+        device's x), revealing this device's channel key of that pair only (:mod:`.server_complaints`)."""
+        return tuple(ShareComplaint(self.params.round, self.device, v, key) for v, key in sorted(self._complaints.items()))
 
     def share_keys(self, bundle: KeyBundle) -> ShareBatch:
         """Stage 2: sealed shares of b_u and s_u^SK for each neighbour in ``bundle``."""
@@ -108,7 +120,7 @@ class SecAggClient:
         if bundle.round != p.round or bundle.device != me:
             raise self._refuse(f"key bundle is for {bundle.device} in round {bundle.round}")
         neighbours = p.neighbours(me)
-        seen = {self._c.public, self._s.public}
+        seen = {k.public for k in self._pairs.values()} | {self._s.public}
         for advert in bundle.adverts:
             if advert.device not in neighbours:
                 raise self._refuse(f"key bundle holds {advert.device}, not a neighbour")
@@ -133,7 +145,7 @@ class SecAggClient:
         sealed = []
         for v in sorted(self._peers):
             x = p.x_of(v)
-            key = keys.derive_aead_key(keys.agree(self._c.private, self._peers[v].c_pk), p.session, p.round, me, v)
+            key = keys.derive_aead_key(keys.agree(self._pairs[v].private, self._peers[v].c_pk), p.session, p.round, me, v)
             plain = shamir.encode_share(x, b_shares[x]) + shamir.encode_share(x, s_shares[x])
             ad = keys.associated_data(p.session, p.round, me, v, SHARE_STAGE)
             sealed.append(EncryptedShare(me, v, keys.seal(key, plain, ad, self._entropy)))
@@ -158,29 +170,19 @@ class SecAggClient:
                 raise self._refuse(f"share from {share.sender} is addressed to {share.receiver}")
             if share.sender not in self._peers:
                 raise self._refuse(f"share from {share.sender}, whose keys this device never received")
-            key = keys.derive_aead_key(keys.agree(self._c.private, self._peers[share.sender].c_pk),
-                                       p.session, p.round, me, share.sender)
-            ad = keys.associated_data(p.session, p.round, share.sender, me, SHARE_STAGE)
-            try:
-                plain = keys.open_sealed(key, share.ciphertext, ad, f"share from {share.sender}")
-            except SecAggError as exc:
-                raise self._refuse(str(exc)) from None
-            b_share, s_share = plain[:shamir.SHARE_LEN], plain[shamir.SHARE_LEN:]
-            try:
-                xs = {shamir.decode_share(b_share)[0], shamir.decode_share(s_share)[0]}
-            except ValueError as exc:
-                raise self._refuse(f"share from {share.sender}: {exc}") from None
-            if xs != {p.x_of(me)}:
-                raise self._refuse(f"share from {share.sender} is not at this device's x")
-            held[share.sender] = (b_share, s_share)
+            got = self._open(share.sender, share.ciphertext)
+            if got is None:  # the sender's fault, or this device's word against it: the coordinator checks
+                self._complaints[share.sender] = self._pairs[share.sender].private
+            else:
+                held[share.sender] = got
+        partners = frozenset(held) | frozenset(self._complaints)  # masks with every neighbour that sent shares
         if len(held) + 1 < p.threshold:
-            raise self._refuse(f"{len(held)} neighbours completed stage 2; t={p.threshold} needs "
-                               f"{p.threshold - 1}")
-        self._held, self._partners = held, frozenset(held)
+            raise self._refuse(f"{len(held)} neighbours' shares opened; t={p.threshold} needs {p.threshold - 1}")
+        self._held, self._partners = held, partners
         y = vector.copy()
         y += expand(self._b, p.length)
         mine = p.index(me)
-        for v in sorted(held):
+        for v in sorted(partners):
             seed = keys.derive_mask_seed(keys.agree(self._s.private, self._peers[v].s_pk),
                                          p.session, p.round, me, v)
             if p.index(v) > mine:
@@ -191,6 +193,29 @@ class SecAggClient:
             y &= np.uint32(p.ring.modulus - 1)
         self._stage = 3
         return MaskedInput(p.round, me, y, p.ring.bits)
+
+    def _open(self, sender: str, ciphertext: bytes) -> tuple[bytes, bytes] | None:
+        """The (b, s) shares ``sender`` sealed for this device, or None when they do not open or are not shares at
+        this device's x (a complaint)."""
+        p, me = self.params, self.device
+        key = keys.derive_aead_key(keys.agree(self._pairs[sender].private, self._peers[sender].c_pk),
+                                   p.session, p.round, me, sender)
+        ad = keys.associated_data(p.session, p.round, sender, me, SHARE_STAGE)
+        try:
+            plain = keys.open_sealed(key, ciphertext, ad, f"share from {sender}")
+        except SecAggError as exc:
+            log.warning("secagg round %d, %s: %s; complaining", p.round, me, exc)
+            return None
+        b_share, s_share = plain[:shamir.SHARE_LEN], plain[shamir.SHARE_LEN:]
+        try:
+            xs = {shamir.decode_share(b_share)[0], shamir.decode_share(s_share)[0]}
+        except ValueError:
+            xs = set()
+        if xs != {p.x_of(me)}:
+            log.warning("secagg round %d, %s: the share from %s is no share at this device's x; complaining",
+                        p.round, me, sender)
+            return None
+        return b_share, s_share
 
     def sign_survivors(self, request: ConsistencyRequest) -> SurvivorSignature:
         """The consistency round: sign the whole survivor set shown, once (a second set is refused)."""
@@ -215,7 +240,7 @@ class SecAggClient:
         if not connected(p.graph, survivors):  # each part's masks would cancel alone: its sum exposed
             raise self._refuse("the survivor set's neighbour graph is split: each part's sum could be unmasked "
                                "on its own")
-        unknown = sorted((survivors & p.neighbours(me)) - set(self._held))
+        unknown = sorted((survivors & p.neighbours(me)) - self._partners)
         if unknown:
             raise self._refuse(f"the survivor set holds neighbours {unknown}, whose shares never reached this device")
         self._signed = survivors
@@ -229,7 +254,7 @@ class SecAggClient:
         if signed is None:
             raise self._refuse("an unmask request before this device signed a survivor set")
         mine = (signed & p.neighbours(me)) | {me}
-        if set(request.survivors) != mine or set(request.dropped) != set(self._held) - signed:
+        if set(request.survivors) != mine or set(request.dropped) != self._partners - signed:
             raise self._refuse("the unmask request does not match the survivor set this device signed")
         good = count_valid(survivor_set_message(p.session, p.round, signed), signed, request.signatures, cons.verify)
         good.add(me)
@@ -258,14 +283,15 @@ class SecAggClient:
         if request.survivor_count < len(request.survivors):
             raise self._refuse(f"a survivor count {request.survivor_count} below the {len(request.survivors)} listed")
         listed = (set(request.survivors) | set(request.dropped)) - {me}
-        if listed - set(self._held):
-            raise self._refuse(f"the request lists {sorted(listed - set(self._held))}, whose shares "
+        if listed - self._partners:
+            raise self._refuse(f"the request lists {sorted(listed - self._partners)}, whose shares "
                                "never reached this device")
-        if set(self._held) - listed:
-            raise self._refuse(f"the request leaves out {sorted(set(self._held) - listed)}, "
+        if self._partners - listed:
+            raise self._refuse(f"the request leaves out {sorted(self._partners - listed)}, "
                                "which completed stage 2")
-        b_out = [(me, self._own_b_share)] + [(v, self._held[v][0]) for v in sorted(request.survivors) if v != me]
-        s_out = [(v, self._held[v][1]) for v in sorted(request.dropped)]
+        held = self._held  # a neighbour complained of is listed, but this device holds nothing of it
+        b_out = [(me, self._own_b_share)] + [(v, held[v][0]) for v in sorted(request.survivors) if v in held]
+        s_out = [(v, held[v][1]) for v in sorted(request.dropped) if v in held]
         self._stage = 4
-        self._b, self._s, self._c, self._held = None, None, None, {}  # nothing of this round is needed again
+        self._b, self._s, self._c, self._held, self._pairs = None, None, None, {}, {}  # nothing is needed again
         return UnmaskShares(p.round, me, tuple(b_out), tuple(s_out))

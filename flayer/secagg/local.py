@@ -59,6 +59,7 @@ class RoundOutcome:
     bytes_per_device: dict[str, int]
     messages_per_device: dict[str, int]
     refusals: dict[str, str]
+    faulty: dict[str, str] = field(default_factory=dict)  # devices the coordinator named, with the proof
 
 
 def _entropy_for(seed: bytes | None, device: str) -> Entropy:
@@ -118,7 +119,10 @@ def run_round(params: SecAggParams, vectors: Mapping[str, np.ndarray],
                     server.receive_shares(carry(clients[d].share_keys(bundle), d))
                 elif action == "mask":
                     shares = carry(server.shares_for(d), d)
-                    server.receive_masked(carry(clients[d].masked_input(shares, vectors[d]), d))
+                    masked = clients[d].masked_input(shares, vectors[d])
+                    for complaint in clients[d].complaints():  # before the masked input, as a device sends them
+                        server.receive_complaint(carry(complaint, d))
+                    server.receive_masked(carry(masked, d))
                 elif action == "sign":
                     shown = carry(server.consistency_request(d), d)
                     server.receive_signature(carry(clients[d].sign_survivors(shown), d))
@@ -141,10 +145,12 @@ def run_round(params: SecAggParams, vectors: Mapping[str, np.ndarray],
         step(None, "unmask")
         ring_sum = server.result()
     except SecAggAbandoned as exc:
-        return RoundOutcome(None, None, server.survivors, server.dropped, exc.reason, nbytes, nmsgs, refusals)
+        return RoundOutcome(None, None, server.survivors, server.dropped, exc.reason, nbytes, nmsgs, refusals,
+                            dict(server.faulty))
     try:  # a device that masked values outside the ring's range shows here (or not at all: the sum is all we see)
         total = decode_sum(ring_sum, params.ring, len(server.survivors))
     except ValueError as exc:
         return RoundOutcome(ring_sum, None, server.survivors, server.dropped, f"the unmasked sum is out of range: {exc}",
-                            nbytes, nmsgs, refusals)
-    return RoundOutcome(ring_sum, total, server.survivors, server.dropped, None, nbytes, nmsgs, refusals)
+                            nbytes, nmsgs, refusals, dict(server.faulty))
+    return RoundOutcome(ring_sum, total, server.survivors, server.dropped, None, nbytes, nmsgs, refusals,
+                        dict(server.faulty))

@@ -9,7 +9,7 @@ validates every length, count and id before it allocates and names the field tha
 =================  ===================  ==========================================================
 kind               direction            body
 =================  ===================  ==========================================================
-1 KeyAdvert        device -> server     id, c_pk (32), s_pk (32)                    ~ 100 B
+1 KeyAdvert        device -> server     id, c_pk, s_pk, b_commit, k - 1 pair keys    ~ 130 + 32 k B
 2 KeyBundle        server -> device     receiver id, count, (id, c_pk, s_pk) each   ~ 100 k B
 3 ShareBatch       both ways            id, count, (sender, receiver, 164 B sealed) ~ 200 k B
 4 MaskedInput      device -> server     id, u8 width w, u32 n, n values of w bits   n w / 8 B
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ._wire import MAGIC, VERSION
 from .errors import SecAggError
-from .msg_setup import CIPHERTEXT_LEN, EncryptedShare, KeyAdvert, KeyBundle, ShareBatch
+from .msg_setup import CIPHERTEXT_LEN, EncryptedShare, KeyAdvert, KeyBundle, ShareBatch, ShareComplaint
 from .msg_unmask import ConsistencyRequest, MaskedInput, SurvivorSignature, UnmaskRequest, UnmaskShares
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "MaskedInput",
     "Message",
     "ShareBatch",
+    "ShareComplaint",
     "SurvivorSignature",
     "UnmaskRequest",
     "UnmaskShares",
@@ -43,9 +44,10 @@ __all__ = [
 ]
 
 Message = (KeyAdvert | KeyBundle | ShareBatch | MaskedInput | UnmaskRequest | UnmaskShares | ConsistencyRequest
-           | SurvivorSignature)
+           | SurvivorSignature | ShareComplaint)
 _KINDS: dict[int, type[Message]] = {1: KeyAdvert, 2: KeyBundle, 3: ShareBatch, 4: MaskedInput,
-                                    5: UnmaskRequest, 6: UnmaskShares, 7: ConsistencyRequest, 8: SurvivorSignature}
+                                    5: UnmaskRequest, 6: UnmaskShares, 7: ConsistencyRequest, 8: SurvivorSignature,
+                                    9: ShareComplaint}
 
 
 def decode_message(data: bytes) -> Message:

@@ -20,7 +20,7 @@ from .errors import SecAggError
 from .keys import COMMIT_LEN, KEY_LEN, NONCE_LEN, TAG_LEN
 from .shamir import SHARE_LEN
 
-__all__ = ["CIPHERTEXT_LEN", "EncryptedShare", "KeyAdvert", "KeyBundle", "ShareBatch"]
+__all__ = ["CIPHERTEXT_LEN", "EncryptedShare", "KeyAdvert", "KeyBundle", "ShareBatch", "ShareComplaint"]
 
 CIPHERTEXT_LEN = NONCE_LEN + 2 * SHARE_LEN + TAG_LEN  # nonce, share of b_u and of s_u, tag
 
@@ -28,13 +28,18 @@ CIPHERTEXT_LEN = NONCE_LEN + 2 * SHARE_LEN + TAG_LEN  # nonce, share of b_u and 
 @dataclass(frozen=True)
 class KeyAdvert:
     """Stage 1, device -> server: the device's two public keys of this round and its commitment to its
-    self-mask seed b_u (:func:`~flayer.secagg.keys.commit_seed`: the rebuilt b_u is checked against it)."""
+    self-mask seed b_u (:func:`~flayer.secagg.keys.commit_seed`: the rebuilt b_u is checked against it).
+
+    ``pair_pks``: with per-pair channel keys (what a verifiable complaint needs), ``c_pk`` is the key toward the
+    device's first neighbour (sorted) and ``pair_pks`` those toward the others, in order; in a key bundle the
+    coordinator puts in ``c_pk`` the sender's key toward the bundle's receiver and leaves ``pair_pks`` empty."""
 
     round: int
     device: str
     c_pk: bytes
     s_pk: bytes
     b_commit: bytes = bytes(COMMIT_LEN)
+    pair_pks: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         check_round(self.round)
@@ -42,9 +47,15 @@ class KeyAdvert:
         check_bytes(self.c_pk, KEY_LEN, "KeyAdvert c_pk")
         check_bytes(self.s_pk, KEY_LEN, "KeyAdvert s_pk")
         check_bytes(self.b_commit, COMMIT_LEN, "KeyAdvert b_commit")
+        object.__setattr__(self, "pair_pks", tuple(self.pair_pks))
+        if len(self.pair_pks) > MAX_ENTRIES:
+            raise SecAggError(f"KeyAdvert: {len(self.pair_pks)} pair keys exceed the limit {MAX_ENTRIES}")
+        for key in self.pair_pks:
+            check_bytes(key, KEY_LEN, "KeyAdvert pair key")
 
     def _body(self) -> bytes:
-        return pack_id(self.device) + self.c_pk + self.s_pk + self.b_commit
+        return (pack_id(self.device) + self.c_pk + self.s_pk + self.b_commit
+                + pack_u16(len(self.pair_pks), "pair keys") + b"".join(self.pair_pks))
 
     def to_bytes(self) -> bytes:
         return header(1, self.round) + self._body()
@@ -52,8 +63,10 @@ class KeyAdvert:
     @classmethod
     def _read(cls, r: Reader, round_id: int, what: str) -> KeyAdvert:
         device = r.device(f"{what} device")
-        return cls(round_id, device, r.take(KEY_LEN, f"{what} c_pk"), r.take(KEY_LEN, f"{what} s_pk"),
-                   r.take(COMMIT_LEN, f"{what} b_commit"))
+        c_pk, s_pk = r.take(KEY_LEN, f"{what} c_pk"), r.take(KEY_LEN, f"{what} s_pk")
+        commit = r.take(COMMIT_LEN, f"{what} b_commit")
+        pairs = tuple(r.take(KEY_LEN, f"{what} pair key {i}") for i in range(r.count(f"{what} pair keys", MAX_ENTRIES)))
+        return cls(round_id, device, c_pk, s_pk, commit, pairs)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> KeyAdvert:
@@ -140,3 +153,32 @@ class ShareBatch:
                                       r.take(CIPHERTEXT_LEN, f"share {i} ciphertext")) for i in range(count))
         r.done()
         return cls(round_id, device, shares)
+
+
+@dataclass(frozen=True)
+class ShareComplaint:
+    """Stage 3, device -> server: the sealed share from ``accused`` does not open (or holds no share at this
+    device's x); ``key`` is the complainer's private channel key of that pair only, so the coordinator can open the
+    ciphertext itself and name the accused or, if it opens, the complainer (:mod:`.server_complaints`)."""
+
+    round: int
+    device: str
+    accused: str
+    key: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        check_round(self.round)
+        check_id(self.device, "ShareComplaint device")
+        check_id(self.accused, "ShareComplaint accused")
+        check_bytes(self.key, KEY_LEN, "ShareComplaint key")
+
+    def to_bytes(self) -> bytes:
+        return header(9, self.round) + pack_id(self.device) + pack_id(self.accused) + self.key
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ShareComplaint:
+        r, round_id = open_message(data, 9, "ShareComplaint")
+        device, accused = r.device("device"), r.device("accused")
+        key = r.take(KEY_LEN, "key")
+        r.done()
+        return cls(round_id, device, accused, key)

@@ -14,6 +14,7 @@ on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Container, Iterator, Mapping
@@ -34,6 +35,7 @@ from .messages import (
 from .msg_setup import EncryptedShare
 from .params import SecAggParams
 from .prg import expand
+from .server_complaints import ComplaintStage
 from .server_consistency import ConsistencyStage
 
 __all__ = ["SecAggServer"]
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 _KINDS = ("b", "s")  # b: self-mask seed (survivors), s: mask private key (dropped)
 
 
-class SecAggServer(ConsistencyStage):
+class SecAggServer(ConsistencyStage, ComplaintStage):
     """The coordinator's state for one round; every input is checked against ``params`` and the stage."""
 
     def __init__(self, params: SecAggParams, consistency: ServerConsistency | None = None) -> None:
@@ -63,6 +65,7 @@ class SecAggServer(ConsistencyStage):
         self._shares: dict[str, dict[str, dict[int, int]]] = {"b": {}, "s": {}}
         self._reconstructed: dict[str, set[str]] = {}
         self._result: np.ndarray | None = None
+        self._complaints: set[tuple[str, str]] = set()  # (complainer, accused) pairs checked
         self.faulty: dict[str, str] = {}  # device -> what proves it faulty this round (named, left out later)
 
     # -- the device sets ----------------------------------------------------------------------------
@@ -137,15 +140,21 @@ class SecAggServer(ConsistencyStage):
 
     def _bad_keys(self, advert: KeyAdvert) -> str | None:
         """Why an advert's keys are refused (its sender proven faulty: anyone can check it), or None."""
-        if advert.c_pk == advert.s_pk:
+        if advert.c_pk == advert.s_pk or advert.s_pk in advert.pair_pks:
             return f"{advert.device} advertised one key for both purposes"
-        for key, what in ((advert.c_pk, "c_pk"), (advert.s_pk, "s_pk")):
+        why = self._pair_keys_problem(advert)
+        if why is not None:
+            return why
+        if len({advert.c_pk, *advert.pair_pks}) != 1 + len(advert.pair_pks):
+            return f"{advert.device} advertised one channel key for two neighbours"
+        for key, what in ((advert.c_pk, "c_pk"), (advert.s_pk, "s_pk"),
+                          *((k, f"pair key {i}") for i, k in enumerate(advert.pair_pks))):
             try:
                 keys.check_public_key(key, f"{advert.device}'s {what}")
             except SecAggError as exc:
                 return str(exc)
-        taken = {k: d for d, a in self._adverts.items() for k in (a.c_pk, a.s_pk)}
-        for key in (advert.c_pk, advert.s_pk):
+        taken = {k: d for d, a in self._adverts.items() for k in (a.c_pk, a.s_pk, *a.pair_pks)}
+        for key in (advert.c_pk, advert.s_pk, *advert.pair_pks):
             if key in taken:
                 return f"{advert.device} advertised a public key {taken[key]} advertised first"
         return None
@@ -156,8 +165,9 @@ class SecAggServer(ConsistencyStage):
         self._close(1, self.advertised, "advertised keys")
         if device not in self._adverts:
             raise SecAggError(f"{device} did not advertise keys")
-        peers = sorted(self.params.neighbours(device) & self.advertised)
-        return KeyBundle(self.params.round, device, tuple(self._adverts[v] for v in peers))
+        peers = sorted(self.params.neighbours(device) & self.advertised)  # each with its channel key toward device
+        return KeyBundle(self.params.round, device, tuple(
+            dataclasses.replace(self._adverts[v], c_pk=self._pair_key(v, device), pair_pks=()) for v in peers))
 
     # -- stage 2 -------------------------------------------------------------------------------------
     def receive_shares(self, batch: ShareBatch) -> None:
@@ -192,6 +202,8 @@ class SecAggServer(ConsistencyStage):
         self._check(masked.round, masked.device, self._sent, "masked input")
         if masked.device in self._masked:
             raise SecAggError(f"second masked input from {masked.device}")
+        if masked.device in self.faulty:  # named by a complaint: counts as dropped (its masks removed)
+            raise SecAggError(f"masked input from {masked.device}, named faulty: {self.faulty[masked.device]}")
         if masked.vector.shape != (self.params.length,):
             raise SecAggError(f"masked input from {masked.device} has {masked.vector.size} values, "
                               f"not {self.params.length}")

@@ -54,7 +54,7 @@ def test_every_message_round_trips(messages, name):
 
 
 def test_sizes_are_what_the_layout_says(messages):
-    assert len(messages["advert"].to_bytes()) == 10 + 7 + 96
+    assert len(messages["advert"].to_bytes()) == 10 + 7 + 96 + 2 + 3 * 32  # a channel key per neighbour (k = 4)
     assert len(messages["masked"].to_bytes()) == 10 + 7 + 1 + 4 + 4 * 16  # 1: the ring width
     assert len(messages["batch"].to_bytes()) == 10 + 7 + 2 + 4 * (7 + 7 + 164)
     assert len(messages["answer"].to_bytes()) == 10 + 7 + 2 + 5 * (7 + SHARE_LEN) + 2
@@ -95,8 +95,8 @@ def test_header_fields_are_named(messages):
         decode_message(b"XXXX" + raw[4:])
     with pytest.raises(SecAggError, match="unsupported version 2"):
         decode_message(raw[:4] + b"\x02" + raw[5:])
-    with pytest.raises(SecAggError, match="unknown kind 9"):
-        decode_message(raw[:5] + b"\x09" + raw[6:])
+    with pytest.raises(SecAggError, match="unknown kind 10"):
+        decode_message(raw[:5] + b"\x0a" + raw[6:])
     with pytest.raises(SecAggError, match="kind 1 is not 4"):
         MaskedInput.from_bytes(raw)
     with pytest.raises(SecAggError, match="expected bytes"):
@@ -128,9 +128,9 @@ def test_bad_ids_counts_and_lengths_are_named(messages):
 
 
 def test_an_oversized_message_is_refused_before_it_is_parsed(messages, monkeypatch):
-    assert len(messages["masked"].to_bytes()) == 86 and len(messages["advert"].to_bytes()) == 113
-    monkeypatch.setattr(_wire, "MAX_MESSAGE", 112)
-    with pytest.raises(SecAggError, match="113 bytes exceed any message"):
+    assert len(messages["masked"].to_bytes()) == 86 and len(messages["advert"].to_bytes()) == 211
+    monkeypatch.setattr(_wire, "MAX_MESSAGE", 210)
+    with pytest.raises(SecAggError, match="211 bytes exceed any message"):
         decode_message(messages["advert"].to_bytes())
     decode_message(messages["masked"].to_bytes())
 

@@ -1,0 +1,153 @@
+"""A sealed share its receiver cannot open: a complaint the coordinator checks, not a lost round
+(docs/explanation/secure-aggregation.md, "Faults named and left out").
+
+The adversary is one device of a secure round. It holds its own keys and sends what it likes: here a sealed share
+for one honest neighbour that does not open (its bytes altered after sealing), the rest of the protocol honest. On
+the code before, that neighbour refused the whole round and nothing named the sender. Now the neighbour complains,
+revealing its channel key of that pair only; the coordinator opens the ciphertext it routed and names the sender;
+the round is unmasked without the sender's input when the complaint came first (its masked input is then refused
+and its pairwise masks removed as a dropped device's). A device that complains falsely (of a share that opens), or
+with a key that is not its own for the pair, is named itself.
+
+The end-to-end case (a real broker and edge clients, three rounds) checks that the sender is left out of later
+rounds, which are unmasked too.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from flayer.secagg import RingSpec, SecAggClient, SecAggParams, run_round
+from flayer.secagg.ring import decode_sum, encode
+
+IDS = tuple(f"dev-{i:02d}" for i in range(8))
+
+
+def _params() -> SecAggParams:
+    return SecAggParams("fed.1.ab", 1, IDS, 4, 6, bytes(32), 16, RingSpec.for_summands(1.0, len(IDS)))
+
+
+def _vectors(p: SecAggParams) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    floats = {d: rng.uniform(-0.5, 0.5, p.length) for d in IDS}
+    return floats, {d: encode(floats[d], p.ring, None) for d in IDS}  # nearest rounding: nothing to hide here
+
+
+def _spoil_one_share(monkeypatch: pytest.MonkeyPatch, sender: str, receiver: str) -> None:
+    """``sender`` alters the sealed share it sends ``receiver`` (its own message, after sealing)."""
+    real = SecAggClient.share_keys
+
+    def share_keys(self: SecAggClient, bundle: Any) -> Any:
+        out = real(self, bundle)
+        if self.device != sender:
+            return out
+        spoiled = tuple(replace(s, ciphertext=s.ciphertext[:20] + bytes([s.ciphertext[20] ^ 1]) + s.ciphertext[21:])
+                        if s.receiver == receiver else s for s in out.shares)
+        return replace(out, shares=spoiled)
+
+    monkeypatch.setattr(SecAggClient, "share_keys", share_keys)
+
+
+def test_an_undecryptable_share_names_its_sender_and_the_round_is_unmasked(monkeypatch):
+    p = _params()
+    floats, vectors = _vectors(p)
+    evil, victim = IDS[0], max(p.neighbours(IDS[0]))  # evil masks before the victim complains
+    _spoil_one_share(monkeypatch, evil, victim)
+    out = run_round(p, vectors, seed=b"r")
+    assert out.abandoned_reason is None, out.abandoned_reason
+    assert victim not in out.refusals, out.refusals[victim]
+    assert set(out.faulty) == {evil} and "does not open" in out.faulty[evil]
+    assert victim in out.survivors
+    total = sum(floats[d] for d in out.survivors)
+    assert out.sum is not None and np.abs(out.sum - total).max() < len(out.survivors) / p.ring.scale
+
+
+def test_a_sender_named_before_its_masked_input_is_left_out_of_the_sum(monkeypatch):
+    p = _params()
+    floats, vectors = _vectors(p)
+    evil, victim = IDS[-1], min(p.neighbours(IDS[-1]))  # the victim complains before evil masks
+    _spoil_one_share(monkeypatch, evil, victim)
+    out = run_round(p, vectors, seed=b"r")
+    assert out.abandoned_reason is None, out.abandoned_reason
+    assert set(out.faulty) == {evil} and evil not in out.survivors and evil in out.dropped
+    assert out.sum is not None
+    assert np.abs(out.sum - sum(floats[d] for d in out.survivors)).max() < len(out.survivors) / p.ring.scale
+
+
+def test_a_false_complaint_names_the_complainer(monkeypatch):
+    p = _params()
+    floats, vectors = _vectors(p)
+    liar = IDS[3]
+    accused = min(p.neighbours(liar))
+    real = SecAggClient._open
+
+    def lying_open(self: SecAggClient, sender: str, ciphertext: bytes) -> Any:  # the liar's own judgement
+        if self.device == liar and sender == accused:
+            return None  # "it did not open" -- it did
+        return real(self, sender, ciphertext)
+
+    monkeypatch.setattr(SecAggClient, "_open", lying_open)
+    out = run_round(p, vectors, seed=b"r")
+    assert set(out.faulty) == {liar} and "false complaint" in out.faulty[liar]
+    assert out.abandoned_reason is None and accused in out.survivors and liar not in out.survivors
+    assert np.abs(out.sum - sum(floats[d] for d in out.survivors)).max() < len(out.survivors) / p.ring.scale
+
+
+def test_a_complaint_with_another_key_names_the_complainer(monkeypatch):
+    p = _params()
+    _, vectors = _vectors(p)
+    liar = IDS[3]
+    accused = sorted(p.neighbours(liar))[1]
+    real = SecAggClient.complaints
+
+    def framing(self: SecAggClient) -> Any:  # a key of its choosing, to make the share look unopenable
+        if self.device != liar:
+            return real(self)
+        from flayer.secagg import ShareComplaint
+
+        return (ShareComplaint(p.round, liar, accused, bytes(range(32))),)
+
+    monkeypatch.setattr(SecAggClient, "complaints", framing)
+    out = run_round(p, vectors, seed=b"r")
+    assert set(out.faulty) == {liar} and "not its own" in out.faulty[liar]
+    assert out.abandoned_reason is None and accused in out.survivors
+    assert decode_sum(out.ring_sum, p.ring, len(out.survivors)) is not None
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_an_undecryptable_share_over_the_broker_names_and_leaves_out_its_sender(tmp_path: Path, digits: Any,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+    from fedtestlib import finished, start_fed_broker
+    from test_attack_secagg_attribution import HONEST, _check, _devices, _federation, _online_first
+
+    from coordinator.config import load_coordinator_config
+    from coordinator.server import Coordinator
+    from mqtt_broker import mosquitto_available
+
+    names = [*HONEST, "evil"]
+    _spoil_one_share(monkeypatch, "evil", "dev-0")  # evil's own share batch: one share spoiled
+    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", names)
+    devices: list[Any] = []
+    try:
+        devices = _devices(tmp_path, fb, digits, names)
+        _online_first(devices)
+        fed = _federation(tmp_path, fb, 3)  # stages of 10 s: one slow answer on a loaded machine must not end one
+        fed.write_text(fed.read_text().replace("secure_stage_s = 4.0", "secure_stage_s = 10.0"))
+        coord = Coordinator(load_coordinator_config(fed), fb.coordinator)
+        thread = coord.start()
+        finished(coord, thread, 280, rounds=3)
+        _check(tmp_path, "evil", "does not open")
+    finally:
+        for dev in devices:
+            dev.stop()
+        fb.broker.stop()
