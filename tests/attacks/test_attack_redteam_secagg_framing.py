@@ -129,7 +129,7 @@ def test_one_dealer_cannot_get_an_honest_holder_named_by_sealing_it_a_false_shar
         bundle = server.key_bundle(d)
         batch = clients[d].share_keys(bundle)
         if d == hostile:
-            c_private = clients[d]._c.private  # the adversary's own key pair (its client is its own)
+            c_private = clients[d]._pairs[victim].private  # its own channel key toward the victim (its client is its own)
             peer = next(a for a in bundle.adverts if a.device == victim)
             key = keys.derive_aead_key(keys.agree(c_private, peer.c_pk), params.session, params.round, d, victim)
             ad = keys.associated_data(params.session, params.round, d, victim, SHARE_STAGE)
