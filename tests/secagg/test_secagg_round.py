@@ -107,6 +107,9 @@ def test_too_many_dropouts_abandon_the_round_with_a_reason(point, reason):
     assert out.ring_sum is None and out.sum is None
     assert out.abandoned_reason is not None and reason in out.abandoned_reason
     if point == "after_masked":  # 5 survivors, 2 answer: too few sign the set (T = 4 of 5) ...
+        from flayer.engine.secure import abandon_kind
+
+        assert abandon_kind(out.abandoned_reason) == "too_few"  # the exporter's reason label
         out = run_round(p, vectors, dict.fromkeys(["dev-00", "dev-01", "dev-02"], point), seed=b"r", consistency=False)
         assert "shares of b_" in out.abandoned_reason  # ... and without the consistency round no b_u has t shares
 
