@@ -208,6 +208,17 @@ def test_digits_and_unknown(digits):
         load_dataset("imagenet")
 
 
+def test_digits_read_from_the_wheels_file_equal_sklearns_loader(digits, monkeypatch):
+    """The file read directly (no sklearn import) and sklearn's own loader give the same data set."""
+    from flayer.data import digits as digits_module
+
+    assert digits_module._digits_csv() is not None  # the direct read is what ran
+    monkeypatch.setattr(digits_module, "_digits_csv", lambda: None)
+    via_sklearn = load_dataset("digits")
+    assert np.array_equal(digits.x, via_sklearn.x) and np.array_equal(digits.y, via_sklearn.y)
+    assert digits.fingerprint() == via_sklearn.fingerprint()
+
+
 def test_real_fashion_mnist_if_installed():
     import os
 
