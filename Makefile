@@ -80,20 +80,20 @@ demo: apt-data $(VENV)/.stamp-main
 WORKERS ?= auto
 TEST_DEPS := apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all
 test: $(TEST_DEPS) docs
-	@$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --durations=10; rc=$$?; \
+	@$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
 
 # the tests kept out of the default run (-m slow: crash, failover, cluster, gateway and SIGTERM faults), in
 # parallel too; none collected (exit 5) is no failure here
 test-slow: $(TEST_DEPS)
-	@$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m slow --durations=10; rc=$$?; \
+	@$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m slow --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test-slow: no slow tests collected"; exit 0; fi; exit $$rc
 
 # the attack tests (tests/attacks/: each guarantee the docs state, tried as its adversary would), slow ones too;
 # a tree with none yet (exit 5) is no failure
 test-attacks: $(TEST_DEPS)
 	@if [ ! -d tests/attacks ]; then echo "make test-attacks: no tests/attacks folder"; exit 0; fi; \
-	  $(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m '' tests/attacks --durations=10; rc=$$?; \
+	  $(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m '' tests/attacks --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test-attacks: no attack tests collected"; exit 0; fi; exit $$rc
 
 # the documentation site: a broken link or anchor, a page missing from the nav or a failing generated
@@ -103,7 +103,7 @@ docs: $(VENV)/.stamp-all
 
 # slow and benchmark-like tests too
 test-all: $(TEST_DEPS)
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m ''
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m ''
 
 # the default suite with one core kept busy by a bounded process of its own, beside an idle run
 test-loaded: apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all docs

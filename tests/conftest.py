@@ -17,6 +17,39 @@ import torch
 torch.set_num_threads(1)
 
 
+# The modules that take longest, first. make test runs pytest-xdist with --dist loadscope
+# --no-loadscope-reorder: a module's tests stay on one worker and the modules are handed out in collection
+# order, so these start first and the short modules at the end even out the two workers' finishing times.
+# (xdist's default reorder hands out the modules with the most tests first, which left these long,
+# few-test modules for last: one worker ran them while the other idled.) Ordered by their durations in
+# the default run (docs/howto/test-suite.md); a module missing here only starts later.
+LONGEST_FIRST = (
+    "tests/integration/test_federation_rounds.py",
+    "tests/integration/test_federation_executorch.py",
+    "tests/faults/test_faults_crash.py",
+    "tests/export/test_export_et_training.py",
+    "tests/export/test_export_parity.py",
+    "tests/emulator/test_emu_fleet.py",
+    "tests/integration/test_federation_entry_points.py",
+    "tests/export/test_export_cli.py",
+    "tests/faults/test_faults_flood_norm.py",
+    "tests/faults/test_faults_refusal_flood.py",
+    "tests/cli/test_simulate_thin.py",
+    "tests/flayer/test_simulator.py",
+    "tests/strategies/test_simulate_all.py",
+    "tests/flayer/test_accountant.py",
+    "tests/mqtt_broker/test_broker_embedded.py",
+    "tests/mqtt_broker/test_broker_cli.py",
+    "tests/integration/test_federation_thin.py",
+    "tests/emulator/test_emu_virtual_links.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep order
+
+
 @pytest.fixture(scope="session")
 def digits():
     from flayer.data import load_dataset

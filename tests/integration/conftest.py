@@ -40,7 +40,7 @@ def fmnist_run(tmp_path_factory: pytest.TempPathFactory) -> FmnistRun:
     from flayer.train import client_data
 
     ds = load_dataset("fmnist")
-    part = make_partition(ds.y, ds.num_classes, 5, "dir0.5", seed=0, samples=3000,
+    part = make_partition(ds.y, ds.num_classes, 5, "dir0.5", seed=0, samples=1000,
                           meta={"dataset": ds.name, "dataset_fingerprint": ds.fingerprint()})
     path = save_partition(part, tmp_path_factory.mktemp("partition") / "fmnist-5.npz")
     clients = [client_data(ds, c) for c in part.clients]
