@@ -90,8 +90,11 @@ def _check_pte(spec, tmp_path):
     return model, path, run
 
 
+# the cnn is slow (~11 s of CPU): tests/export/test_export_cli.py::test_export_personal_model exports a cnn to
+# .pte through the same export_pte and checks its parity at two batch sizes in the default run
 @needs_executorch
-@pytest.mark.parametrize("spec", [CNN, FASTTEXT], ids=["cnn", "fasttext"])
+@pytest.mark.parametrize("spec", [pytest.param(CNN, id="cnn", marks=pytest.mark.slow),
+                                  pytest.param(FASTTEXT, id="fasttext")])
 def test_pte_parity(spec, tmp_path):
     _check_pte(spec, tmp_path)
 
