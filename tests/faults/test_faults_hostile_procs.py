@@ -7,6 +7,7 @@ metrics.jsonl, the global model stays finite, and the coordinator restarts clean
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,11 @@ def test_hostile_device_against_real_processes(tmp_path: Path, digits: Any, faul
         m = {r["round"]: r for r in fed.metrics()}
         assert sorted(m) == [1, 2, 3] and all(m[r]["accepted"] == 2 for r in m), fed.logs()
         assert set(fed.journaled(2)) == set(HONEST)
-        rej = m[2]["rejected"]
+        # what of dev-x's traffic was still on its way when round 2 closed (quorum: the honest two) is refused
+        # in round 3: every message counted exactly once over both rounds
+        rej = Counter(m[2]["rejected"]) + Counter(m[3]["rejected"])
         assert rej["oversize"] == 3 and rej["bad_message"] == 1, rej
-        assert rej["oversize"] + rej.get("cut_off", 0) + rej.get("queue_full", 0) + rej.get("bad_chunk", 0) \
-            == bombs + junk + retained, rej
+        assert rej["oversize"] + rej["cut_off"] + rej["queue_full"] + rej["bad_chunk"] == bombs + junk + retained, rej
         assert m[3]["counters"].get("retained", 0) + m[2]["counters"].get("retained", 0) >= retained
         assert all(bool(torch.isfinite(v).all()) for v in fed.final_state().values())
         assert peak - base < RSS_BOUND_MB, (base, peak)
