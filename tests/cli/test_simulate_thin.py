@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from cli.main import main
-from emulator.thinsim import ThinOptions, link_hooks
 from coordinator.publish import model_blob
+from emulator.thinsim import ThinOptions, link_hooks
 from flayer.config import TrainConfig
 from flayer.partition import make_partition
 from flayer.simulation import initial_global_state, simulate

@@ -29,8 +29,9 @@ DEVICES = ["dev-torch", "dev-et"]
 
 @pytest.mark.timeout(600)
 def test_an_executorch_device_and_a_torch_device_match_the_simulator(tmp_path: Path, digits: Any) -> None:
-    # 500 images: dev-et's SGD runs in ExecuTorch's portable kernels (~80x slower than torch)
-    part = make_partition(digits.y, digits.num_classes, 2, "dir0.5", seed=0, samples=500,
+    # 300 images: dev-et's SGD runs in ExecuTorch's portable kernels (~80x slower than torch), and the
+    # parity needs steps, not data
+    part = make_partition(digits.y, digits.num_classes, 2, "dir0.5", seed=0, samples=300,
                           meta={"dataset": digits.name, "dataset_fingerprint": digits.fingerprint()})
     pfile = save_partition(part, tmp_path / "digits-2.npz")
     clients = [client_data(digits, c) for c in part.clients]
