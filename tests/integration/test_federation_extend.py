@@ -27,9 +27,12 @@ def _run(tmp: Path, fb: Any, rounds: int, device: Path, data: Any) -> EdgeClient
                           strategy="fedavg", rounds=rounds, dataset="digits", seed=0, lr=0.05, deadline_s=120.0)
     coord = Coordinator(load_coordinator_config(fed), fb.coordinator)
     thread = coord.start()
-    deadline = time.monotonic() + 30  # devices restart after the coordinator (docs/howto/stop-resume.md)
+    # devices restart after the coordinator (docs/howto/stop-resume.md): one started before it cleared the first
+    # end's retained final plan would take that plan and stop (a slow start on a busy machine did)
+    deadline = time.monotonic() + 120
     while not coord._connected_once and time.monotonic() < deadline:  # type: ignore[attr-defined]
         time.sleep(0.05)
+    assert coord._connected_once, "the coordinator did not connect within 120 s"  # type: ignore[attr-defined]
     dev = EdgeClient(load_device_config(device).edge, fb.devices["dev-0"], data)
     dev.start()
     try:
