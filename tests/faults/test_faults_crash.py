@@ -67,6 +67,7 @@ def _hold_back(fed: ProcFederation, victim: str, rounds: range) -> int:
             f"the other devices' round-{r} acks",
             fed.logs,
         )
+        time.sleep(2.0)  # what the victim had already written to its socket still arrives: let it land first
         if victim not in fed.journaled(r) and r not in fed.closed_rounds():
             return r
         fed.procs[victim].resume()
