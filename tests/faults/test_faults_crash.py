@@ -53,7 +53,7 @@ def _acked(fed: ProcFederation, name: str, round_: int) -> bool:
     return any(r == round_ and s in ("accepted", "duplicate") for r, s in fed.device_acks(name))
 
 
-def _hold_back(fed: ProcFederation, victim: str, rounds: range) -> int:
+def _hold_back(fed: ProcFederation, victim: str, rounds: range, settle_s: float = 0.0) -> int:
     """Pause ``victim`` (SIGSTOP) as a round opens, so the round cannot close (quorum = all) while the
     other devices' updates are acknowledged; returns that round. A round the victim got into before
     the pause closes normally, and the next one is tried."""
@@ -67,7 +67,7 @@ def _hold_back(fed: ProcFederation, victim: str, rounds: range) -> int:
             f"the other devices' round-{r} acks",
             fed.logs,
         )
-        time.sleep(2.0)  # what the victim had already written to its socket still arrives: let it land first
+        time.sleep(settle_s)  # what the victim had already written to its socket still arrives: let it land first
         if victim not in fed.journaled(r) and r not in fed.closed_rounds():
             return r
         fed.procs[victim].resume()

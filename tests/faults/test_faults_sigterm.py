@@ -55,7 +55,7 @@ def test_device_sigterm_mid_round_stops_cleanly_and_its_restart_completes_the_ro
         for d in DEVICES:
             fed.start_device(d)
         fed.start_coordinator()
-        r = _hold_back(fed, "dev-2", range(2, 4))  # dev-2 stopped as round r opened: its update not yet sent
+        r = _hold_back(fed, "dev-2", range(2, 4), settle_s=2.0)  # dev-2 stopped as round r opened: not yet sent
         t0 = time.monotonic()
         assert fed.procs["dev-2"].term() == 143, fed.logs()
         stopped_s = time.monotonic() - t0
