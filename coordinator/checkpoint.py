@@ -4,7 +4,8 @@ One safetensors file, ``checkpoint.safetensors``, written atomically after each 
 :func:`flayer.state.save_tensors`): the global state plus JSON metadata -- the round, the model's
 digest, the run's identity (strategy, options, seed, training settings, model spec, federation) and
 the cumulative counters; in a private run, the accountant's ledger and the clip bound
-(:mod:`coordinator.privacy`). Selection needs no saved RNG state: each round's draw is seeded from
+(:mod:`coordinator.privacy`); the devices a secure round proved faulty, with the proof (left out of later
+rounds after a restart too: :mod:`coordinator.secure_phase`). Selection needs no saved RNG state: each round's draw is seeded from
 (seed, round). A checkpoint of another run (different strategy, seed, model...) is refused, so a
 state folder cannot silently mix two runs.
 """
@@ -42,6 +43,7 @@ class Checkpoint:
     window: dict[str, Any] = field(default_factory=dict)  # asynchronous rounds: flayer.engine.VersionWindow
     norm_clients: list[str] = field(default_factory=list)  # ... and whose each was ("" unknown: older checkpoints)
     privacy: dict[str, Any] = field(default_factory=dict)  # private runs: the accountant's ledger and C
+    excluded: dict[str, str] = field(default_factory=dict)  # secure rounds: device -> the proof of its fault
 
 
 def save_checkpoint(folder: Path, ckpt: Checkpoint) -> Path:
@@ -50,7 +52,8 @@ def save_checkpoint(folder: Path, ckpt: Checkpoint) -> Path:
     meta = {"kind": KIND, "round": ckpt.round, "model_digest": ckpt.model_digest, "identity": ckpt.identity,
             "counters": ckpt.counters, "options": ckpt.options, "norms": [float(n) for n in ckpt.norms],
             "norm_clients": list(ckpt.norm_clients) if len(ckpt.norm_clients) == len(ckpt.norms)
-            else [""] * len(ckpt.norms), "window": ckpt.window, "privacy": ckpt.privacy}
+            else [""] * len(ckpt.norms), "window": ckpt.window, "privacy": ckpt.privacy,
+            "excluded": dict(ckpt.excluded)}
     path = folder / CHECKPOINT_NAME
     try:
         return save_tensors(path, ckpt.global_state, meta)
@@ -80,7 +83,23 @@ def load_checkpoint(folder: Path, identity: Mapping[str, Any]) -> Checkpoint | N
                       {str(k): int(v) for k, v in dict(meta.get("counters", {})).items()},
                       dict(meta.get("options", {})), _norms(meta.get("norms", [])), _window(meta.get("window", {})),
                       _norm_clients(meta.get("norm_clients"), len(meta.get("norms", []))),
-                      _window(meta.get("privacy", {})))
+                      _window(meta.get("privacy", {})), _excluded(meta.get("excluded", {})))
+
+
+MAX_EXCLUDED = 1_000_000  # more named devices than any fleet holds: the file was not written by a coordinator
+MAX_ID, MAX_PROOF = 256, 4096
+
+
+def _excluded(raw: Any) -> dict[str, str]:
+    """The devices a secure round proved faulty (device id -> proof), checked: a checkpoint is a file."""
+    if not isinstance(raw, dict) or len(raw) > MAX_EXCLUDED:
+        raise CheckpointError(f"checkpoint: 'excluded' must be an object of at most {MAX_EXCLUDED} devices")
+    for device, proof in raw.items():
+        if not (isinstance(device, str) and 0 < len(device) <= MAX_ID and isinstance(proof, str)
+                and len(proof) <= MAX_PROOF):
+            raise CheckpointError(f"checkpoint: 'excluded' must map device ids (1-{MAX_ID} characters) to proofs "
+                                  f"(at most {MAX_PROOF} characters); found {str(device)[:40]!r}")
+    return dict(raw)
 
 
 def _norm_clients(raw: Any, n: int) -> list[str]:

@@ -96,6 +96,7 @@ class Phases:
             self.done_round, self.global_state = ckpt.round, ckpt.global_state
             self.counters.update(ckpt.counters)
             self.norms.add(ckpt.norms, ckpt.norm_clients)
+            self.secure_phase.excluded.update(ckpt.excluded)  # proven faulty: still left out
             if self.privacy is not None:
                 try:
                     self.privacy.restore(ckpt.privacy, ckpt.round)

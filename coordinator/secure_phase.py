@@ -48,7 +48,7 @@ class SecurePhase:
     def __init__(self, coord: Any) -> None:
         self.coord = coord
         # device -> the proof (a refused key, a false share): left out of every later round's selection, as a
-        # device over its strikes is cut off (in memory: a restart forgets them)
+        # device over its strikes is cut off; checkpointed with each round, so a restart keeps them out
         self.excluded: dict[str, str] = {}
         if self.enabled and getattr(coord, "privacy", None) is None and coord.fs.norm_bound is None:
             log.warning("secure rounds without DP and without [federation] norm_bound: no single update's norm is "

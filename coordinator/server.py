@@ -347,7 +347,8 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
                                                        dict(self.counters), dict(self.options), self.norms.norms,
                                                        self._window_record(), self.norms.clients,
-                                                       self.privacy.state() if self.privacy is not None else {}))
+                                                       self.privacy.state() if self.privacy is not None else {},
+                                                       dict(self.secure_phase.excluded)))
         if self._connected_once:  # the broker re-sends what is retained under update/ and metrics/: cleared
             self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
         rnd.stats.wire_to = self.wire.snapshot()
