@@ -48,5 +48,5 @@ def client_round(strategy: Strategy, global_state: Mapping[str, torch.Tensor], s
     if result is not None and privacy is not None:
         if privacy.mode == "local" and noise_rng is None:
             raise ValueError("local-mode privacy needs the device's noise generator")
-        result.update = privatize(result.update, privacy, noise_rng or np.random.default_rng(0))
+        result.update = privatize(result.update, privacy, noise_rng)
     return ClientEval(correct, total, loss, val_eval), result

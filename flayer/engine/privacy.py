@@ -154,10 +154,11 @@ class RoundPrivacy:
         return out
 
 
-def privatize(update: Update, rp: RoundPrivacy, rng: np.random.Generator) -> Update:
+def privatize(update: Update, rp: RoundPrivacy, rng: np.random.Generator | None) -> Update:
     """The device side of a private round: clip to C, record the clip bit (adaptive clipping), and in
     local mode add this device's noise share to every value it sends. ``rng``: the device's own
-    generator (a real device draws it from the operating system; the simulator seeds it)."""
+    generator (a real device draws it from the operating system; the simulator seeds it); None where
+    the device adds no noise (central mode), and a ValueError where it must."""
     clipped, norm = clip_upload(update, rp.clip)
     info = {k: v for k, v in update.info.items() if k in REPORTED}
     if rp.adaptive:
@@ -165,6 +166,8 @@ def privatize(update: Update, rp: RoundPrivacy, rng: np.random.Generator) -> Upd
     std = rp.share_std
     deltas = clipped.deltas
     if std > 0:
+        if rng is None:
+            raise ValueError("a private round whose devices add noise needs the device's noise generator")
         deltas = {k: TensorDelta(d.shape, (d.values.astype(np.float64) + rng.normal(0.0, std, d.values.size))
                                  .astype(np.float32), d.indices) for k, d in clipped.deltas.items()}
     return Update(deltas, update.num_samples, info)

@@ -124,6 +124,17 @@ def test_noise_std_formulas_central_and_local_share():
     assert np.std(agg.result()["w"].numpy() * 16) == pytest.approx(central.sum_std, rel=0.01)
 
 
+def test_privatize_takes_no_generator_in_central_mode_and_refuses_none_where_it_adds_noise():
+    """No seeded fallback: a device that must add noise and has no generator of its own raises."""
+    central = RoundPrivacy.of(PrivacySettings(enabled=True, clip=1.0, noise_multiplier=1.0).resolve(100, 16))
+    out = privatize(_update({"w": np.array([3.0, 4.0])}), central, None)
+    np.testing.assert_allclose(out.deltas["w"].values, [0.6, 0.8], rtol=1e-5)  # clipped (just inside C), not noised
+    local = RoundPrivacy.of(PrivacySettings(enabled=True, mode="local", clip=1.0, noise_multiplier=1.0)
+                            .resolve(100, 16))
+    with pytest.raises(ValueError, match="noise generator"):
+        privatize(_update({"w": np.array([3.0, 4.0])}), local, None)
+
+
 def test_privatize_reports_the_clip_bit_and_drops_strategy_info():
     s = PrivacySettings(enabled=True, clipping="adaptive", clip=1.0, noise_multiplier=0.5).resolve(100, 20)
     rp = RoundPrivacy.of(s)
