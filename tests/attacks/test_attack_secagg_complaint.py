@@ -15,6 +15,7 @@ rounds, which are unmasked too.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -122,13 +123,21 @@ def test_a_complaint_with_another_key_names_the_complainer(monkeypatch):
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(400 + 60 * max(0, int(os.environ.get("FLAYER_ATTACK_ROUNDS", "3")) - 3))
 def test_an_undecryptable_share_over_the_broker_names_and_leaves_out_its_sender(tmp_path: Path, digits: Any,
                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
     from fedtestlib import finished, start_fed_broker
-    from test_attack_secagg_attribution import HONEST, _check, _devices, _federation, _online_first
+    from test_attack_secagg_attribution import (
+        HONEST,
+        ROUNDS,
+        TIMEOUT,
+        _check,
+        _devices,
+        _federation,
+        _online_first,
+    )
 
     from coordinator.config import load_coordinator_config
     from coordinator.server import Coordinator
@@ -141,11 +150,11 @@ def test_an_undecryptable_share_over_the_broker_names_and_leaves_out_its_sender(
     try:
         devices = _devices(tmp_path, fb, digits, names)
         _online_first(devices)
-        fed = _federation(tmp_path, fb, 3)  # stages of 10 s: one slow answer on a loaded machine must not end one
+        fed = _federation(tmp_path, fb, ROUNDS)  # stages of 10 s: one slow answer on a loaded machine must not end one
         fed.write_text(fed.read_text().replace("secure_stage_s = 4.0", "secure_stage_s = 10.0"))
         coord = Coordinator(load_coordinator_config(fed), fb.coordinator)
         thread = coord.start()
-        finished(coord, thread, 280, rounds=3)
+        finished(coord, thread, TIMEOUT + 20 * max(0, ROUNDS - 3) - 120, rounds=ROUNDS)
         _check(tmp_path, "evil", "does not open")
     finally:
         for dev in devices:
