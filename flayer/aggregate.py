@@ -39,10 +39,12 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where it is used: protocol imports check_update, and a broker needs no torch
+    import torch
 
 from .update import TensorDelta, Update
 
@@ -170,6 +172,8 @@ class Aggregator:
 
     def result(self) -> dict[str, torch.Tensor]:
         """The next global state (fp32). Nothing folded: the previous state, unchanged."""
+        import torch
+
         out: dict[str, torch.Tensor] = {}
         for name, prev in self._prev.items():
             acc = self._sum.get(name)
@@ -253,6 +257,8 @@ class RobustAggregator:
         return np.where(c > 0, out, 0.0)
 
     def result(self) -> dict[str, torch.Tensor]:
+        import torch
+
         out: dict[str, torch.Tensor] = {}
         for name, prev in self._prev.items():
             if not self._sent[name]:
@@ -323,6 +329,8 @@ class DPSumAggregator:
                    for n, s in self.shapes.items())
 
     def _draw(self) -> tuple[dict[str, torch.Tensor], float]:
+        import torch
+
         rng = np.random.default_rng(secrets.randbits(256) if self.seed is None else self.seed)
         # the clip bits centred at +-1/2 (Andrew et al. 2021; TF Privacy's QuantileEstimatorQuery): one device
         # moves sum_k (b_k - 1/2) by 1/2, the sensitivity the accountant's z_Delta assumes; + m/2 puts the
@@ -369,6 +377,8 @@ def make_aggregator(global_state: Mapping[str, torch.Tensor], rule: str = "carry
 
 def is_finite_state(state: Mapping[str, torch.Tensor]) -> str | None:
     """None when every tensor of ``state`` is finite, else the name of the first that is not."""
+    import torch
+
     for name, t in state.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             return name

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where it is used: protocol imports this module, and a broker needs no torch
+    import torch
 
 __all__ = ["TensorDelta", "Update", "delta_update", "float_state", "state_numpy"]
 
@@ -56,6 +59,8 @@ class Update:
 def float_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The federated part of a model: its floating-point state (parameters and BN statistics),
     detached fp32 CPU copies. Integer buffers (num_batches_tracked) stay on the device."""
+    import torch
+
     return {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.state_dict().items()
             if v.is_floating_point()}
 
@@ -69,6 +74,8 @@ def delta_update(local: Mapping[str, torch.Tensor], global_state: Mapping[str, t
                  info: Mapping[str, float] | None = None) -> Update:
     """Build the upload: for each tensor in ``masks``, local - global at the mask's flat positions
     (a sorted int64 tensor) or everywhere (``None``)."""
+    import torch
+
     deltas: dict[str, TensorDelta] = {}
     for name, idx in masks.items():
         diff = (local[name].detach().to("cpu", torch.float32) - global_state[name].to(torch.float32)).reshape(-1)

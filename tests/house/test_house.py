@@ -5,6 +5,8 @@ may only shrink (docs/explanation/design.md, "Layers")."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,3 +110,15 @@ def test_no_module_over_400_lines_but_the_shrinking_list() -> None:
     assert not grown, f"modules over {MAX_LINES} lines (now, allowed): {grown}; split them"
     stale = {k: lengths.get(k) for k in ALLOWED_LONG if lengths.get(k, 0) <= MAX_LINES}
     assert not stale, f"no longer over {MAX_LINES} lines, take them off ALLOWED_LONG: {stale}"
+
+
+def test_a_broker_process_imports_no_torch() -> None:
+    """The broker side (``flayer broker``, the embedded broker, the wire format) starts without torch: every
+    broker a test or a fleet starts would otherwise pay about 2 s of CPU importing it
+    (docs/howto/test-suite.md, "Where the time goes")."""
+    code = ("import sys, protocol, transport, mqtt_broker, mqtt_broker.embedded, cli.broker, cli.main; "
+            "cli.main.build_parser(); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:5])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"torch imported: {proc.stdout}"
