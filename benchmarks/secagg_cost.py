@@ -12,7 +12,10 @@ same values. Per cohort n and repeat, four rounds:
   encodes the choice; the coordinator as above;
 * **secure, 32-bit ring** (the ring before its width followed the bound: ``RingSpec.for_summands(R, n)``, 4 bytes a
   value) and **secure, narrow ring** (``flayer.engine.secure.round_ring``: R = 8, 16 bits a value, n summands, one
-  bit of margin): the round driven by ``benchmarks/secagg.py``'s ``drive`` (every message through its bytes).
+  bit of margin): the round driven by ``benchmarks/secagg.py``'s ``drive`` (every message through its bytes);
+* **secure, link-fitted**: the narrow ring over the round's kept share of the positions
+  (``flayer.engine.secure_fit``), the keep fraction the coordinator plans for the plain link-fitted row's budget
+  (``fitted_keep``: within the budget and at most ``--factor`` x the plain link fit's bytes, 1.2 by default).
   Device CPU is a device's protocol calls, its message codec and its quantisation into the ring (``encode``);
   coordinator CPU is the server's calls, its codec, and decoding and checking the sum (``sum_update``).
 
@@ -45,6 +48,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 RANGE = 8.0  # R: secure_clip_range's default without DP or a known bound
 
 
+def ladder_sizes(update: Any) -> dict[str, int]:
+    """The plain upload's encoded size at each codec of the ladder."""
+    from protocol import UpdateOptions
+    from protocol.update_codec import UpdateHeader, encode_update
+
+    return {c: len(encode_update(update, UpdateHeader("fed", 1, "client-0", "0" * 64), UpdateOptions(c)))
+            for c in ("fp32", "fp16", "int8")}
+
+
+def fit_budget(sizes: dict[str, int]) -> int:
+    return (sizes["int8"] + sizes["fp16"]) // 2  # int8 fits, fp16 does not
+
+
 def plain_round(update: Any, n: int, fitted: bool, shapes: dict[str, tuple[int, ...]], state: Any) -> dict[str, Any]:
     """Each of ``n`` devices encodes (or fits and encodes) the update; the coordinator decodes and folds each."""
     from edge_client.linkfit import fit_upload
@@ -53,9 +69,7 @@ def plain_round(update: Any, n: int, fitted: bool, shapes: dict[str, tuple[int, 
     from protocol.update_codec import UpdateHeader, decode_update, encode_update
     from protocol.upload_cap import UploadCap
 
-    sizes = {c: len(encode_update(update, UpdateHeader("fed", 1, "client-0", "0" * 64), UpdateOptions(c)))
-             for c in ("fp32", "fp16", "int8")}
-    budget = (sizes["int8"] + sizes["fp16"]) // 2  # int8 fits, fp16 does not
+    budget = fit_budget(ladder_sizes(update))
     sent_bytes, dev_cpu, coord = [], [], 0.0
     agg = Aggregator(state)
     gc.collect()
@@ -150,6 +164,12 @@ def table(n: int, by_kind: dict[str, list[dict[str, Any]]], alone: int) -> None:
     print(f"narrow / 32-bit ring: bytes sent {mean(new, 'sent') / mean(old, 'sent'):.3f}, device CPU "
           f"{mean(new, 'device_cpu') / mean(old, 'device_cpu'):.2f}, coordinator CPU "
           f"{mean(new, 'coordinator_cpu') / mean(old, 'coordinator_cpu'):.2f}", flush=True)
+    fit = by_kind.get("secure, link-fitted")
+    if fit:
+        print(f"secure link-fitted (keep {fit[0]['keep']:.4f} of {fit[0]['values']:,} positions) / plain link-fitted: "
+              f"bytes sent {mean(fit, 'sent') / mean(fitted, 'sent'):.3f}, sent + received "
+              f"{mean(fit, 'both') / mean(fitted, 'both'):.3f}; / secure narrow ring: "
+              f"{mean(fit, 'sent') / mean(new, 'sent'):.3f}", flush=True)
 
 
 def main() -> int:
@@ -158,6 +178,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--length", type=int, default=None, help="cut the vector to this many values (smoke runs)")
     p.add_argument("--json", type=Path, default=None, help="write every measurement here")
+    p.add_argument("--factor", type=float, default=1.2, help="secure_fit_factor of the link-fitted secure row")
     a = p.parse_args()
 
     from secagg import fmnist_upload
@@ -171,7 +192,13 @@ def main() -> int:
     import torch
 
     state = {name: torch.zeros(shape) for name, shape in shapes.items()}
-    kinds = ("plain fp32", "plain link-fitted (int8)", "secure, 32-bit ring", "secure, narrow ring")
+    kinds = ("plain fp32", "plain link-fitted (int8)", "secure, 32-bit ring", "secure, narrow ring",
+             "secure, link-fitted")
+    from flayer.engine.secure import round_ring
+    from flayer.engine.secure_fit import fitted_keep, keep_layout, restrict
+    from flayer.secagg import neighbour_count
+
+    sizes = ladder_sizes(update)
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     print(f"{values.size:,} values a device; CPU: mean over {a.repeats} repeats (min-max); bytes per device; "
           f"'values alone': {4 * values.size:,} bytes, 4 a value, no positions (the public seed fixes them)")
@@ -184,6 +211,11 @@ def main() -> int:
             by_kind["plain link-fitted (int8)"].append(plain_round(update, n, True, shapes, state))
             by_kind["secure, 32-bit ring"].append(secure_round(values, layout, n, False, rep))
             by_kind["secure, narrow ring"].append(secure_round(values, layout, n, True, rep))
+            keep = fitted_keep(values.size, round_ring(RANGE, n, 16).bits, neighbour_count(n, 0.1)[0],
+                               fit_budget(sizes), list(sizes.values()), a.factor)
+            kept = keep_layout(layout, keep, 0, 1)  # the run seed and the round draw the subset
+            row = secure_round(flatten(restrict(update, keep, 0, 1), kept), kept, n, True, rep)
+            by_kind["secure, link-fitted"].append({**row, "keep": keep, "values": kept.n})
             print(f"n={n} repeat {rep + 1}/{a.repeats}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         table(n, by_kind, 4 * values.size)
         if a.json is not None:  # after each cohort: an interrupted run keeps what it measured

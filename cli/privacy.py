@@ -31,6 +31,9 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--secure-dropout", type=float, metavar="P",
                    help="secure rounds: the dropout rate the threshold is chosen to survive (0.1); flayer simulate "
                         "also drops each selected device at a random protocol step with probability P")
+    g.add_argument("--secure-keep", type=float, metavar="FRACTION",
+                   help="secure rounds: the most of the round's common positions a masked input keeps, a subset drawn "
+                        "from the run seed (1.0; the coordinator fits it to the devices' uplinks below this)")
     g.add_argument("--dp-plan", action="store_true",
                    help="print epsilon against each adversary for these settings, and z / rounds for "
                         "--target-epsilon, then exit")
@@ -41,7 +44,8 @@ def privacy_overrides(a: dict[str, Any]) -> dict[str, Any]:
     return {"enabled": True if a.get("dp") else None, "mode": a.get("dp"), "clip": a.get("dp_clip"),
             "noise_multiplier": a.get("dp_noise"), "delta": a.get("dp_delta"),
             "target_epsilon": a.get("target_epsilon"), "clipping": a.get("dp_clipping"),
-            "secure_aggregation": a.get("secure_agg"), "secure_dropout": a.get("secure_dropout")}
+            "secure_aggregation": a.get("secure_agg"), "secure_dropout": a.get("secure_dropout"),
+            "secure_keep": a.get("secure_keep")}
 
 
 def _eps(eps: Any) -> str:

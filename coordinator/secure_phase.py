@@ -16,11 +16,13 @@ import secrets
 from typing import Any
 
 from flayer.engine.secure import abandon_kind, plan_round, plan_secure
+from flayer.engine.secure_fit import keep_layout
 from flayer.engine.secure_layout import round_layout
 from flayer.secagg import SecAggAbandoned
 from protocol import Envelope, Kind, Metrics, SignatureError, WireError, check_topic, decode_envelope
 from protocol.signing import survivor_verifier
 
+from .secure_fit import round_keep
 from .secure_round import SecureRound
 
 __all__ = ["SecurePhase", "secure_strategy"]
@@ -71,14 +73,22 @@ class SecurePhase:
         if private is not None and private.mode == "local":  # distributed DP: the shares are drawn in the ring
             private = rnd.aggregate.privacy = dataclasses.replace(private, ring=True)
         planned = plan_round(s, session, rnd.number, selected, layout, c.cfg.run.seed, private,
-                             rnd.ctx.bounds.norm_bound)
+                             rnd.ctx.bounds.norm_bound, keep=s.secure_keep)
+        now = c.clock()  # the masked inputs' keep fraction, fitted to the selected devices' uplinks
+        close = (c._close_by(now, now + c.fs.deadline_s) if hasattr(c, "_close_by") else 0.0) or now + c.fs.deadline_s
+        keep, budget = round_keep(c, selected, layout, planned.params.ring.bits, planned.params.degree, close - now)
+        if keep != planned.keep:
+            planned = plan_round(s, session, rnd.number, selected, layout, c.cfg.run.seed, private,
+                                 rnd.ctx.bounds.norm_bound, keep=keep)
+        layout = keep_layout(layout, keep, c.cfg.run.seed, rnd.number)
+        rnd.stats.extra.update({"secure_keep": keep, "secure_budget": budget})
         params = planned.params
         rnd.secure = SecureRound(planned, layout, c.clock() + s.secure_stage_s,
                                  verify=survivor_verifier(c.device_keys, c.creds.federation, rnd.number))
         rnd.ctx = dataclasses.replace(rnd.ctx, masked=rnd.secure.masked)
         log.info("round %d: secure aggregation over %d devices, t = %d, %d neighbours each, %d coordinates, "
-                 "contributions clipped to L2 %.4g", rnd.number, len(selected), params.threshold, params.degree,
-                 params.length, planned.bound)
+                 "contributions clipped to L2 %.4g, keep %.4g (budget %d bytes)", rnd.number, len(selected),
+                 params.threshold, params.degree, params.length, planned.bound, keep, budget)
 
     def plan(self, rnd: Any) -> dict[str, Any]:
         sec = rnd.secure if rnd is not None else None

@@ -33,6 +33,7 @@ class DeviceStatus:
     _since: float  # the time of this client's last will: the coordinator takes no older will than it
     _private_federation: bool | None
     _link_kbps: float | None
+    thin: Any  # edge_client.thin.ThinUploads: the uplink rate
     _announcing: dict[str, int | float]
     _privacy_status: Any  # edge_client.budget
 
@@ -44,6 +45,10 @@ class DeviceStatus:
             info["num_train"] = self.data.num_train if self.data is not None else 0
         if self._link_kbps is not None:
             info["link_kbps"] = self._link_kbps
+        thin = getattr(self, "thin", None)  # a device that fits its uploads to its link (upload = "fit"): its
+        up = thin.rate if thin is not None and self.settings.upload == "fit" else None  # uplink, bytes/s
+        if up is not None and up > 0:
+            info["uplink_kbps"] = round(up * 8 / 1000, 1)  # a secure round's keep fraction follows it
         if self.settings.label:
             info["label"] = self.settings.label  # the coordinator's metrics count devices by it
         if self.skipped:

@@ -105,11 +105,13 @@ class SecureSession:
         the update's layout is not the round's (it cannot join the sum)."""
         if self.masked_sent or self.update is None or self.shares is None:
             return None
-        lay = layout_of(self.update)
+        sent = self.planned.fitted(self.update)  # the round's kept share of the common positions (from the run seed)
+        lay = layout_of(sent)
         if lay.digest != self.planned.layout:
-            raise SecAggError("this device's upload positions are not the round's common layout (another strategy "
-                              "version or options?): it cannot join the secure sum")
-        vector = self.planned.vector(self.update, lay)  # clipped to the round's bounds; rounding and noise: CSPRNG
+            raise SecAggError("this device's upload positions, cut to the plan's keep fraction, are not the round's "
+                              "layout (another strategy version or options, or a plan stating a subset other than "
+                              "the run seed's): it cannot join the secure sum")
+        vector = self.planned.vector(sent, lay)  # clipped to the round's bounds; rounding and noise: CSPRNG
         self.masked_sent = True
         return self.client.masked_input(self.shares, vector).to_bytes()
 

@@ -50,6 +50,8 @@ class PrivacySettings:
     secure_corrupt_fraction: float = 0.0  # devices that may collude with the coordinator: t's floor (devices check)
     secure_stage_s: float = 10.0  # coordinator: how long the key, share and unmask stages each wait for devices
     secure_value_bits: int = 16  # resolution of one device's value over [-R, R]: with the cohort, the ring's width
+    secure_fit_factor: float = 1.2  # a masked input at most this x the plain link fit's bytes at the same budget
+    secure_keep: float = 1.0  # the most of the round's common positions a masked input keeps (simulate: the fraction)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip) and self.clip > 0):
@@ -88,6 +90,10 @@ class PrivacySettings:
             raise ValueError(f"secure_value_bits must be an integer in [8, 30], got {self.secure_value_bits!r}")
         if not 0 <= self.secure_dropout < 0.5:
             raise ValueError(f"secure_dropout must be in [0, 0.5), got {self.secure_dropout}")
+        if not (math.isfinite(self.secure_fit_factor) and 1.0 <= self.secure_fit_factor <= 10.0):
+            raise ValueError(f"secure_fit_factor must be in [1, 10], got {self.secure_fit_factor}")
+        if not (math.isfinite(self.secure_keep) and 0.01 <= self.secure_keep <= 1.0):
+            raise ValueError(f"secure_keep must be in [0.01, 1], got {self.secure_keep}")
         if self.enabled and self.mode == "local" and self.clipping == "adaptive":
             raise ValueError("clipping = \"adaptive\" needs mode = \"central\": the clip-bit count is noised by the "
                              "coordinator")

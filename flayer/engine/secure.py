@@ -37,6 +37,7 @@ from flayer.strategies.base import derive_seed
 from flayer.update import Update
 
 from .privacy import UNCLIPPED_KEY, RoundPrivacy
+from .secure_fit import check_keep, keep_layout, restrict
 from .secure_layout import Layout, flatten, layout_of, unflatten
 from .secure_ring import NOISE_HEADROOM, ring_noise, ring_range, round_ring
 
@@ -240,17 +241,19 @@ def common_layout(uploads: Mapping[str, Update]) -> Layout:
 
 
 def plan_round(s: PrivacySettings, session: str, round_: int, participants: tuple[str, ...], layout: Layout,
-               seed: int, rp: RoundPrivacy | None, norm_bound: float | None, stage_s: float | None = None
-               ) -> PlannedSecure:
+               seed: int, rp: RoundPrivacy | None, norm_bound: float | None, stage_s: float | None = None,
+               keep: float = 1.0) -> PlannedSecure:
     """A secure round's public plan: protocol parameters (:func:`round_params`), the contribution bounds
-    (:func:`contribution_bounds`: the devices clip to them, the sum is checked against them), the noise shares."""
+    (:func:`contribution_bounds`: the devices clip to them, the sum is checked against them), the noise shares,
+    on the ``keep`` share of ``layout``'s positions (:mod:`flayer.engine.secure_fit`)."""
     bound, value_range = contribution_bounds(s, rp, norm_bound)
+    layout = keep_layout(layout, keep, seed, round_)
     params, noise = round_params(s, session, round_, participants, layout, seed, rp, value_range)
     adaptive = s.enabled and s.clipping == "adaptive"
     _, _, value_bits = ring_noise(rp, params.threshold, params.length, ring_range(value_range, adaptive),
                                   len(participants), s.secure_value_bits)  # the resolution the ring was built at
     return PlannedSecure(params, layout.digest, adaptive, s.secure_stage_s if stage_s is None else stage_s, noise,
-                         bound, value_range, corrupt_fraction(s), seed, value_bits)
+                         bound, value_range, corrupt_fraction(s), seed, value_bits, check_keep(keep))
 
 
 def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads: Mapping[str, Update],
@@ -269,11 +272,11 @@ def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads
     participants = tuple(sorted(uploads))
     if len(participants) < 2:
         return SecureSum(None, participants, (), f"{len(participants)} device(s) uploaded: a secure sum needs >= 2")
-    layout = common_layout(uploads)
-    planned = plan_round(s, session, round_, participants, layout, seed, rp, bound)
-    params = planned.params
-    vectors = {dev: planned.vector(up, layout, np.random.default_rng(derive_seed(seed, round_, dev, "secagg"))
-                                   if seeded else None) for dev, up in uploads.items()}
+    full = common_layout(uploads)
+    planned = plan_round(s, session, round_, participants, full, seed, rp, bound, keep=s.secure_keep)
+    params, layout = planned.params, keep_layout(full, s.secure_keep, seed, round_)
+    vectors = {dev: planned.vector(planned.fitted(up), layout, np.random.default_rng(derive_seed(
+        seed, round_, dev, "secagg")) if seeded else None) for dev, up in uploads.items()}
     run_seed = hashlib.sha256(f"secagg-run:{seed}:{round_}".encode()).digest() if seeded else secrets.token_bytes(32)
     out = run_round(params, vectors, drop_after=dict(drops or {}), seed=run_seed)  # type: ignore[arg-type]
     survivors, dropped = tuple(sorted(out.survivors)), tuple(sorted(set(participants) - set(out.survivors)))
@@ -294,7 +297,7 @@ def plan_secure(planned: PlannedSecure) -> dict[str, Any]:
             "graph_seed": params.graph_seed.hex(), "length": params.length, "bits": params.ring.bits,
             "value_bits": planned.value_bits, "layout": planned.layout, "adaptive": planned.adaptive, "stage_s": planned.stage_s, "noise_std": planned.noise_std,
             "bound": planned.bound, "value_range": planned.value_range, "corrupt_fraction": planned.corrupt_fraction,
-            "run_seed": planned.run_seed}
+            "run_seed": planned.run_seed, "keep": planned.keep}
 
 
 @dataclass(frozen=True)
@@ -309,6 +312,11 @@ class PlannedSecure:
     corrupt_fraction: float = 0.0  # the stated fraction of devices that may collude with the coordinator
     run_seed: int | None = None  # the run seed the graph seed is drawn from (devices recompute it)
     value_bits: int = 16  # the resolution of one device's value: with the range and the cohort, the ring's width
+    keep: float = 1.0  # the share of the common positions masked (flayer.engine.secure_fit: drawn from the run seed)
+
+    def fitted(self, update: Update) -> Update:
+        """``update`` (on the round's common positions) cut to the round's kept ones."""
+        return restrict(update, self.keep, int(self.run_seed or 0), self.params.round)
 
     def vector(self, update: Update, layout: Layout, rng: np.random.Generator | KeystreamRandom | None = None
                ) -> np.ndarray:
@@ -345,6 +353,7 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
         gamma = float(raw.get("corrupt_fraction", 0.0))
         run_seed = raw["run_seed"]
         adaptive = bool(raw.get("adaptive", False))
+        keep = check_keep(raw.get("keep", 1.0))
         if not all(math.isfinite(v) and 0 < v <= 1e9 for v in (bound, value_range)):
             raise ValueError(f"bound {bound} and value_range {value_range} must be finite and > 0")
         if not (0 <= noise_std <= 1e6 and math.isfinite(noise_std)):
@@ -371,7 +380,8 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
                          f"k={params.degree} neighbours and a colluding fraction "
                          f"{max(gamma, min_corrupt_fraction):g}: refused")
     _check_noise(privacy, params.threshold, noise_std)
-    return PlannedSecure(params, layout, adaptive, stage_s, noise_std, bound, value_range, gamma, run_seed, value_bits)
+    return PlannedSecure(params, layout, adaptive, stage_s, noise_std, bound, value_range, gamma, run_seed, value_bits,
+                         keep)
 
 
 def _check_noise(privacy: Mapping[str, Any] | None, threshold: int, noise_std: float) -> None:

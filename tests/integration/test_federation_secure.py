@@ -255,3 +255,45 @@ def test_distributed_dp_over_the_broker_draws_the_noise_on_the_devices_in_the_ri
         for dev in devices:
             dev.stop()
         fb.broker.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_secure_rounds_fitted_to_the_devices_uplinks_mask_the_kept_share(tmp_path: Path, digits: Any) -> None:
+    """The devices report a thin uplink (``[edge] uplink_kbps``): the coordinator plans a keep fraction below 1,
+    every device masks the same kept positions, and each round is unmasked (flayer.engine.secure_fit)."""
+    sent: list[tuple[str, int, int]] = []
+    part = make_partition(digits.y, digits.num_classes, 4, "dir0.5", seed=0, samples=400,
+                          meta={"dataset": digits.name, "dataset_fingerprint": digits.fingerprint()})
+    pfile = save_partition(part, tmp_path / "digits-4.npz")
+    clients = [client_data(digits, c) for c in part.clients]
+    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", DEVICES)
+    devices: list[EdgeClient] = []
+    try:
+        coord = Coordinator(load_coordinator_config(_federation(tmp_path, fb, 4, 2)), fb.coordinator)
+        thread = coord.start()
+        for i, name in enumerate(DEVICES):
+            path = device_toml(tmp_path / f"{name}.toml", fb.state_dir / f"credentials/{name}.toml", dataset="digits",
+                               partition_file=pfile, client=i, state_dir=tmp_path / name, uplink_kbps=2.0 + i,
+                               upload="fit")
+            devices.append(EdgeClient(load_device_config(path).edge, fb.devices[name], clients[i],
+                                      on_progress=lambda kind, info, name=name: sent.append(
+                                          (name, info["round"], info["bytes"])) if kind == "sent" else None))
+            devices[-1].start()
+        finished(coord, thread, 240, rounds=2)
+        for dev in devices:
+            assert dev.wait(60) and dev.error is None and dev.rounds_trained == [1, 2], dev.error
+        rounds = [r for r in read_metrics(tmp_path / "coord/metrics.jsonl") if r["kind"] == "round"]
+        assert all(r["secure_abandoned"] is None and r["secure_survivors"] == DEVICES for r in rounds), rounds
+        assert all(0.1 <= r["secure_keep"] < 1 and r["secure_budget"] > 0 for r in rounds), rounds  # fit_min_keep
+        sizes = [{b for _, rr, b in sent if rr == r["round"]} for r in rounds]  # every device masks the same share
+        assert all(len(s) == 1 for s in sizes), sent
+        # round 1 plans on the deadline (no history): the masked input within the budget; round 2 on round 1's
+        # length (the plan's close_by), shorter: less kept, fewer bytes
+        first, second = sizes[0].pop(), sizes[1].pop()
+        assert first <= rounds[0]["secure_budget"] + 200, (rounds[0], sent)
+        assert rounds[1]["secure_keep"] < rounds[0]["secure_keep"] and second < first, (rounds, sent)
+    finally:
+        for dev in devices:
+            dev.stop()
+        fb.broker.stop()
