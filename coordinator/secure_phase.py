@@ -20,7 +20,7 @@ from flayer.engine.secure_fit import keep_layout
 from flayer.engine.secure_layout import round_layout
 from flayer.secagg import SecAggAbandoned
 from protocol import Envelope, Kind, Metrics, SignatureError, WireError, check_topic, decode_envelope
-from protocol.signing import survivor_verifier
+from protocol.signing import advert_verifier, survivor_verifier
 
 from .secure_fit import round_keep
 from .secure_round import SecureRound
@@ -83,8 +83,10 @@ class SecurePhase:
         layout = keep_layout(layout, keep, c.cfg.run.seed, rnd.number)
         rnd.stats.extra.update({"secure_keep": keep, "secure_budget": budget})
         params = planned.params
+        fed = c.creds.federation
         rnd.secure = SecureRound(planned, layout, c.clock() + s.secure_stage_s,
-                                 verify=survivor_verifier(c.device_keys, c.creds.federation, rnd.number))
+                                 verify=survivor_verifier(c.device_keys, fed, rnd.number),
+                                 verify_advert=advert_verifier(c.device_keys, fed, rnd.number))
         rnd.ctx = dataclasses.replace(rnd.ctx, masked=rnd.secure.masked)
         log.info("round %d: secure aggregation over %d devices, t = %d, %d neighbours each, %d coordinates, "
                  "contributions clipped to L2 %.4g, keep %.4g (budget %d bytes)", rnd.number, len(selected),

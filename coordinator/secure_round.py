@@ -3,9 +3,11 @@
 Driven by the coordinator's worker thread (its messages and ticks), over :class:`flayer.secagg.SecAggServer`:
 
 1. **Keys.** The plan carries the round's public parameters (:func:`flayer.engine.secure.plan_secure`); each
-   selected device sends its ``KeyAdvert`` on ``secagg/<client>``. When every selected device has, or
-   ``secure_stage_s`` has passed, each advertiser gets its neighbours' keys (``KeyBundle`` on
-   ``secreq/<client>``, which only that device may read).
+   selected device sends its ``KeyAdvert`` on ``secagg/<client>``, its keys toward each neighbour signed with its
+   own key; the signatures are checked against the federation's registry (a bad one refuses the advert, and since
+   the envelope proved who sent it, names the device faulty: :mod:`flayer.secagg.signed_adverts`). When every
+   selected device has advertised, or ``secure_stage_s`` has passed, each advertiser gets its neighbours' keys with
+   their owners' signatures (``KeyBundle`` on ``secreq/<client>``, which only that device may read).
 2. **Shares.** Each advertiser sends its ``ShareBatch`` (sealed for each neighbour: the coordinator relays
    what it cannot read); when all have, or the stage's time is up, each gets the shares addressed to it. A device
    that cannot open one sends a ``ShareComplaint`` before its masked input (:mod:`flayer.secagg.server_complaints`):
@@ -47,6 +49,7 @@ from flayer.secagg import (
     UnmaskShares,
     decode_message,
 )
+from flayer.secagg.signed_adverts import AdvertSignatureError
 
 __all__ = ["SecureRound"]
 
@@ -66,9 +69,11 @@ class SecureRound:
     server: SecAggServer = field(init=False)
     sent_bytes: int = 0  # protocol messages sent to devices (the update path counts the masked inputs)
     verify: Callable[[str, bytes, bytes], bool] | None = None  # the devices' keys (the survivor signatures)
+    verify_advert: Callable[[str, bytes, bytes], bool] | None = None  # the same keys for the adverts (None: verify)
 
     def __post_init__(self) -> None:
-        self.server = SecAggServer(self.planned.params, ServerConsistency(self.verify, self.planned.corrupt_fraction))
+        self.server = SecAggServer(self.planned.params, ServerConsistency(self.verify, self.planned.corrupt_fraction,
+                                                                          self.verify_advert))
 
     @property
     def participants(self) -> tuple[str, ...]:
@@ -87,7 +92,11 @@ class SecureRound:
             return f"a {type(msg).__name__} naming {msg.device!r}, sent by {client!r}"
         try:
             if isinstance(msg, KeyAdvert):
-                self.server.receive_advert(msg)
+                try:
+                    self.server.receive_advert(msg)
+                except AdvertSignatureError as exc:  # its envelope verified under client's own key: its own word
+                    self.server.name_faulty(client, f"{client} signed its key advert falsely: {exc}")
+                    raise
             elif isinstance(msg, ShareBatch):
                 self.server.receive_shares(msg)
             elif isinstance(msg, SurvivorSignature):

@@ -5,8 +5,9 @@ was shown, :mod:`flayer.secagg.consistency`) against these keys, never against k
 coordinator that could hand out keys could sign for anyone. The registry comes with the device's kit (a copy
 beside ``credentials.toml``, made when the kit was) or is read in place from the broker's state folder above the
 credentials (a device on the broker's machine, the emulator); it is read again when its modification time
-changes, so devices added since are believed from then on. No registry: every signature is refused, so this
-device answers no unmask request (its secure rounds are abandoned rather than unmasked on the coordinator's word).
+changes, so devices added since are believed from then on. The same registry checks the key adverts the coordinator
+relays (:mod:`flayer.secagg.signed_adverts`): a neighbour it does not know makes the device refuse that round. No
+registry: the device takes no part in secure rounds (it would refuse every key bundle and every unmask request).
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ class PeerKeys:
             log.error("key registry %s unreadable (%s); keeping the %d known", self.path, exc, len(self.keys))
             return
         self.keys, self._mtime = keys, st.st_mtime
+
+    def available(self) -> bool:
+        """Whether a registry was read (without one this device takes no part in secure rounds: edge_client.secure)."""
+        if not self.keys:
+            self._refresh()
+        return bool(self.keys)
 
     def key_for(self, federation: str, sender: str) -> VerifyKey:
         if federation != self.federation:

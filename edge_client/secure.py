@@ -3,9 +3,11 @@
 The plan's ``secure`` mapping names the round's public parameters (:func:`flayer.engine.secure.secure_from_plan`).
 A selected device:
 
-1. sends its ``KeyAdvert`` on ``secagg/<id>`` as soon as it has the plan (beside its download and training);
-2. answers the ``KeyBundle`` it reads on ``secreq/<id>`` with its ``ShareBatch`` (its self-mask seed and mask
-   key, Shamir-shared and sealed for each neighbour);
+1. sends its ``KeyAdvert`` on ``secagg/<id>`` as soon as it has the plan (beside its download and training), its
+   keys toward each neighbour signed with its own key (:mod:`flayer.secagg.signed_adverts`);
+2. checks every entry of the ``KeyBundle`` it reads on ``secreq/<id>`` against the federation's key registry (an
+   entry its owner did not sign for this device: the coordinator lied, and the device refuses the round) and answers
+   with its ``ShareBatch`` (its self-mask seed and mask key, Shamir-shared and sealed for each neighbour);
 3. once it has trained and holds the shares addressed to it, lays its upload out on the round's common
    positions, quantises it into the ring and masks it (:meth:`SecureSession.masked_blob`): that blob is its
    update of the round, sent, stored and re-sent like any update;
@@ -14,7 +16,9 @@ A selected device:
    request carries T valid signatures of other devices over the set it signed, checked against the federation's
    key registry (:mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
 
-The keys and the shares live in this object only, never on disk: a restarted device cannot finish the round
+Without a key registry (``signing_keys.json`` from its kit) a device can check none of the other devices' keys, so
+it takes no part in secure rounds: it sends no advert (it would refuse every bundle, and before this every unmask
+request). The keys and the shares live in this object only, never on disk: a restarted device cannot finish the round
 and counts as dropped (its masked input, if it was sent, is unmasked with its neighbours' shares).
 """
 
@@ -49,7 +53,7 @@ from protocol import (
     decode_envelope,
     encode_message,
 )
-from protocol.signing import survivor_signer, survivor_verifier
+from protocol.signing import advert_signer, advert_verifier, survivor_signer, survivor_verifier
 
 from .download import Pending
 from .store import StoredState, UploadRecord
@@ -163,10 +167,16 @@ class SecureRounds:
             return
         if cur is not None and cur.session == planned.params.session:
             return  # the plan again (re-published, or the deadline extended)
+        if not self.peers.available():  # edge_client.peer_keys logged where it looked
+            log.warning("%s: secure round %d: no key registry to check the other devices' keys with: this device "
+                        "takes no part (it would refuse the keys the coordinator relays)", self.id, plan.round)
+            return
         fed = self.creds.federation
         gamma = max(planned.corrupt_fraction, self.settings.secure_corrupt_fraction)
         consistency = DeviceConsistency(survivor_signer(self.signer, fed, plan.round, self.id),
-                                        survivor_verifier(self.peers, fed, plan.round), gamma)
+                                        survivor_verifier(self.peers, fed, plan.round), gamma,
+                                        advert_signer(self.signer, fed, plan.round, self.id),
+                                        advert_verifier(self.peers, fed, plan.round))
         self._secure = SecureSession(planned, self.id, consistency)
         self._secure.privacy = dict(plan.privacy)
         self._secure_publish([self._secure.advert()], plan.round)
@@ -201,7 +211,8 @@ class SecureRounds:
         self.rounds_trained.append(round_)
         sec = self._secure
         if sec is None or sec.round != round_:
-            log.warning("%s: round %d trained, but its secure session is gone (the plan moved on); nothing sent",
+            log.warning("%s: round %d trained, but it has no secure session (the plan moved on, or no key registry); "
+                        "nothing sent",
                         self.id, round_)
             return
         sec.update = up.update

@@ -35,9 +35,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from .errors import WireError
 from .topics import TopicError, validate_id
 
-__all__ = ["DOMAIN", "KEY_PREFIX", "SIGNATURE_BYTES", "SURVIVORS", "KeyRing", "PeerTrust", "SignContext", "SignatureError",
-           "SigningKey", "VerifyKey", "key_problem", "parse_key_registry", "render_key_registry", "survivor_signer",
-           "survivor_verifier"]
+__all__ = ["ADVERT", "DOMAIN", "KEY_PREFIX", "SIGNATURE_BYTES", "SURVIVORS", "KeyRing", "PeerTrust", "SignContext",
+           "SignatureError", "SigningKey", "VerifyKey", "advert_signer", "advert_verifier", "key_problem",
+           "parse_key_registry", "render_key_registry", "survivor_signer", "survivor_verifier"]
 
 DOMAIN = b"FLAYER-EDGE-SIG-1\x00"
 KEY_PREFIX = "ed25519:"
@@ -45,6 +45,7 @@ SIGNATURE_BYTES = 64
 _U64 = struct.Struct("<Q")
 _PURPOSE_MAX = 64
 SURVIVORS = "secagg:survivors"  # a secure round's consistency round: a device signs the survivor set it was shown
+ADVERT = "secagg:advert"  # a secure round's key advert: a device signs its keys toward each neighbour
 
 
 class SignatureError(WireError):
@@ -232,22 +233,36 @@ def render_key_registry(coord: VerifyKey | None, devices: Mapping[str, VerifyKey
                        "devices": {d: k.text for d, k in sorted(devices.items())}}, indent=1) + "\n"
 
 
-def survivor_signer(key: SigningKey, federation: str, round_: int, device: str) -> Callable[[bytes], bytes]:
+def survivor_signer(key: SigningKey, federation: str, round_: int, device: str,
+                    purpose: str = SURVIVORS) -> Callable[[bytes], bytes]:
     """A device's signer of a secure round's survivor set (:mod:`flayer.secagg.consistency`), bound to the
-    federation, the round and the device."""
-    ctx = SignContext(federation, round_, device, SURVIVORS)
+    federation, the round and the device (``purpose``: :data:`ADVERT` for its key adverts)."""
+    ctx = SignContext(federation, round_, device, purpose)
     return lambda data: key.sign(ctx, data)
 
 
-def survivor_verifier(trust: Any, federation: str, round_: int) -> Callable[[str, bytes, bytes], bool]:
+def survivor_verifier(trust: Any, federation: str, round_: int,
+                      purpose: str = SURVIVORS) -> Callable[[str, bytes, bytes], bool]:
     """(device, data, signature) -> True when the key ``trust`` holds for that device signed the survivor set
     (``trust.key_for(federation, device)``: a registry of the federation's devices, never the coordinator's word)."""
     def verify(device: str, data: bytes, signature: bytes) -> bool:
         try:
-            trust.key_for(federation, device).verify(SignContext(federation, round_, device, SURVIVORS), data,
+            trust.key_for(federation, device).verify(SignContext(federation, round_, device, purpose), data,
                                                      signature)
         except SignatureError:
             return False
         return True
 
     return verify
+
+
+def advert_signer(key: SigningKey, federation: str, round_: int, device: str) -> Callable[[bytes], bytes]:
+    """A device's signer of its secure round's key advert toward each neighbour (:mod:`flayer.secagg.signed_adverts`),
+    bound to the federation, the round, the device and the purpose :data:`ADVERT`."""
+    return survivor_signer(key, federation, round_, device, ADVERT)
+
+
+def advert_verifier(trust: Any, federation: str, round_: int) -> Callable[[str, bytes, bytes], bool]:
+    """(device, data, signature) -> True when the key ``trust`` holds for that device signed the key advert (the
+    coordinator's registry on receipt, a device's own copy before it seals a share)."""
+    return survivor_verifier(trust, federation, round_, ADVERT)

@@ -3,8 +3,10 @@
 Bonawitz et al. (CCS 2017), Fig. 4, restricted to the device's neighbours N(u) (Bell et al., CCS 2020):
 
 0. :meth:`SecAggClient.advertise`: fresh X25519 pairs (c_u for encryption, s_u for masks), the self-mask
-   seed b_u drawn and committed to (its hash, bound to session, round and device, rides in the advert).
-1. :meth:`SecAggClient.share_keys`: Shamir-split b_u and s_u^SK t-of-(k+1)
+   seed b_u drawn and committed to (its hash, bound to session, round and device, rides in the advert); with
+   long-term keys (a :class:`~flayer.secagg.consistency.DeviceConsistency`) signed toward each neighbour.
+1. :meth:`SecAggClient.share_keys`: with long-term keys, every bundle entry's signature checked against the registry
+   first (:mod:`.signed_adverts`: one that does not verify refuses the round before anything is sealed); Shamir-split b_u and s_u^SK t-of-(k+1)
    at x = index + 1 of each neighbour that advertised and of u itself; seal each neighbour's pair
    of shares under c_uv; keep u's own share of b_u.
 2. :meth:`SecAggClient.masked_input`: open the shares received (their senders are the neighbours that
@@ -46,6 +48,7 @@ from .messages import (
 )
 from .params import SecAggParams
 from .prg import SEED_LEN, Entropy, expand, randbelow_from
+from .signed_adverts import bundle_problem, device_signs, sign_advert
 
 __all__ = ["SHARE_STAGE", "SecAggClient"]
 
@@ -103,9 +106,11 @@ class SecAggClient:
         self._b = bytes(self._entropy(SEED_LEN))
         self._stage = 1
         p = self.params
-        return KeyAdvert(p.round, self.device, self._c.public, self._s.public,
-                         keys.commit_seed(self._b, p.session, p.round, self.device),
-                         tuple(self._pairs[v].public for v in near[1:]))
+        advert = KeyAdvert(p.round, self.device, self._c.public, self._s.public,
+                           keys.commit_seed(self._b, p.session, p.round, self.device),
+                           tuple(self._pairs[v].public for v in near[1:]))
+        signs = device_signs(self._consistency)
+        return advert if signs is None else sign_advert(p, advert, signs[0])
 
     def complaints(self) -> tuple[ShareComplaint, ...]:
         """After stage 3: a complaint for each neighbour whose sealed share did not open (or held no share at this
@@ -119,6 +124,11 @@ class SecAggClient:
         assert self._c is not None and self._s is not None
         if bundle.round != p.round or bundle.device != me:
             raise self._refuse(f"key bundle is for {bundle.device} in round {bundle.round}")
+        signs = device_signs(self._consistency)
+        if signs is not None:  # keys their owner did not sign for this device: nothing is sealed under them
+            why = bundle_problem(p, me, bundle, signs[1])
+            if why is not None:
+                raise self._refuse(why)
         neighbours = p.neighbours(me)
         seen = {k.public for k in self._pairs.values()} | {self._s.public}
         for advert in bundle.adverts:

@@ -69,12 +69,17 @@ def survivor_set_message(session: str, round_id: int, survivors: Iterable[str]) 
 
 @dataclass(frozen=True)
 class DeviceConsistency:
-    """What a device needs for the consistency round: its own signer, the federation's keys of the others
-    (``verify``: never keys the coordinator supplies), and the colluding fraction it assumes (T's floor)."""
+    """What a device needs for the consistency round and the signed key adverts: its own signer, the federation's keys
+    of the others (``verify``: never keys the coordinator supplies), and the colluding fraction it assumes (T's
+    floor)."""
 
     sign: Sign
     verify: Verify
     corrupt_fraction: float = 0.0
+    # the key adverts' signer and verifier (:mod:`.signed_adverts`; None: ``sign`` / ``verify``, as in process, where
+    # the messages' own domains keep them apart; a real device binds another purpose: protocol.signing.advert_signer)
+    sign_advert: Sign | None = None
+    verify_advert: Verify | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.corrupt_fraction < 0.5:
@@ -88,6 +93,7 @@ class ServerConsistency:
 
     verify: Verify | None = None
     corrupt_fraction: float = 0.0
+    verify_advert: Verify | None = None  # the key adverts' signatures (None: ``verify``; :mod:`.signed_adverts`)
 
     def __post_init__(self) -> None:
         if not 0 <= self.corrupt_fraction < 0.5:

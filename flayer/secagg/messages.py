@@ -2,15 +2,19 @@
 
 Every message is ``header || body``; the header is ``b"FLSA"``, version (u8, 1), kind (u8) and round
 (u32), all little-endian. Ids are u8 length + ASCII (the project's 1-64 character device ids), lists
-are u16 count + entries (at most 1025: a device's k <= 1024 neighbours and itself). ``from_bytes``
+are u16 count + entries (at most 1025: a device's k <= 1024 neighbours and itself). The adverts' signatures
+(:mod:`.signed_adverts`) are a u16 count and 64 B each: k in an advert, at most one in a bundle entry, none in a
+round without long-term keys. ``from_bytes``
 validates every length, count and id before it allocates and names the field that was wrong
 (:class:`~flayer.secagg.errors.SecAggError`, a ``ValueError``). Sizes (k neighbours, n coordinates):
 
 =================  ===================  ==========================================================
 kind               direction            body
 =================  ===================  ==========================================================
-1 KeyAdvert        device -> server     id, c_pk, s_pk, b_commit, k - 1 pair keys    ~ 130 + 32 k B
-2 KeyBundle        server -> device     receiver id, count, (id, c_pk, s_pk) each   ~ 100 k B
+1 KeyAdvert        device -> server     id, c_pk, s_pk, b_commit, k - 1 pair keys,   ~ 130 + 96 k B
+                                        k signatures (u16 count, 64 B each)
+2 KeyBundle        server -> device     receiver id, count, (id, c_pk, s_pk,        ~ 170 k B
+                                        b_commit, 1 signature) each
 3 ShareBatch       both ways            id, count, (sender, receiver, 164 B sealed) ~ 200 k B
 4 MaskedInput      device -> server     id, u8 width w, u32 n, n values of w bits   n w / 8 B
 5 UnmaskRequest    server -> device     id, u32 survivor count, survivors, dropped  ~ 20 k B

@@ -16,6 +16,7 @@ from ._wire import (
     pack_id,
     pack_u16,
 )
+from .consistency import SIGNATURE_LEN
 from .errors import SecAggError
 from .keys import COMMIT_LEN, KEY_LEN, NONCE_LEN, TAG_LEN
 from .shamir import SHARE_LEN
@@ -32,7 +33,10 @@ class KeyAdvert:
 
     ``pair_pks``: with per-pair channel keys (what a verifiable complaint needs), ``c_pk`` is the key toward the
     device's first neighbour (sorted) and ``pair_pks`` those toward the others, in order; in a key bundle the
-    coordinator puts in ``c_pk`` the sender's key toward the bundle's receiver and leaves ``pair_pks`` empty."""
+    coordinator puts in ``c_pk`` the sender's key toward the bundle's receiver and leaves ``pair_pks`` empty.
+
+    ``signatures``: the sender's long-term signature toward each neighbour, sorted (:mod:`.signed_adverts`); in a key
+    bundle the one toward the bundle's receiver; empty in a round without long-term keys."""
 
     round: int
     device: str
@@ -40,6 +44,7 @@ class KeyAdvert:
     s_pk: bytes
     b_commit: bytes = bytes(COMMIT_LEN)
     pair_pks: tuple[bytes, ...] = ()
+    signatures: tuple[bytes, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         check_round(self.round)
@@ -52,10 +57,16 @@ class KeyAdvert:
             raise SecAggError(f"KeyAdvert: {len(self.pair_pks)} pair keys exceed the limit {MAX_ENTRIES}")
         for key in self.pair_pks:
             check_bytes(key, KEY_LEN, "KeyAdvert pair key")
+        object.__setattr__(self, "signatures", tuple(self.signatures))
+        if len(self.signatures) > MAX_ENTRIES:
+            raise SecAggError(f"KeyAdvert: {len(self.signatures)} signatures exceed the limit {MAX_ENTRIES}")
+        for sig in self.signatures:
+            check_bytes(sig, SIGNATURE_LEN, "KeyAdvert signature")
 
     def _body(self) -> bytes:
         return (pack_id(self.device) + self.c_pk + self.s_pk + self.b_commit
-                + pack_u16(len(self.pair_pks), "pair keys") + b"".join(self.pair_pks))
+                + pack_u16(len(self.pair_pks), "pair keys") + b"".join(self.pair_pks)
+                + pack_u16(len(self.signatures), "signatures") + b"".join(self.signatures))
 
     def to_bytes(self) -> bytes:
         return header(1, self.round) + self._body()
@@ -66,7 +77,9 @@ class KeyAdvert:
         c_pk, s_pk = r.take(KEY_LEN, f"{what} c_pk"), r.take(KEY_LEN, f"{what} s_pk")
         commit = r.take(COMMIT_LEN, f"{what} b_commit")
         pairs = tuple(r.take(KEY_LEN, f"{what} pair key {i}") for i in range(r.count(f"{what} pair keys", MAX_ENTRIES)))
-        return cls(round_id, device, c_pk, s_pk, commit, pairs)
+        sigs = tuple(r.take(SIGNATURE_LEN, f"{what} signature {i}")
+                     for i in range(r.count(f"{what} signatures", MAX_ENTRIES)))
+        return cls(round_id, device, c_pk, s_pk, commit, pairs, sigs)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> KeyAdvert:
@@ -78,7 +91,8 @@ class KeyAdvert:
 
 @dataclass(frozen=True)
 class KeyBundle:
-    """Stage 1, server -> device: the adverts of the device's neighbours that advertised."""
+    """Stage 1, server -> device: the adverts of the device's neighbours that advertised (each with at most one
+    signature: its owner's toward this bundle's device, :mod:`.signed_adverts`)."""
 
     round: int
     device: str
@@ -90,6 +104,8 @@ class KeyBundle:
         object.__setattr__(self, "adverts", tuple(self.adverts))
         if not all(isinstance(a, KeyAdvert) and a.round == self.round for a in self.adverts):
             raise SecAggError("KeyBundle adverts must be KeyAdverts of the bundle's round")
+        if any(len(a.signatures) > 1 for a in self.adverts):
+            raise SecAggError("KeyBundle: an entry carries more than its owner's one signature toward the receiver")
         check_list(tuple(a.device for a in self.adverts), "KeyBundle adverts")
 
     def to_bytes(self) -> bytes:

@@ -14,7 +14,6 @@ on its own.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections.abc import Container, Iterator, Mapping
@@ -24,19 +23,13 @@ import numpy as np
 from . import keys, shamir
 from .consistency import ServerConsistency
 from .errors import SecAggAbandoned, SecAggError
-from .messages import (
-    KeyAdvert,
-    KeyBundle,
-    MaskedInput,
-    ShareBatch,
-    UnmaskRequest,
-    UnmaskShares,
-)
+from .messages import KeyAdvert, KeyBundle, MaskedInput, ShareBatch, UnmaskRequest, UnmaskShares
 from .msg_setup import EncryptedShare
 from .params import SecAggParams
 from .prg import expand
 from .server_complaints import ComplaintStage
 from .server_consistency import ConsistencyStage
+from .signed_adverts import SignedAdvertStage
 
 __all__ = ["SecAggServer"]
 
@@ -44,7 +37,7 @@ log = logging.getLogger(__name__)
 _KINDS = ("b", "s")  # b: self-mask seed (survivors), s: mask private key (dropped)
 
 
-class SecAggServer(ConsistencyStage, ComplaintStage):
+class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
     """The coordinator's state for one round; every input is checked against ``params`` and the stage."""
 
     def __init__(self, params: SecAggParams, consistency: ServerConsistency | None = None) -> None:
@@ -132,6 +125,7 @@ class SecAggServer(ConsistencyStage, ComplaintStage):
         self._check(advert.round, advert.device, self.params.participants, "key advert")
         if advert.device in self._adverts:
             raise SecAggError(f"second key advert from {advert.device}")
+        self._signature_problem(advert)  # first: a refused signature names nobody (the transport says who sent it)
         why = self._bad_keys(advert)
         if why is not None:
             self.faulty[advert.device] = why
@@ -166,8 +160,7 @@ class SecAggServer(ConsistencyStage, ComplaintStage):
         if device not in self._adverts:
             raise SecAggError(f"{device} did not advertise keys")
         peers = sorted(self.params.neighbours(device) & self.advertised)  # each with its channel key toward device
-        return KeyBundle(self.params.round, device, tuple(
-            dataclasses.replace(self._adverts[v], c_pk=self._pair_key(v, device), pair_pks=()) for v in peers))
+        return KeyBundle(self.params.round, device, tuple(self._bundle_entry(v, device) for v in peers))
 
     # -- stage 2 -------------------------------------------------------------------------------------
     def receive_shares(self, batch: ShareBatch) -> None:

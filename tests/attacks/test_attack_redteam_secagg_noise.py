@@ -38,7 +38,7 @@ class _Device(SecureRounds):
         self.id = ME
         self.creds = SimpleNamespace(federation="fed")
         self.signer = SigningKey.generate()  # its own key (the consistency round's signatures)
-        self.peers = None  # the other devices' keys: not reached here
+        self.peers = SimpleNamespace(available=lambda: True)  # a key registry is there (its keys: not reached here)
         self.settings = SimpleNamespace(secure_corrupt_fraction=0.0)
         self.stored = SimpleNamespace(done_round=0)
         self._secure = None

@@ -58,3 +58,46 @@ def test_the_registry_is_read_again_when_it_changes_and_a_missing_one_believes_n
     assert peers.key_for("f1", "dev-2") == key.public  # ... and the last good keys are kept
     with pytest.raises(SignatureError):
         PeerKeys("f1", None).key_for("f1", "dev-1")
+
+
+def test_without_a_registry_a_device_takes_no_part_in_secure_rounds(tmp_path: Path) -> None:
+    """It could check none of the keys the coordinator relays (flayer.secagg.signed_adverts): it sends no advert."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from edge_client.secure import SecureRounds
+    from flayer.engine.secure import plan_round, plan_secure
+    from flayer.engine.secure_layout import layout_of
+    from flayer.privacy_config import PrivacySettings
+    from flayer.update import TensorDelta, Update
+
+    ids = tuple(f"dev-{i}" for i in range(4))
+    planned = plan_round(PrivacySettings(secure_aggregation=True), "f1.1.ab", 1, ids,
+                         layout_of(Update({"w": TensorDelta((4,), np.zeros(4, np.float32))}, 1)), 7, None, 1.0)
+    plan = SimpleNamespace(secure=plan_secure(planned), round=1, selected=ids, privacy={})
+    path = tmp_path / "signing_keys.json"
+
+    class Device(SecureRounds):
+        def __init__(self) -> None:
+            self.id, self.creds, self.signer = "dev-1", SimpleNamespace(federation="f1"), SigningKey.generate()
+            self.peers = PeerKeys("f1", path)
+            self.settings, self.stored = SimpleNamespace(secure_corrupt_fraction=0.0), SimpleNamespace(done_round=0)
+            self._secure, self.sent = None, []
+
+        def _budget_refuses(self, plan: object) -> bool:
+            return False
+
+        def _secure_publish(self, bodies: list[bytes], round_: int) -> None:
+            self.sent.extend(bodies)
+
+    device = Device()
+    assert not device.peers.available()
+    device._secure_plan(plan)
+    assert device._secure is None and device.sent == []  # no advert
+    path.write_text(render_key_registry(None, {d: SigningKey.generate().public for d in ids}))
+    device._secure_plan(plan)
+    assert device._secure is not None and len(device.sent) == 1  # with one: its advert, signed toward each neighbour
+    from flayer.secagg import decode_message
+
+    assert len(decode_message(device.sent[0]).signatures) == planned.params.degree  # type: ignore[union-attr]

@@ -54,7 +54,8 @@ def test_every_message_round_trips(messages, name):
 
 
 def test_sizes_are_what_the_layout_says(messages):
-    assert len(messages["advert"].to_bytes()) == 10 + 7 + 96 + 2 + 3 * 32  # a channel key per neighbour (k = 4)
+    # a channel key per neighbour (k = 4); u16 0 signatures (no long-term keys in this round)
+    assert len(messages["advert"].to_bytes()) == 10 + 7 + 96 + 2 + 3 * 32 + 2
     assert len(messages["masked"].to_bytes()) == 10 + 7 + 1 + 4 + 4 * 16  # 1: the ring width
     assert len(messages["batch"].to_bytes()) == 10 + 7 + 2 + 4 * (7 + 7 + 164)
     assert len(messages["answer"].to_bytes()) == 10 + 7 + 2 + 5 * (7 + SHARE_LEN) + 2
@@ -128,9 +129,9 @@ def test_bad_ids_counts_and_lengths_are_named(messages):
 
 
 def test_an_oversized_message_is_refused_before_it_is_parsed(messages, monkeypatch):
-    assert len(messages["masked"].to_bytes()) == 86 and len(messages["advert"].to_bytes()) == 211
+    assert len(messages["masked"].to_bytes()) == 86 and len(messages["advert"].to_bytes()) == 213
     monkeypatch.setattr(_wire, "MAX_MESSAGE", 210)
-    with pytest.raises(SecAggError, match="211 bytes exceed any message"):
+    with pytest.raises(SecAggError, match="213 bytes exceed any message"):
         decode_message(messages["advert"].to_bytes())
     decode_message(messages["masked"].to_bytes())
 
