@@ -27,10 +27,12 @@ from fedtestlib import FedBroker, Recorder, start_fed_broker
 
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
+from edge_client.peer_keys import PeerKeys
 from flayer.engine.secure import round_ring, secure_from_plan
-from flayer.secagg import KeyAdvert, SecAggClient, SecAggServer, ShareBatch, decode_message
+from flayer.secagg import DeviceConsistency, KeyAdvert, SecAggClient, SecAggServer, ShareBatch, decode_message
 from mqtt_broker import mosquitto_available
 from protocol import Envelope, Kind, Plan, Topics, decode_envelope, encode_message
+from protocol.signing import advert_signer, advert_verifier, survivor_signer, survivor_verifier
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
@@ -42,7 +44,7 @@ RUN_SEED = 7
 
 @pytest.fixture
 def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b", "mallory"], federation=FED)
+    fb = start_fed_broker(tmp_path, "mosquitto", [*IDS, "mallory"], federation=FED)  # all in the key registry
     with open(fb.state_dir / "acl", "a") as fh:  # the mistaken ACL
         fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
     fb.broker.reload()
@@ -90,7 +92,14 @@ def test_a_bundle_signed_for_another_device_does_not_end_this_devices_round(tmp_
     planned = secure_from_plan(_secure(), 1, IDS)
     assert planned is not None
     server = SecAggServer(planned.params)
-    others = {d: SecAggClient(planned.params, d) for d in IDS if d != "dev-b"}
+    peers = PeerKeys(FED, fed.devices["dev-a"].registry)
+
+    def keys_of(d: str) -> DeviceConsistency:  # the other devices sign their adverts, as real ones do
+        key = fed.devices[d].signer()
+        return DeviceConsistency(survivor_signer(key, FED, 1, d), survivor_verifier(peers, FED, 1), 0.0,
+                                 advert_signer(key, FED, 1, d), advert_verifier(peers, FED, 1))
+
+    others = {d: SecAggClient(planned.params, d, consistency=keys_of(d)) for d in IDS if d != "dev-b"}
     coord = Recorder(fed.coordinator, [T.all_secagg()])
     mallory = Recorder(fed.devices["mallory"], [f"{T.prefix}/secreq/#"])
     settings = EdgeSettings(state_dir=str(tmp_path / "dev-b"), client_index=1, device="cpu", heartbeat_s=2.0)
