@@ -4,8 +4,9 @@ named and left out").
 The adversary is one selected device of a federation over a real broker: it holds its own credentials, reads
 the plan and the messages addressed to it, and sends what it likes under its own topics. Its moves:
 
-* a **low-order key**: its key advert carries the all-zero X25519 key (a low-order point), so every honest
-  neighbour's key agreement with it fails (on the old code each refused the round: abandoned);
+* a **low-order key**: its key advert (signed with its own key, as every advert is) carries the all-zero X25519
+  key (a low-order point), so every honest neighbour's key agreement with it fails (on the old code each refused
+  the round: abandoned);
 * a **false Shamir share**: it runs the protocol honestly but, asked to unmask, returns a false share of its
   own self-mask seed (on the old code the coordinator combined whichever t shares came first and folded
   garbage, or abandoned the round). A false share of a neighbour's seed is caught and skipped too, but not
@@ -94,7 +95,9 @@ class _LowOrderKey:
         from dataclasses import replace
 
         from flayer.engine.secure import secure_from_plan
+        from flayer.secagg.signed_adverts import sign_advert
         from protocol import Envelope, Kind, decode_message
+        from protocol.signing import advert_signer
 
         me = self.creds.username
 
@@ -107,7 +110,8 @@ class _LowOrderKey:
         planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected))
         assert planned is not None and me in plan.selected
         honest = SecAggClient(planned.params, me).advertise()
-        body = replace(honest, c_pk=bytes(32)).to_bytes()  # the rest as its honest advert
+        bad = replace(honest, c_pk=bytes(32))  # the rest as its honest advert, signed with its own key
+        body = sign_advert(planned.params, bad, advert_signer(self.creds.signer(), "itest", plan.round, me)).to_bytes()
         env = Envelope(Kind.SECAGG, "itest", me, plan.round, 0, 1, len(body), hashlib.sha256(body).hexdigest(), body)
         assert self.rec.link.publish_all([(self.t.secagg(me), env.encode(self.creds.signer()), False)], 10.0)
 

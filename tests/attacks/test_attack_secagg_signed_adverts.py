@@ -202,3 +202,20 @@ def test_an_advert_signature_is_no_survivor_signature_nor_the_reverse():
     assert not survivor_verifier(ring, "fed", 1)("dev-00", data, advert_signer(key, "fed", 1, "dev-00")(data))
     assert not advert_verifier(ring, "fed", 1)("dev-00", data, survivor_signer(key, "fed", 1, "dev-00")(data))
     assert not advert_verifier(ring, "fed", 2)("dev-00", data, advert_signer(key, "fed", 1, "dev-00")(data))
+
+
+def test_an_unsigned_or_short_signed_advert_is_refused_at_the_coordinator():
+    """A hostile device that leaves its keys unsigned, or signs toward some neighbours only, would make those
+    neighbours refuse the round; the coordinator refuses the advert instead (the device is out of the round)."""
+    from coordinator.secure_round import SecureRound
+    from flayer.engine.secure import PlannedSecure
+
+    params = SecAggParams("fed.1.ab", 1, IDS, 4, 5, bytes(32), 8, RingSpec.for_summands(1.0, len(IDS)))
+    sec = SecureRound(PlannedSecure(params, "ab" * 32, False, 5.0), None, stage_end=10.0,  # type: ignore[arg-type]
+                      verify=WHO.verify)
+    signed = _readvertise(params, M)
+    assert "unsigned" in (sec.receive(M, dataclasses.replace(signed, signatures=()).to_bytes()) or "")
+    assert M not in sec.server.advertised
+    short = dataclasses.replace(signed, signatures=signed.signatures[:-1])
+    assert "not one per neighbour" in (sec.receive(M, short.to_bytes()) or "")
+    assert M in sec.server.faulty and M not in sec.server.advertised

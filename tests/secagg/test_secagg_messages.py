@@ -152,3 +152,38 @@ def test_messages_refuse_bad_fields_when_built(messages):
         MaskedInput(1, "dev-00", np.zeros(3, np.float32))
     with pytest.raises(SecAggError, match="round"):
         MaskedInput(-1, "dev-00", np.zeros(3, np.uint32))
+
+
+def test_signed_adverts_and_bundle_entries_round_trip_and_bad_signature_fields_are_named():
+    from flayer.secagg import (
+        LocalIdentities,
+        RingSpec,
+        SecAggClient,
+        SecAggParams,
+        SecAggServer,
+        SeededEntropy,
+        ServerConsistency,
+    )
+
+    ids = tuple(f"dev-{i:02d}" for i in range(4))
+    params = SecAggParams("fed.1.ab", 1, ids, 3, 3, bytes(32), 8, RingSpec.for_summands(1.0, 4))
+    who = LocalIdentities(ids, SeededEntropy(bytes(32)))
+    server = SecAggServer(params, ServerConsistency(who.verify))
+    adverts = [SecAggClient(params, d, SeededEntropy(bytes([i]) * 32), who.for_device(d)).advertise()
+               for i, d in enumerate(ids)]
+    for a in adverts:
+        server.receive_advert(a)
+    advert, bundle = adverts[0], server.key_bundle(ids[0])
+    assert len(advert.signatures) == 3 and all(len(a.signatures) == 1 for a in bundle.adverts)
+    raw = advert.to_bytes()
+    assert len(raw) == 10 + 7 + 96 + 2 + 2 * 32 + 2 + 3 * 64 and decode_message(raw) == advert
+    assert decode_message(bundle.to_bytes()) == bundle
+    assert len(bundle.to_bytes()) == 10 + 7 + 2 + 3 * (7 + 96 + 2 + 2 + 64)  # an entry: its one signature
+    with pytest.raises(SecAggError, match="truncated at KeyAdvert signature 2"):
+        decode_message(raw[:-1])
+    with pytest.raises(SecAggError, match="KeyAdvert signatures 1026 exceeds the limit 1025"):
+        decode_message(raw[:-(2 + 3 * 64)] + (1026).to_bytes(2, "little"))
+    with pytest.raises(SecAggError, match="KeyAdvert signature must be 64 bytes"):
+        KeyAdvert(1, "dev-00", advert.c_pk, advert.s_pk, advert.b_commit, (), (b"x" * 63,))
+    with pytest.raises(SecAggError, match="more than its owner's one signature"):
+        KeyBundle(1, ids[0], (advert,))
