@@ -39,7 +39,7 @@ from .msg_setup import KeyAdvert, KeyBundle
 from .params import SecAggParams
 
 __all__ = ["ADVERT_DOMAIN", "AdvertSignatureError", "SignedAdvertStage", "advert_message", "bundle_problem",
-           "sign_advert"]
+           "device_signs", "sign_advert"]
 
 log = logging.getLogger(__name__)
 ADVERT_DOMAIN = b"flayer-secagg/v1/key-advert\x00"
