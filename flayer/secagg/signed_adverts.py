@@ -84,8 +84,9 @@ def bundle_problem(params: SecAggParams, device: str, bundle: KeyBundle, verify:
         message = advert_message(p.session, p.round, a.device, device, a.c_pk, a.s_pk, a.b_commit)
         if not verify(a.device, message, a.signatures[0]):
             return (f"the key bundle's entry for {a.device} is not signed by {a.device}'s key in this device's "
-                    "registry (keys swapped, a signature replayed from another round or receiver, or a device the "
-                    "registry does not know): the coordinator lied; this device refuses the round")
+                    "registry (keys swapped, or a signature replayed from another round, session or receiver): the "
+                    f"coordinator lied -- or this device's registry copy does not hold {a.device} (a device added "
+                    "since its kit was made: refresh signing_keys.json); this device refuses the round")
     return None
 
 
