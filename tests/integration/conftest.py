@@ -24,6 +24,11 @@ class FmnistRun:
     lr: float
     reference: dict[str, Any]  # simulate()'s final global state
 
+    @property
+    def devices(self) -> list[str]:
+        """One device per client of the partition: dev-0, dev-1, ..."""
+        return [f"dev-{i}" for i in range(len(self.clients))]
+
 
 @pytest.fixture(scope="session")
 def fmnist_run(tmp_path_factory: pytest.TempPathFactory) -> FmnistRun:
@@ -40,9 +45,11 @@ def fmnist_run(tmp_path_factory: pytest.TempPathFactory) -> FmnistRun:
     from flayer.train import client_data
 
     ds = load_dataset("fmnist")
-    part = make_partition(ds.y, ds.num_classes, 5, "dir0.5", seed=0, samples=1000,
+    # three devices: each is a process in the Mosquitto test, and a process's start (torch) costs more CPU
+    # than its three rounds of training
+    part = make_partition(ds.y, ds.num_classes, 3, "dir0.5", seed=0, samples=1000,
                           meta={"dataset": ds.name, "dataset_fingerprint": ds.fingerprint()})
-    path = save_partition(part, tmp_path_factory.mktemp("partition") / "fmnist-5.npz")
+    path = save_partition(part, tmp_path_factory.mktemp("partition") / "fmnist-3.npz")
     clients = [client_data(ds, c) for c in part.clients]
     name, rounds, seed, lr = strategy_under_test(), 3, 0, 0.05
     assert model_spec_for("fmnist") == ds.model_spec()

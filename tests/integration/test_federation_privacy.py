@@ -1,4 +1,4 @@
-"""A private federation over a real broker runs the private simulation's mechanism: one coordinator and 5 edge
+"""A private federation over a real broker runs the private simulation's mechanism: one coordinator and 3 edge
 devices (threads of this process) run 3 central-DP rounds on Fashion-MNIST shards; the devices clip with the
 real edge code, the coordinator re-clips and folds a fixed-denominator sum. The coordinator's noise comes from
 the operating system's CSPRNG (nobody can replay it, tests/attacks/test_attack_dp_replay.py), so the two runs
@@ -25,25 +25,25 @@ from mqtt_broker import mosquitto_available
 from protocol.metrics_schema import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # about 25 s beyond the shared fixture
-DEVICES = [f"dev-{i}" for i in range(5)]
-PRIVACY: dict[str, Any] = {"enabled": True, "clip": 0.5, "noise_multiplier": 0.0, "population": 5, "delta": 0.01}
+PRIVACY: dict[str, Any] = {"enabled": True, "clip": 0.5, "noise_multiplier": 0.0, "population": 3, "delta": 0.01}
 
 
 def test_private_rounds_over_the_broker_equal_the_simulator(tmp_path: Path, fmnist_run: Any) -> None:
     run = fmnist_run
+    devices = run.devices
     strategy = make_strategy(run.strategy, run.dataset.model_spec(), TrainConfig(lr=run.lr, batch_size=10), {})
     reference = simulate(strategy, run.clients, run.rounds, run.seed, privacy=PrivacySettings(**PRIVACY))
-    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", DEVICES)
+    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", devices)
     clients: list[EdgeClient] = []
     try:
         fed = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
                               tmp_path / "coord", strategy=run.strategy, rounds=run.rounds, dataset="fmnist",
-                              seed=run.seed, lr=run.lr, quorum=5, min_devices=5, deadline_s=300.0)
+                              seed=run.seed, lr=run.lr, quorum=len(devices), min_devices=len(devices), deadline_s=300.0)
         fed.write_text(fed.read_text() + "[privacy]\n" + "".join(
             f"{k} = {str(v).lower() if isinstance(v, bool) else v}\n" for k, v in PRIVACY.items()))
         coord = Coordinator(load_coordinator_config(fed), fb.coordinator)
         thread = coord.start()
-        for i, d in enumerate(DEVICES):
+        for i, d in enumerate(devices):
             dc = load_device_config(device_toml(tmp_path / f"{d}.toml", fb.state_dir / f"credentials/{d}.toml",
                                                 dataset="fmnist", partition_file=run.partition_file, client=i,
                                                 state_dir=tmp_path / d))
@@ -59,7 +59,7 @@ def test_private_rounds_over_the_broker_equal_the_simulator(tmp_path: Path, fmni
         rounds = [r for r in read_metrics(tmp_path / "coord/metrics.jsonl") if r["kind"] == "round"]
         assert [r["epsilon"] for r in rounds] == ["inf"] * run.rounds
         assert all(r.epsilon == float("inf") for r in reference.rounds)
-        assert all(r["dp_clip"] == 0.5 and r["accepted"] == 5 for r in rounds)
+        assert all(r["dp_clip"] == 0.5 and r["accepted"] == len(devices) for r in rounds)
     finally:
         for c in clients:
             c.stop()

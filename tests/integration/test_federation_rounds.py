@@ -1,4 +1,4 @@
-"""One coordinator and 5 edge devices run 3 rounds on Fashion-MNIST shards over a real broker, and the
+"""One coordinator and 3 edge devices run 3 rounds on Fashion-MNIST shards over a real broker, and the
 final global model equals the in-process simulator's for the same seed and partition.
 
 Against Mosquitto every device is its own process (``flayer edge``) and so is the coordinator
@@ -25,16 +25,15 @@ from mqtt_broker import mosquitto_available
 from protocol.metrics_schema import read_metrics
 
 pytestmark = pytest.mark.integration
-DEVICES = [f"dev-{i}" for i in range(5)]
 
 
 def _configs(tmp: Path, fb, run) -> tuple[Path, list[Path]]:  # type: ignore[no-untyped-def]
     fed = federation_toml(tmp / "federation.toml", fb.state_dir / "credentials/coordinator.toml", tmp / "coord",
                           strategy=run.strategy, rounds=run.rounds, dataset="fmnist", seed=run.seed, lr=run.lr,
-                          quorum=5, min_devices=5, deadline_s=300.0)
+                          quorum=len(run.devices), min_devices=len(run.devices), deadline_s=300.0)
     devs = [device_toml(tmp / f"{d}.toml", fb.state_dir / f"credentials/{d}.toml", dataset="fmnist",
                         partition_file=run.partition_file, client=i, state_dir=tmp / d)
-            for i, d in enumerate(DEVICES)]
+            for i, d in enumerate(run.devices)]
     return fed, devs
 
 
@@ -52,16 +51,17 @@ def _check_outputs(tmp: Path, run) -> None:  # type: ignore[no-untyped-def]
     assert [r["kind"] for r in records] == ["run", "round", "round", "round", "end"]
     lines = [r for r in records if r["kind"] == "round"]
     assert [r["round"] for r in lines] == [1, 2, 3]
-    assert all(r["reported"] == 5 and [d["result"] for d in r["devices"]] == ["accepted"] * 5 for r in lines)
-    assert all(r["accepted"] == 5 and r["selected"] == DEVICES and not r["rejected"] for r in lines)
+    n = len(run.devices)
+    assert all(r["reported"] == n and [d["result"] for d in r["devices"]] == ["accepted"] * n for r in lines)
+    assert all(r["accepted"] == n and r["selected"] == run.devices and not r["rejected"] for r in lines)
     assert all(r["acc"] is not None and 0 < r["acc"] <= 1 for r in lines)
-    for d in DEVICES:
+    for d in run.devices:
         assert (tmp / d / "personal.safetensors").exists(), f"{d} saved no personal model"
 
 
 @pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")
 def test_three_rounds_separate_processes_match_the_simulator(tmp_path: Path, fmnist_run) -> None:  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", DEVICES)
+    fb = start_fed_broker(tmp_path, "mosquitto", fmnist_run.devices)
     procs: list[subprocess.Popen[bytes]] = []
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     try:
@@ -73,14 +73,15 @@ def test_three_rounds_separate_processes_match_the_simulator(tmp_path: Path, fmn
                                     stderr=subprocess.STDOUT)
 
         procs.append(launch("coordinator", "coordinator", "--config", str(fed)))
-        procs += [launch(d, "edge", "--config", str(p)) for d, p in zip(DEVICES, devs)]
+        procs += [launch(d, "edge", "--config", str(p)) for d, p in zip(fmnist_run.devices, devs)]
         t0 = time.monotonic()
         for p in procs:
             p.wait(timeout=max(1.0, 420 - (time.monotonic() - t0)))
         logs = {p.args[4] if len(p.args) > 4 else "?": p.returncode for p in procs}  # type: ignore[index]
         assert all(p.returncode == 0 for p in procs), (logs, (tmp_path / "coordinator.log").read_text()[-3000:])
         out = (tmp_path / "coordinator.log").read_text()
-        assert "round 3/3: 5/5 updates" in out and "3/3 rounds done" in out
+        n = len(fmnist_run.devices)
+        assert f"round 3/3: {n}/{n} updates" in out and "3/3 rounds done" in out
         state, meta = load_tensors(tmp_path / "coord/global.safetensors")
         _assert_matches_simulator(state, fmnist_run)
         _check_outputs(tmp_path, fmnist_run)
@@ -94,7 +95,7 @@ def test_three_rounds_separate_processes_match_the_simulator(tmp_path: Path, fmn
 
 @pytest.mark.slow  # ~9 s; the same rounds over Mosquitto stay in the default run
 def test_three_rounds_embedded_broker_match_the_simulator(tmp_path: Path, fmnist_run) -> None:  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "embedded", DEVICES)
+    fb = start_fed_broker(tmp_path, "embedded", fmnist_run.devices)
     clients: list[EdgeClient] = []
     try:
         fed, devs = _configs(tmp_path, fb, fmnist_run)
@@ -103,7 +104,7 @@ def test_three_rounds_embedded_broker_match_the_simulator(tmp_path: Path, fmnist
         thread = coord.start()
         for i, path in enumerate(devs):
             dc = load_device_config(path)
-            clients.append(EdgeClient(dc.edge, fb.devices[DEVICES[i]], fmnist_run.clients[i]))
+            clients.append(EdgeClient(dc.edge, fb.devices[fmnist_run.devices[i]], fmnist_run.clients[i]))
             clients[-1].start()
         thread.join(300)
         assert not thread.is_alive(), "the coordinator did not finish"
