@@ -36,9 +36,13 @@ def _per_layer_groups(state, lrs):
 
 @pytest.fixture(scope="module")
 def cnn_program():
+    """Exported in this process: no thread here trains meanwhile, and a spawned child (export_isolated, which
+    tests/integration/test_federation_executorch.py runs in the default suite) would pay about 8 s of CPU
+    importing torch and ExecuTorch again."""
     from export.et_round import TrainingProgram
+    from export.et_training import export_training_program, training_model
 
-    return TrainingProgram.for_spec(CNN, max_batch=32)
+    return TrainingProgram(export_training_program(training_model(CNN), CNN, 32), CNN, 32)
 
 
 # --- support checks (pure logic) ---------------------------------------------------------------
