@@ -63,7 +63,7 @@ def test_an_ack_that_overtakes_the_upload_is_not_lost(
             client_index=0,
             device="cpu",
             heartbeat_s=1.0,
-            ack_timeout_s=4.0,
+            ack_timeout_s=2.0,  # one that missed the ack re-sends 2 s after its publish (the sleep below)
             backoff_s=0.5,
             retries=3,
         )
