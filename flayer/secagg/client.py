@@ -175,17 +175,21 @@ class SecAggClient:
         if shares.round != p.round or shares.device != me:
             raise self._refuse(f"share batch is for {shares.device} in round {shares.round}")
         held: dict[str, tuple[bytes, bytes]] = {}
+        unopened: set[str] = set()
         for share in shares.shares:
             if share.receiver != me:
                 raise self._refuse(f"share from {share.sender} is addressed to {share.receiver}")
             if share.sender not in self._peers:
                 raise self._refuse(f"share from {share.sender}, whose keys this device never received")
-            got = self._open(share.sender, share.ciphertext)
-            if got is None:  # the sender's fault, or this device's word against it: the coordinator checks
-                self._complaints[share.sender] = self._pairs[share.sender].private
+            plain = self._unseal(share.sender, share.ciphertext)
+            got = None if plain is None else self._shares_in(share.sender, plain)
+            if plain is None:  # whoever routes it could have altered it: proves nothing, and the pair's key would
+                unopened.add(share.sender)  # open what the sender really sealed here (both its secrets' shares)
+            elif got is None:  # opened under the pair's key (only the sender and this device hold it): the
+                self._complaints[share.sender] = self._pairs[share.sender].private  # sender's fault, or a lie
             else:
                 held[share.sender] = got
-        partners = frozenset(held) | frozenset(self._complaints)  # masks with every neighbour that sent shares
+        partners = frozenset(held) | frozenset(self._complaints) | frozenset(unopened)  # every neighbour that sent
         if len(held) + 1 < p.threshold:
             raise self._refuse(f"{len(held)} neighbours' shares opened; t={p.threshold} needs {p.threshold - 1}")
         self._held, self._partners = held, partners
@@ -204,18 +208,26 @@ class SecAggClient:
         self._stage = 3
         return MaskedInput(p.round, me, y, p.ring.bits)
 
-    def _open(self, sender: str, ciphertext: bytes) -> tuple[bytes, bytes] | None:
-        """The (b, s) shares ``sender`` sealed for this device, or None when they do not open or are not shares at
-        this device's x (a complaint)."""
+    def _unseal(self, sender: str, ciphertext: bytes) -> bytes | None:
+        """The plaintext ``sender`` sealed for this device, or None when it does not authenticate. No complaint then:
+        the coordinator routes every sealed share and can alter one, and the key a complaint reveals would open the
+        ciphertext the sender really sealed -- the coordinator making t neighbours of one device complain would hold
+        t shares of both its secrets and unmask its input alone."""
         p, me = self.params, self.device
         key = keys.derive_aead_key(keys.agree(self._pairs[sender].private, self._peers[sender].c_pk),
                                    p.session, p.round, me, sender)
         ad = keys.associated_data(p.session, p.round, sender, me, SHARE_STAGE)
         try:
-            plain = keys.open_sealed(key, ciphertext, ad, f"share from {sender}")
+            return keys.open_sealed(key, ciphertext, ad, f"share from {sender}")
         except SecAggError as exc:
-            log.warning("secagg round %d, %s: %s; complaining", p.round, me, exc)
+            log.warning("secagg round %d, %s: %s; holding nothing of %s (no complaint: a routed share proves nothing "
+                        "of its sender)", p.round, me, exc, sender)
             return None
+
+    def _shares_in(self, sender: str, plain: bytes) -> tuple[bytes, bytes] | None:
+        """The (b, s) shares in what ``sender`` sealed, or None when they are not shares at this device's x (a
+        complaint: the plaintext authenticated under the pair's key, which only the sender and this device hold)."""
+        p, me = self.params, self.device
         b_share, s_share = plain[:shamir.SHARE_LEN], plain[shamir.SHARE_LEN:]
         try:
             xs = {shamir.decode_share(b_share)[0], shamir.decode_share(s_share)[0]}

@@ -2,7 +2,7 @@
 (docs/explanation/secure-aggregation.md, "Faults named and left out").
 
 The adversary is one device of a secure round. It holds its own keys and sends what it likes: here a sealed share
-for one honest neighbour that does not open (its bytes altered after sealing), the rest of the protocol honest. On
+for one honest neighbour that opens to no share at its x (sealed under the pair's key), the rest of the protocol honest. On
 the code before, that neighbour refused the whole round and nothing named the sender. Now the neighbour complains,
 revealing its channel key of that pair only; the coordinator opens the ciphertext it routed and names the sender;
 the round is unmasked without the sender's input when the complaint came first (its masked input is then refused
@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flayer.secagg import RingSpec, SecAggClient, SecAggParams, run_round
+from flayer.secagg import RingSpec, SecAggClient, SecAggParams, keys, run_round, shamir
+from flayer.secagg.client import SHARE_STAGE
 from flayer.secagg.ring import decode_sum, encode
 
 IDS = tuple(f"dev-{i:02d}" for i in range(8))
@@ -41,15 +42,23 @@ def _vectors(p: SecAggParams) -> tuple[dict[str, np.ndarray], dict[str, np.ndarr
 
 
 def _spoil_one_share(monkeypatch: pytest.MonkeyPatch, sender: str, receiver: str) -> None:
-    """``sender`` alters the sealed share it sends ``receiver`` (its own message, after sealing)."""
+    """``sender`` seals for ``receiver`` what is no share at its x, under the pair's genuine key (its own message: a
+    ciphertext that does not authenticate would prove nothing of its sender, whoever routed it could have altered
+    it, so its receiver holds nothing of the sender and complains of nothing: test_attack_redteam3_complaint_keys)."""
     real = SecAggClient.share_keys
 
     def share_keys(self: SecAggClient, bundle: Any) -> Any:
         out = real(self, bundle)
         if self.device != sender:
             return out
-        spoiled = tuple(replace(s, ciphertext=s.ciphertext[:20] + bytes([s.ciphertext[20] ^ 1]) + s.ciphertext[21:])
-                        if s.receiver == receiver else s for s in out.shares)
+        p = self.params
+        key = keys.derive_aead_key(keys.agree(self._pairs[receiver].private, self._peers[receiver].c_pk), p.session,
+                                   p.round, sender, receiver)
+        x = p.x_of(sender)  # a share at the sender's own x, not the receiver's
+        plain = shamir.encode_share(x, 1) + shamir.encode_share(x, 2)
+        sealed = keys.seal(key, plain, keys.associated_data(p.session, p.round, sender, receiver, SHARE_STAGE),
+                           os.urandom)
+        spoiled = tuple(replace(s, ciphertext=sealed) if s.receiver == receiver else s for s in out.shares)
         return replace(out, shares=spoiled)
 
     monkeypatch.setattr(SecAggClient, "share_keys", share_keys)
@@ -86,14 +95,14 @@ def test_a_false_complaint_names_the_complainer(monkeypatch):
     floats, vectors = _vectors(p)
     liar = IDS[3]
     accused = min(p.neighbours(liar))
-    real = SecAggClient._open
+    real = SecAggClient._shares_in
 
-    def lying_open(self: SecAggClient, sender: str, ciphertext: bytes) -> Any:  # the liar's own judgement
+    def lying_open(self: SecAggClient, sender: str, plain: bytes) -> Any:  # the liar's own judgement
         if self.device == liar and sender == accused:
-            return None  # "it did not open" -- it did
-        return real(self, sender, ciphertext)
+            return None  # "it held no share at my x" -- it did
+        return real(self, sender, plain)
 
-    monkeypatch.setattr(SecAggClient, "_open", lying_open)
+    monkeypatch.setattr(SecAggClient, "_shares_in", lying_open)
     out = run_round(p, vectors, seed=b"r")
     assert set(out.faulty) == {liar} and "false complaint" in out.faulty[liar]
     assert out.abandoned_reason is None and accused in out.survivors and liar not in out.survivors
