@@ -4,8 +4,8 @@ A device checks the signatures of a secure round's consistency round (each survi
 was shown, :mod:`flayer.secagg.consistency`) against these keys, never against keys the coordinator relays: a
 coordinator that could hand out keys could sign for anyone. The registry comes with the device's kit (a copy
 beside ``credentials.toml``, made when the kit was) or is read in place from the broker's state folder above the
-credentials (a device on the broker's machine, the emulator); it is read again when its modification time
-changes, so devices added since are believed from then on. The same registry checks the key adverts the coordinator
+credentials (a device on the broker's machine, the emulator); it is read again at a look-up when its modification
+time changed, so devices added since are believed from then on, and a device revoked or re-keyed since is not. The same registry checks the key adverts the coordinator
 relays (:mod:`flayer.secagg.signed_adverts`): a neighbour it does not know makes the device refuse that round. No
 registry: the device takes no part in secure rounds (it would refuse every key bundle and every unmask request).
 """
@@ -53,6 +53,7 @@ class PeerKeys:
             _, keys = parse_key_registry(self.path.read_text(), str(self.path))
         except (OSError, UnicodeDecodeError, SignatureError) as exc:
             log.error("key registry %s unreadable (%s); keeping the %d known", self.path, exc, len(self.keys))
+            self._mtime = st.st_mtime  # read again when it changes again, not at every look-up
             return
         self.keys, self._mtime = keys, st.st_mtime
 
@@ -65,10 +66,8 @@ class PeerKeys:
     def key_for(self, federation: str, sender: str) -> VerifyKey:
         if federation != self.federation:
             raise SignatureError(f"signed for federation {federation!r}, not {self.federation!r}")
+        self._refresh()  # every look-up: a key revoked or replaced since is not believed (a stat when unchanged)
         key = self.keys.get(sender)
-        if key is None:
-            self._refresh()
-            key = self.keys.get(sender)
         if key is None:
             raise SignatureError(f"no key in the registry for {sender!r}")
         return key
