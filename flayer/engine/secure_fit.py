@@ -30,14 +30,18 @@ from flayer.update import TensorDelta, Update
 
 from .secure_layout import Layout
 
-__all__ = ["MARGIN_S", "MIN_KEEP", "PER_NEIGHBOUR_BYTES", "SAFETY", "check_keep", "fitted_keep", "keep_layout",
+__all__ = ["MARGIN_S", "MIN_KEEP", "PER_NEIGHBOUR_BYTES", "ROUND_BYTES", "SAFETY", "check_keep", "fitted_keep", "keep_layout",
            "kept_offsets", "masked_bytes", "restrict", "secure_budget"]
 
 MIN_KEEP = 0.01  # the least share of the common positions a plan may state (devices refuse less)
 SAFETY = 0.8  # as edge_client.linkfit: the share of the estimated capacity an upload may plan on
 MARGIN_S = 1.0  # as edge_client.linkfit: seconds kept for the ack and clock skew
 RATE_QUANTILE = 0.1  # the budget follows this low quantile of the selected devices' known uplink rates
-PER_NEIGHBOUR_BYTES = 320  # what a device sends beyond its masked input, per neighbour (benchmarks/secagg_cost.py)
+# what a device sends beyond its masked input: per neighbour, 320 B measured without signatures
+# (benchmarks/secagg_cost.py) and the 64-byte signature over its keys toward that neighbour (signed adverts);
+# per round, the survivor-set signature (85 B with a 10-character id) and the advert's signature count, an upper figure
+PER_NEIGHBOUR_BYTES = 320 + 64
+ROUND_BYTES = 160
 MASKED_HEADER = 96  # a MaskedInput's bytes beside its packed values (header, id, width, length), an upper figure
 
 
@@ -117,6 +121,6 @@ def fitted_keep(values: int, bits: int, neighbours: int, budget: int, ladder: Se
         raise ValueError(f"the fit factor must be a finite number >= 1, got {factor!r}")
     plain = next((s for s in ladder if s <= budget), budget)
     full = masked_bytes(values, bits) - MASKED_HEADER
-    room = min(budget, factor * plain - neighbours * PER_NEIGHBOUR_BYTES) - MASKED_HEADER
+    room = min(budget, factor * plain - neighbours * PER_NEIGHBOUR_BYTES - ROUND_BYTES) - MASKED_HEADER
     keep = math.floor(room / full * 1e4) / 1e4  # 4 decimals: the plan states it, every device recomputes from it
     return min(limit, max(MIN_KEEP, floor, keep))
