@@ -59,8 +59,8 @@ class ComplaintStage:
 
     def _pair_keys_problem(self, advert: KeyAdvert) -> str | None:
         """Why an advert's per-pair keys are malformed (their count), or None (each is checked as a key besides)."""
-        need = len(self.params.neighbours(advert.device)) - 1
-        if advert.pair_pks and len(advert.pair_pks) != need:
+        need = len(self.params.neighbours(advert.device)) - 1  # none at all: its complaints could not be checked
+        if len(advert.pair_pks) != need:
             return f"{advert.device} advertised {len(advert.pair_pks)} pair keys, not one per neighbour ({need})"
         return None
 

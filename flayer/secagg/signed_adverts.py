@@ -121,7 +121,7 @@ class SignedAdvertStage:
         if advert.signatures and len(advert.signatures) != near:
             raise AdvertSignatureError(f"key advert of {advert.device} carries {len(advert.signatures)} signatures, "
                                        f"not one per neighbour ({near})")
-        if advert.pair_pks and len(advert.pair_pks) != near - 1:
+        if len(advert.pair_pks) != near - 1:
             return  # no key for some signature: refused, its sender named, as malformed pair keys (_bad_keys)
         if verify is None:
             return

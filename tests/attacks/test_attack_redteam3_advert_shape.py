@@ -41,3 +41,28 @@ def test_an_advert_short_of_pair_keys_is_refused_and_its_sender_named():
     for d in IDS[1:]:
         assert sec.receive(d, SecAggClient(params, d, consistency=who.for_device(d)).advertise().to_bytes()) is None
     assert sec.server.advertised == frozenset(IDS[1:])
+
+
+def test_a_signed_advert_with_one_channel_key_for_every_neighbour_is_refused_and_named():
+    """The same device, its advert signed correctly but with one channel key toward every neighbour (no per-pair keys,
+    the shape of a release before complaints). On the code before it was taken, and a complaint of a share it sealed
+    at another x could not be checked ("one of them has no per-pair channel keys"): it sealed its neighbours garbage
+    every round, unnamed. Every release that signs its adverts sends per-pair keys, so it is refused and named."""
+    from flayer.secagg import SecAggError, SecAggServer, ServerConsistency
+
+    up = Update({"w": TensorDelta((8,), np.zeros(3, np.float32), np.array([1, 4, 6]))}, 10)
+    params, _ = round_params(PrivacySettings(secure_aggregation=True), "fed.1.x", 1, IDS, layout_of(up), 0)
+    who = LocalIdentities(IDS, SeededEntropy(bytes(32)))
+    server = SecAggServer(params, ServerConsistency(who.verify))
+    evil = IDS[0]
+    honest = SecAggClient(params, evil, consistency=who.for_device(evil)).advertise()
+    from flayer.secagg.signed_adverts import sign_advert
+
+    single = sign_advert(params, dataclasses.replace(honest, pair_pks=(), signatures=()), who.signer(evil))
+    try:
+        server.receive_advert(single)
+    except SecAggError as exc:
+        assert "pair keys" in str(exc)
+    else:
+        raise AssertionError("an advert without per-pair keys was taken: complaints of its sender cannot be checked")
+    assert evil in server.faulty and evil not in server.advertised
