@@ -4,7 +4,7 @@ CUDA), against the in-process simulator on the CPU for the same seed and partiti
 
 Skipped where torch sees no CUDA device (the CI machines); run on a GPU machine with
 ``python -m pytest -p no:cacheprovider tests/integration/test_federation_cuda.py -s`` (the figures it prints are
-in docs/howto/devices.md). fp32 on the GPU is not bit-equal to the CPU (cuDNN picks other convolution
+in docs/howto/install.md). fp32 on the GPU is not bit-equal to the CPU (cuDNN picks other convolution
 algorithms and may use TF32), so the fp32 run is held to a tolerance relative to the weights, and the bf16 run to
 the accuracy it reaches."""
 
@@ -29,7 +29,7 @@ from flayer.train import client_data, pick_device
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU path is checked "
-                                 "on a GPU machine (docs/howto/devices.md)")]
+                                 "on a GPU machine (docs/howto/install.md)")]
 DEVICES = [f"dev-{i}" for i in range(5)]
 ROUNDS, SEED, LR = 3, 0, 0.05
 
