@@ -95,6 +95,13 @@ def plan_text(settings: Any, population: int, asked: int, rounds: int, contribut
              (f"epsilon after {rounds} rounds against readers of the published models, devices and broker observers: "
               f"{_eps(eps)} (a device in every round; exact Gaussian composition)"),
              f"epsilon against the coordinator: {coord}"]
+    if s.clipping == "adaptive" and z > 0:
+        from flayer.engine.privacy import adaptive_update_multiplier
+
+        lines.append(f"adaptive clipping: clip-bit count noise sigma_b = {s.bit_stddev:g} (one device moves the count by "
+                     f"1: a zero upload reports bit 1), update noise z_Delta = "
+                     f"{adaptive_update_multiplier(z, s.bit_stddev):.4g}: together one Gaussian mechanism of "
+                     f"multiplier z = {z:g}")
     if s.mode == "local" and not s.secure_aggregation:
         lines.append(f"local noise: a round that closes with k < m uploads carries z sqrt(k / m) and is composed so "
                      f"(set min_updates = {m} to keep z)")

@@ -7,8 +7,8 @@ for one round). It knows it took part, so no amplification by sampling applies: 
 contribution at q = 1 (:func:`flayer.engine.accountant.epsilon_for`: the exact composition, no library needed)
 with the noise multiplier that protects its contribution from the parties that see it:
 
-- ``central`` mode: the plan's ``noise_multiplier`` z (the coordinator, which sees the clipped update, is
-  trusted; the readers of the published models see the noised sum);
+- ``central`` mode: z as the plan's named noises give it (the coordinator, which sees the clipped update, is
+  trusted to add them; the readers of the published models see the noised sum);
 - ``local`` mode with secure aggregation: z (the coordinator sees the noised sum only);
 - ``local`` mode without: ``z_Delta / sqrt(m)``, the share of the noise its own update carries (the
   coordinator sees each update).
@@ -18,6 +18,12 @@ the two -- the device refuses to train on a private round once that contribution
 the budget, whatever the coordinator asks: it logs why, and its status says ``budget spent`` (nothing more).
 Epsilon is taken at the smaller of the plan's ``delta`` and the device's own ``[privacy] delta`` (``DEVICE_DELTA``,
 1e-5, when device.toml names none): a coordinator cannot shrink the device's epsilon by raising the plan's delta.
+
+The multiplier it books is the one the plan's *named* noises give (the update noise, and with adaptive clipping
+the clip-bit noise at its sensitivity 1), never the plan's ``noise_multiplier`` label alone; in every mode it
+refuses (status ``round skipped``) a private plan whose named noises are zero, or do not give its label
+(:meth:`RoundPrivacy.noise_problem`). What it cannot check, it says once in its log: in central mode, that the
+coordinator adds the noise its plan names (the device sees only the published model).
 
 The coordinator writes the plans, and in local mode it is an adversary, so the device also refuses (status
 ``round skipped``) a private plan whose noise would be less than the multiplier it counts or that would send the
@@ -48,10 +54,12 @@ ROUND_SKIPPED = "round skipped"  # a private round's other skips, as generic
 
 
 def contribution_multiplier(rp: RoundPrivacy, secure: bool) -> float:
-    """The noise multiplier of one contribution, against the parties that see it (module docstring)."""
+    """The noise multiplier of one contribution, against the parties that see it (module docstring): from the
+    noises the plan names (:attr:`RoundPrivacy.named_multiplier`: the update noise, and with adaptive clipping the
+    clip-bit noise at sensitivity 1), never more than its ``noise_multiplier`` label."""
     if rp.mode == "local" and not secure and not rp.ring:
         return rp.update_multiplier / math.sqrt(rp.contributions)
-    return rp.noise_multiplier
+    return min(rp.noise_multiplier, rp.named_multiplier)
 
 
 def plan_noise_problem(rp: RoundPrivacy, secure: bool) -> str | None:
@@ -59,6 +67,9 @@ def plan_noise_problem(rp: RoundPrivacy, secure: bool) -> str | None:
     the coordinator is an adversary and writes the plan, so a plan that would have the device add no noise, or
     send its clip bit outside any sum, is refused. ``secure``: the plan names a secure round (whose noise share
     :func:`flayer.engine.secure.secure_from_plan` checks against the plan's privacy)."""
+    label = rp.noise_problem()  # every mode: a noise that is zero, or a label its named noises do not give
+    if label is not None:
+        return label
     if rp.mode != "local":
         return None  # central mode: the coordinator adds the noise, and is trusted with the clipped update
     if rp.adaptive:
@@ -135,6 +146,7 @@ class DeviceBudgets:
     skipped: dict[int, str]
     _heartbeat_at: float
     _budget_state: tuple[float | None, bool] = (None, False)  # (delta, at budget) of the last check, for the status
+    _central_unchecked_said = False  # the log has said what a central-mode device cannot check
 
     def _ledger(self) -> DeviceLedger:
         return DeviceLedger.from_extra(self.stored.extra)
@@ -181,7 +193,15 @@ class DeviceBudgets:
             rp = RoundPrivacy.from_plan(plan.privacy)
         except ValueError:
             return None
-        return plan_noise_problem(rp, bool(plan.secure)) if rp is not None else None
+        if rp is None:
+            return None
+        problem = plan_noise_problem(rp, bool(plan.secure))
+        if problem is None and rp.mode == "central" and not getattr(self, "_central_unchecked_said", False):
+            self._central_unchecked_said = True
+            log.info("%s: central privacy: this device counts z %.4g from the noise round %d's plan names; it cannot "
+                     "check that the coordinator adds that noise (it sees only the published model)", self.id,
+                     contribution_multiplier(rp, bool(plan.secure)), plan.round)
+        return problem
 
     def _budget_problem(self, plan: Any) -> str | None:
         own_budget, own_delta = self.settings.device_budget or None, self.settings.device_delta or None

@@ -332,9 +332,9 @@ class DPSumAggregator:
         import torch
 
         rng = np.random.default_rng(secrets.randbits(256) if self.seed is None else self.seed)
-        # the clip bits centred at +-1/2 (Andrew et al. 2021; TF Privacy's QuantileEstimatorQuery): one device
-        # moves sum_k (b_k - 1/2) by 1/2, the sensitivity the accountant's z_Delta assumes; + m/2 puts the
-        # noised figure back on the count's scale
+        # the clip bits centred at +-1/2 (Andrew et al. 2021; TF Privacy's QuantileEstimatorQuery); under zero-out
+        # neighbours one device still moves the count by 1 (a zero upload reports bit 1), the sensitivity the
+        # accountant's z_Delta assumes (flayer.engine.privacy); + m/2 puts the noised figure back on the count's scale
         centred = self.bits - self.contributors / 2
         noised_bits = centred + (float(rng.normal(0.0, self.bit_std)) if self.bit_std > 0 else 0.0) + self.m / 2
         out: dict[str, torch.Tensor] = {}
@@ -359,7 +359,7 @@ class DPSumAggregator:
 
     def noised_bits(self) -> float:
         """Adaptive clipping: the count of unclipped uploads, estimated as ``sum_k (b_k - 1/2) + N(0, bit_std^2)
-        + m / 2`` (the centred bits: sensitivity 1/2)."""
+        + m / 2`` (sensitivity 1 under zero-out neighbours: flayer.engine.privacy)."""
         if self._out is None:
             self._out = self._draw()
         return self._out[1]

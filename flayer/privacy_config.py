@@ -38,7 +38,7 @@ class PrivacySettings:
     clipping: Literal["fixed", "adaptive"] = "fixed"
     target_quantile: float = 0.5  # adaptive: gamma, the fraction of updates left unclipped
     clip_lr: float = 0.2  # adaptive: eta of the geometric update (Andrew et al. recommend 0.2)
-    count_stddev: float | None = None  # adaptive: sigma_b on the clip-bit count; default m / 20
+    count_stddev: float | None = None  # adaptive: sigma_b on the clip-bit count; default max(m / 20, 2 z)
     population: int | None = None  # N, the devices that could be selected (coordinator: required)
     expected_contributions: int | None = None  # m, the fixed denominator; default: who a round asks
     device_budget: float | None = None  # each device refuses private rounds past this epsilon of its own (q = 1)
@@ -114,11 +114,11 @@ class PrivacySettings:
                              f"got {delta:g}: at delta >= 1/N a mechanism that publishes one device's data "
                              f"whole satisfies the guarantee")
         out = replace(self, population=n, expected_contributions=m, delta=delta)
-        if out.clipping == "adaptive" and out.noise_multiplier > 0 and \
-                out.noise_multiplier >= 2 * out.bit_stddev:
+        if out.clipping == "adaptive" and out.noise_multiplier > 0 and out.noise_multiplier >= out.bit_stddev:
             raise ValueError(f"adaptive clipping: noise_multiplier {out.noise_multiplier:g} must be below "
-                             f"2 x count_stddev = {2 * out.bit_stddev:g} (Andrew et al.: "
-                             f"z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)); raise count_stddev")
+                             f"count_stddev = {out.bit_stddev:g} (one device moves the clip-bit count by 1, so "
+                             f"z_Delta = (z^-2 - sigma_b^-2)^(-1/2)); raise count_stddev, or leave it unset "
+                             f"(default max(m / 20, 2 z))")
         return out
 
     @property
@@ -131,9 +131,11 @@ class PrivacySettings:
 
     @property
     def bit_stddev(self) -> float:
-        """sigma_b: the noise on the clip-bit count (default m / 20, Andrew et al.'s recommendation)."""
+        """sigma_b: the noise on the clip-bit count. Default ``max(m / 20, 2 z)``: Andrew et al.'s m / 20, raised
+        to 2 z where z is larger -- one device moves the count by 1, so sigma_b must exceed z, and at 2 z the
+        update noise is ``z / sqrt(3/4)``, 15.5% above z (flayer.engine.privacy, rule 5)."""
         m = self.expected_contributions or 1
-        return self.count_stddev if self.count_stddev is not None else m / 20.0
+        return self.count_stddev if self.count_stddev is not None else max(m / 20.0, 2.0 * self.noise_multiplier)
 
     def warnings(self, epsilon: float, rounds: int) -> list[str]:
         """What a plan should say before it runs (resolved settings; ``epsilon``: what ``rounds`` rounds spend

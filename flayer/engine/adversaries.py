@@ -52,9 +52,11 @@ class Accounts:
             self.coordinator = Ledger()
 
     def round_z(self, rp: RoundPrivacy, arrived: int) -> float:
-        """The multiplier of the noise the round's sum actually carries, ``arrived`` uploads folded."""
+        """The multiplier of the noise the round's sum actually carries, ``arrived`` uploads folded: the one its
+        named noises give (:attr:`flayer.engine.privacy.RoundPrivacy.named_multiplier`, never more than its label),
+        which with adaptive clipping counts the clip-bit count's noise at sensitivity 1."""
         if rp.mode == "central" or rp.ring:
-            return rp.noise_multiplier
+            return min(rp.noise_multiplier, rp.named_multiplier)
         return rp.update_multiplier * math.sqrt(arrived / rp.contributions)
 
     def worst_z(self, rp: RoundPrivacy, fewest: int) -> float:

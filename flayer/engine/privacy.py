@@ -17,13 +17,18 @@ DP-FedAvg (McMahan et al., ICLR 2018; Andrew et al., NeurIPS 2021), written once
    folds at :func:`server_bound` (C in central mode; C plus a bound on the noise norm in local mode).
 5. **Adaptive clipping** (Andrew et al. 2021, the rule Flower's adaptive-clipping wrappers implement):
    each device reports ``b_k = 1[||Delta_k|| <= C]``; the coordinator sums the bits centred at +-1/2,
-   ``sum_k (b_k - 1/2)`` (one device moves it by 1/2, as in TF Privacy's ``QuantileEstimatorQuery``),
-   adds ``N(0, sigma_b^2)`` and sets ``C <- C * exp(-eta (b_bar - gamma))`` with ``b_bar`` the noised
-   sum over ``m`` plus 1/2, kept in [0, 1] (:func:`next_clip`). The update noise then uses
-   ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` (:func:`adaptive_update_multiplier`): the bits' noise
-   over their sensitivity is ``2 sigma_b``, so the two releases together are one Gaussian mechanism of
-   multiplier ``z`` (Andrew et al. Thm 1), and the accountant composes ``z``. Summing raw 0/1 bits
-   (sensitivity 1) would need ``sigma_b`` in place of ``2 sigma_b``.
+   ``sum_k (b_k - 1/2)``, adds ``N(0, sigma_b^2)`` and sets ``C <- C * exp(-eta (b_bar - gamma))`` with
+   ``b_bar`` the noised sum over ``m`` plus 1/2, kept in [0, 1] (:func:`next_clip`). **Sensitivity 1.** Under
+   the zero-out neighbour relation the privacy page states, the neighbour of a device whose update is clipped
+   (bit 0) is the same device uploading zeros -- whose norm 0 is within C, bit 1: one device moves the centred
+   count by 1, not the 1/2 that add/remove neighbours would give (:data:`BIT_SENSITIVITY`). The update noise
+   therefore uses ``z_Delta = (z^-2 - sigma_b^-2)^(-1/2)`` (:func:`adaptive_update_multiplier`), so that the two
+   releases together are one Gaussian mechanism of multiplier ``z`` (:func:`combined_multiplier`, Andrew et
+   al. Thm 1 with the bits' sensitivity 1), and ``sigma_b`` must exceed ``z``.
+
+Whatever a plan's ``noise_multiplier`` label says, every ledger composes the multiplier the plan's *named*
+noises give (:attr:`RoundPrivacy.named_multiplier`: the update noise, and with adaptive clipping the bit noise
+too); a device refuses a plan whose label and named noises disagree (:meth:`RoundPrivacy.noise_problem`).
 
 :class:`flayer.privacy_config.PrivacySettings` is the ``[privacy]`` table; :class:`RoundPrivacy` is what one round's devices
 and coordinator need (it travels in the round plan's ``privacy`` mapping).
@@ -42,8 +47,8 @@ from flayer.privacy_config import PrivacySettings
 from flayer.strategies.base import Strategy
 from flayer.update import TensorDelta, Update
 
-__all__ = ["REPORTED", "UNCLIPPED_KEY", "PrivacySettings", "RoundPrivacy", "adaptive_update_multiplier", "central_std",
-           "clip_upload", "local_share_std", "next_clip", "private_strategy", "privatize", "server_bound",
+__all__ = ["BIT_SENSITIVITY", "REPORTED", "UNCLIPPED_KEY", "PrivacySettings", "RoundPrivacy",
+           "adaptive_update_multiplier", "central_std", "clip_upload", "combined_multiplier", "local_share_std", "next_clip", "private_strategy", "privatize", "server_bound",
            "upload_norm"]
 
 UNCLIPPED_KEY = "dp_unclipped"  # the device's clip bit b_k in Update.info (adaptive clipping)
@@ -63,15 +68,33 @@ def local_share_std(z: float, clip: float, m: int) -> float:
     return z * clip / math.sqrt(m)
 
 
+# how far one device moves the clip-bit count under zero-out neighbours: a clipped update reports 0, the zero
+# upload of its neighbour 1 (module docstring, rule 5)
+BIT_SENSITIVITY = 1.0
+LABEL_TOLERANCE = 1e-6  # relative: a plan's noise_multiplier label and its named noises agree within float rounding
+
+
 def adaptive_update_multiplier(z: float, bit_std: float) -> float:
-    """Andrew et al. 2021: the update noise multiplier ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` that,
-    together with the clip-bit count noised at ``sigma_b``, costs a Gaussian mechanism of multiplier z."""
+    """Andrew et al. 2021 with the clip bits' sensitivity 1 (:data:`BIT_SENSITIVITY`): the update noise
+    multiplier ``z_Delta = (z^-2 - sigma_b^-2)^(-1/2)`` that, together with the clip-bit count noised at
+    ``sigma_b``, costs a Gaussian mechanism of multiplier z; ValueError when ``sigma_b <= z``."""
     if z <= 0:
         return 0.0
-    inner = z ** -2 - (2 * bit_std) ** -2
+    inner = z ** -2 - (bit_std / BIT_SENSITIVITY) ** -2 if bit_std > 0 else -1.0
     if inner <= 0:
-        raise ValueError(f"noise_multiplier {z:g} must be below 2 x count_stddev = {2 * bit_std:g}")
+        raise ValueError(f"noise_multiplier {z:g} must be below count_stddev = {bit_std:g} (one device moves the "
+                         f"clip-bit count by {BIT_SENSITIVITY:g})")
     return inner ** -0.5
+
+
+def combined_multiplier(update_multiplier: float, bit_std: float) -> float:
+    """The multiplier of the one Gaussian mechanism that releases the round's sum (noise ``z_Delta C``,
+    sensitivity C) and the clip-bit count (noise ``sigma_b``, sensitivity 1) together:
+    ``(z_Delta^-2 + (sigma_b / 1)^-2)^(-1/2)`` (Gaussian DP: the mu's add in squares); 0 when either release
+    carries no noise (no guarantee)."""
+    if update_multiplier <= 0 or bit_std <= 0:
+        return 0.0
+    return (update_multiplier ** -2 + (bit_std / BIT_SENSITIVITY) ** -2) ** -0.5
 
 
 def next_clip(clip: float, noised_bits: float, m: int, target_quantile: float, lr: float) -> float:
@@ -121,6 +144,33 @@ class RoundPrivacy:
                    adaptive, s.bit_stddev if adaptive else 0.0)
 
     @property
+    def named_multiplier(self) -> float:
+        """The multiplier the plan's named noises give (module docstring): ``update_multiplier``, combined with the
+        bit noise under adaptive clipping (:func:`combined_multiplier`). What every ledger composes; 0 when a
+        named noise is zero."""
+        if self.adaptive:
+            return combined_multiplier(self.update_multiplier, self.bit_std)
+        return self.update_multiplier
+
+    def noise_problem(self) -> str | None:
+        """Why this plan's noise cannot be counted as it is labelled (None: it can): a named noise that is zero,
+        or a ``noise_multiplier`` label that the named noises do not give (a plan labelled z = 1000 with update
+        noise 0 would otherwise be booked as nearly free)."""
+        if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
+            return f"its noise_multiplier is {self.noise_multiplier:g}: no noise"
+        if not (self.update_multiplier > 0 and math.isfinite(self.update_multiplier)):
+            return f"its update noise multiplier is {self.update_multiplier:g}: no noise on the update"
+        if self.adaptive and not (self.bit_std > 0 and math.isfinite(self.bit_std)):
+            return f"adaptive clipping with clip-bit noise {self.bit_std:g}: the clip bits would go out un-noised"
+        named = self.named_multiplier
+        if abs(named - self.noise_multiplier) > LABEL_TOLERANCE * max(1.0, self.noise_multiplier):
+            what = (f"update noise {self.update_multiplier:.6g} and clip-bit noise {self.bit_std:.6g}" if self.adaptive
+                    else f"update noise {self.update_multiplier:.6g}")
+            return (f"its label noise_multiplier {self.noise_multiplier:.6g} is not what its {what} give "
+                    f"({named:.6g})")
+        return None
+
+    @property
     def sum_std(self) -> float:
         """Std of the noise on each coordinate of the round's sum: ``z_Delta * C``."""
         return central_std(self.update_multiplier, self.clip)
@@ -149,7 +199,8 @@ class RoundPrivacy:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"plan: malformed privacy parameters ({exc})") from None
         if out.mode not in ("central", "local") or not (out.clip > 0 and math.isfinite(out.clip)) \
-                or not out.update_multiplier >= 0 or out.contributions < 1:
+                or not all(v >= 0 and math.isfinite(v) for v in (out.noise_multiplier, out.update_multiplier,
+                                                                   out.bit_std)) or out.contributions < 1:
             raise ValueError(f"plan: privacy parameters out of range: {dict(raw)}")
         return out
 

@@ -38,9 +38,14 @@ def test_the_ledger_counts_each_round_once_and_round_trips() -> None:
 
 
 def test_the_multiplier_is_what_protects_the_contribution_from_who_sees_it() -> None:
-    central = RoundPrivacy("central", 1.0, 1.2, 1.0, 16)
+    central = RoundPrivacy("central", 1.0, 1.2, 1.2, 16)
     local = RoundPrivacy("local", 1.0, 1.2, 1.2, 16)
     assert contribution_multiplier(central, False) == 1.2
+    # the named noise, not the label: labelled 1.2, the update noise it names is 1.0
+    assert contribution_multiplier(RoundPrivacy("central", 1.0, 1.2, 1.0, 16), False) == 1.0
+    zd = 0.75 ** -0.5  # adaptive at z 1, sigma_b 2: z_Delta; and with the bit noise shrunk, far less than the label
+    assert contribution_multiplier(RoundPrivacy("central", 1.0, 1.0, zd, 16, True, 2.0), False) == pytest.approx(1.0)
+    assert contribution_multiplier(RoundPrivacy("central", 1.0, 1.0, zd, 16, True, 1e-9), False) < 1e-8
     assert contribution_multiplier(local, False) == pytest.approx(0.3)  # the coordinator sees its share alone
     assert contribution_multiplier(local, True) == 1.2  # with secure aggregation: the sum
 

@@ -69,7 +69,7 @@ def test_malformed_privacy_parameters_skip_the_round(setup: Any) -> None:
 def test_a_private_upload_carries_a_fixed_weight_and_no_evaluation(setup: Any) -> None:
     u, _ = _upload(setup, RoundPrivacy("central", 0.05, 1.0, 1.0, 4).as_plan())
     assert u.num_samples == 1 and u.info == {}  # no sample count, no test counts, no loss
-    adaptive = {**RoundPrivacy("central", 0.05, 1.0, 1.0, 4, adaptive=True, bit_std=2.0).as_plan()}
+    adaptive = {**RoundPrivacy("central", 0.05, 1.0, 0.75 ** -0.5, 4, adaptive=True, bit_std=2.0).as_plan()}
     u, _ = _upload(setup, adaptive)
     assert set(u.info) == {"dp_unclipped"} and u.num_samples == 1
     plain, _ = _upload(setup, {})

@@ -17,6 +17,7 @@ from flayer.engine.privacy import (
     RoundPrivacy,
     adaptive_update_multiplier,
     clip_upload,
+    combined_multiplier,
     next_clip,
     private_strategy,
     privatize,
@@ -69,8 +70,12 @@ def test_delta_must_be_below_one_over_n_and_the_default_means_something_at_any_n
         PrivacySettings(enabled=True, delta=0.3).resolve(4, 2)  # above 1/N
     with pytest.raises(ValueError, match="smaller than"):
         PrivacySettings(enabled=True, population=50).resolve(100, 10)
-    with pytest.raises(ValueError, match="2 x count_stddev"):  # z must stay below 2 sigma_b (m / 20 = 0.5)
-        PrivacySettings(enabled=True, clipping="adaptive", noise_multiplier=1.0).resolve(100, 10)
+    with pytest.raises(ValueError, match="below count_stddev"):  # z must stay below sigma_b (sensitivity 1)
+        PrivacySettings(enabled=True, clipping="adaptive", noise_multiplier=1.0, count_stddev=1.0).resolve(100, 10)
+    # unset, sigma_b is max(m / 20, 2 z): 2 z here, so any z is accepted and the update noise is z / sqrt(3/4)
+    s = PrivacySettings(enabled=True, clipping="adaptive", noise_multiplier=1.0).resolve(100, 10)
+    assert s.bit_stddev == 2.0 and RoundPrivacy.of(s).update_multiplier == pytest.approx(0.75 ** -0.5)
+    assert PrivacySettings(enabled=True, clipping="adaptive", noise_multiplier=1.0).resolve(1000, 100).bit_stddev == 5.0
 
 
 def test_run_config_reads_the_privacy_table(tmp_path):
@@ -154,34 +159,56 @@ def test_server_bound_is_c_central_and_covers_the_share_local():
 
 
 def test_adaptive_clipping_follows_andrew_et_al():
-    # z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2
-    assert adaptive_update_multiplier(1.0, 1.0) == pytest.approx((1 - 0.25) ** -0.5)
+    # z_Delta = (z^-2 - sigma_b^-2)^-1/2: the clip bits' sensitivity is 1 under zero-out neighbours
+    assert adaptive_update_multiplier(1.0, 2.0) == pytest.approx((1 - 0.25) ** -0.5)
+    with pytest.raises(ValueError, match="below count_stddev"):
+        adaptive_update_multiplier(1.0, 1.0)
     # C <- C exp(-eta (b/m - gamma)): every update unclipped -> C shrinks by exp(-0.2 * 0.5)
     assert next_clip(1.0, 10.0, 10, 0.5, 0.2) == pytest.approx(math.exp(-0.1))
     assert next_clip(1.0, 0.0, 10, 0.5, 0.2) == pytest.approx(math.exp(0.1))
 
 
 def test_adaptive_clipping_spends_what_one_gaussian_at_z_spends():
-    """Andrew et al. Thm 1, against the closed form: the update noise at z_Delta (sensitivity C) and the clip-bit
-    count noised at sigma_b with the bits centred at +-1/2 (sensitivity 1/2, so multiplier 2 sigma_b) are
-    together the Gaussian mechanism at z: z^-2 = z_Delta^-2 + (2 sigma_b)^-2."""
+    """Andrew et al. Thm 1, against dp-accounting: the update noise at z_Delta (sensitivity C) and the clip-bit
+    count noised at sigma_b (sensitivity 1, so multiplier sigma_b) are together the Gaussian mechanism at z:
+    z^-2 = z_Delta^-2 + sigma_b^-2; and what the plan names gives z back (the multiplier every ledger books)."""
     dpa = pytest.importorskip("dp_accounting")
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    for z, sigma_b in ((0.607, 1.0), (1.0, 1.0), (1.3, 5.0)):
+    for z, sigma_b in ((0.607, 1.0), (0.9, 1.0), (1.3, 5.0), (1.8985, 3.797)):
         zd = adaptive_update_multiplier(z, sigma_b)
-        assert zd ** -2 + (2 * sigma_b) ** -2 == pytest.approx(z ** -2)
-        both = dpa.SelfComposedDpEvent(dpa.ComposedDpEvent([dpa.GaussianDpEvent(zd), dpa.GaussianDpEvent(2 * sigma_b)]),
+        assert zd ** -2 + sigma_b ** -2 == pytest.approx(z ** -2)
+        assert combined_multiplier(zd, sigma_b) == pytest.approx(z, rel=1e-12)
+        rp = RoundPrivacy("central", 1.0, z, zd, 20, adaptive=True, bit_std=sigma_b)
+        assert rp.named_multiplier == pytest.approx(z, rel=1e-12) and rp.noise_problem() is None
+        both = dpa.SelfComposedDpEvent(dpa.ComposedDpEvent([dpa.GaussianDpEvent(zd), dpa.GaussianDpEvent(sigma_b)]),
                                        10)
         one = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), 10)
         eps = [rdp_privacy_accountant.RdpAccountant().compose(e).get_epsilon(1e-5) for e in (both, one)]
         assert eps[0] == pytest.approx(eps[1], rel=1e-9)
 
 
-def test_the_clip_bit_count_moves_by_one_half_per_device():
-    """The released bit statistic is the centred sum: one device more (bit 1 or bit 0) moves it by +-1/2,
-    whatever the noise (the same seeded draw on both sides), which is the sensitivity the accountant uses."""
+def test_a_plan_is_counted_by_the_noise_it_names_not_its_label():
+    """A plan labelled z = 1000 whose update noise is 0 names no noise; one whose bit noise is 1e-9 under adaptive
+    clipping names almost none: named_multiplier says so, and noise_problem refuses both."""
+    zero = RoundPrivacy("central", 1.0, 1000.0, 0.0, 20)
+    assert zero.named_multiplier == 0.0 and "no noise" in (zero.noise_problem() or "")
+    tiny_bits = RoundPrivacy("central", 1.0, 1.0, 1.0, 20, adaptive=True, bit_std=1e-9)
+    assert tiny_bits.named_multiplier < 1e-8 and "is not what" in (tiny_bits.noise_problem() or "")
+    no_bits = RoundPrivacy("central", 1.0, 1.0, 1.0, 20, adaptive=True, bit_std=0.0)
+    assert "un-noised" in (no_bits.noise_problem() or "")
+    label = RoundPrivacy("central", 1.0, 1000.0, 1.0, 20)
+    assert "label" in (label.noise_problem() or "")
+    assert RoundPrivacy("central", 1.0, 1.0, 1.0, 20).noise_problem() is None
+
+
+def test_the_clip_bit_count_moves_by_one_for_a_zero_out_neighbour():
+    """The released bit statistic is the centred sum. A device whose update was clipped reports 0; in the zero-out
+    neighbouring world the same device uploads zeros, whose norm is within C: bit 1. The count moves by 1 between
+    the two (the same seeded draw on both sides) -- the sensitivity the accountant uses -- not the 1/2 of adding
+    or removing a device."""
     g = {"w": torch.zeros(4)}
+    rp = RoundPrivacy("central", 0.5, 1.0, adaptive_update_multiplier(1.0, 2.0), 8, adaptive=True, bit_std=2.0)
 
     def noised(bits: list[int]) -> float:
         agg = DPSumAggregator(g, contributions=8, noise_std=0.0, seed=5, bit_std=2.0)
@@ -190,9 +217,10 @@ def test_the_clip_bit_count_moves_by_one_half_per_device():
                              numel=4))
         return agg.noised_bits()
 
-    base = noised([1, 0, 1])
-    assert noised([1, 0, 1, 1]) - base == pytest.approx(0.5)
-    assert noised([1, 0, 1, 0]) - base == pytest.approx(-0.5)
+    clipped = privatize(_update({"w": np.array([30.0, 40.0])}, {"w": np.array([0, 1])}, numel=4), rp, None)
+    zero = privatize(_update({"w": np.array([0.0, 0.0])}, {"w": np.array([0, 1])}, numel=4), rp, None)
+    assert (clipped.info[UNCLIPPED_KEY], zero.info[UNCLIPPED_KEY]) == (0.0, 1.0)
+    assert noised([1, 0, 1, 1]) - noised([1, 0, 1, 0]) == pytest.approx(1.0)
     # on the count's scale: with no noise the estimate is the count of unclipped uploads, m / 2 shifted
     agg = DPSumAggregator(g, contributions=4, noise_std=0.0, seed=5, bit_std=1e-12)
     for b in (1, 1, 1, 0):
