@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from flayer.files import private_dir
 from protocol.messages import DEVICE_LABEL
 from protocol.metrics_schema import DEVICE_RESULTS
 from transport.access import REQUEST_TIMEOUT_S, token_allows, token_for
@@ -359,7 +360,7 @@ def read_token(token_file: Path | None, host: str, state_dir: Path) -> str | Non
         return read_token(saved, host, state_dir)
     token = token_for(host, None)
     assert token is not None
-    state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(state_dir, "state_dir")
     fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")

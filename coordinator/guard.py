@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from flayer.aggregate import is_finite_state
+from flayer.files import open_private
 
 __all__ = ["NormHistory", "Quarantine", "finite_fold", "state_norm"]
 
@@ -111,7 +112,7 @@ class Quarantine:
         self.entries.add((round_, client, digest))
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as fh:
+            with open_private(self.path, "a") as fh:
                 fh.write(json.dumps({"round": round_, "client": client, "digest": digest, "reason": reason}) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())

@@ -28,6 +28,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flayer.files import open_private, private_dir
+
 __all__ = [
     "Journal",
     "JournalError",
@@ -148,13 +150,13 @@ class Journal:
         self.path = journal_path(folder, round_)
         self.round = round_
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            private_dir(folder, "journal folder")
             created = not self.path.exists()
             if not created:
                 replay = read_journal(self.path)
                 if replay.torn_bytes:
                     os.truncate(self.path, replay.good_bytes)
-            self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 -- unbuffered: nothing held back
+            self._fh = open_private(self.path, "ab", buffering=0)  # unbuffered: nothing held back; 0600
         except OSError as exc:
             raise JournalError(f"cannot open the journal {self.path}: {exc.strerror or exc}") from exc
         if created:

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from flayer.engine import VersionWindow
+from flayer.files import OpenFolderError, private_dir
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
 from protocol import Topics, WireLimits
@@ -145,6 +146,10 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         self.calibration: Calibration | None = None
         self._calibrated = False
         self.journal_dir = cfg.state_dir / "journal"
+        try:  # 0700 whatever the umask: the journal holds every device's update (flayer.files)
+            private_dir(cfg.state_dir, "state_dir")
+        except OpenFolderError as exc:
+            raise CoordinatorError(str(exc)) from None
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
         # Prometheus (coordinator.exporter): fed on this worker thread, served when metrics_port is set
         self.exporter = FleetMetrics(creds.federation, cfg.run.strategy, self.fs.mode, self.fs.deadline_s,

@@ -1,6 +1,6 @@
 """A device's state on disk, so a rebooted device resumes where it stopped.
 
-``<state_dir>/``:
+``<state_dir>/`` (0700, its files 0600, whatever the umask: :mod:`flayer.files`):
 
 - ``client_state.safetensors`` -- the strategy's :class:`ClientState` (personal tensors, A_l and
   other scalars) plus metadata: the last round whose local round finished, the pending upload
@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flayer.state import StateFileError, atomic_write, load_client_state, save_client_state
+from flayer.files import OpenFolderError, atomic_write, private_dir
+from flayer.state import StateFileError, load_client_state, save_client_state
 from flayer.strategies.base import ClientState
 
 __all__ = ["UPLOAD_STATUSES", "DeviceStore", "StoredState", "UploadRecord"]
@@ -66,6 +67,10 @@ class DeviceStore:
         self.personal_file = self.dir / "personal.safetensors"
         self.global_file = self.dir / "global.safetensors"
         self.plan_file = self.dir / "plan_round"
+        try:  # 0700 whatever the umask: the pending upload and the personal model are this device's (flayer.files)
+            private_dir(self.dir, "device state_dir")
+        except OpenFolderError as exc:
+            raise StateFileError(str(exc)) from None
 
     def load(self) -> StoredState:
         if not self.state_file.exists():
@@ -109,11 +114,8 @@ class DeviceStore:
             return 0
 
     def save_plan_round(self, round_: int) -> None:
-        """Record ``round_`` (temporary file and rename; no fsync: a lost write only forgets the newest round)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.plan_file.with_name(f".{self.plan_file.name}.tmp")
-        tmp.write_text(str(int(round_)), encoding="ascii")
-        tmp.replace(self.plan_file)
+        """Record ``round_`` (temporary file, fsync and rename)."""
+        atomic_write(self.plan_file, str(int(round_)))
 
     def save_upload(self, blob: bytes) -> None:
         atomic_write(self.upload_file, blob)

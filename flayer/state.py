@@ -1,4 +1,5 @@
-"""Tensors on disk: safetensors files with JSON metadata, written atomically. No pickle.
+"""Tensors on disk: safetensors files with JSON metadata, written atomically and private (0600, through
+:func:`flayer.files.atomic_write`). No pickle.
 
 Used for a device's personal state (so a rebooted device resumes), the coordinator's checkpoints,
 and the models ``flayer export`` reads.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from .files import atomic_write
 from .models import ModelSpec, build_model
 from .registry import ModelError, architecture, architecture_diff
 from .strategies.base import ClientState
@@ -39,28 +40,6 @@ _META_KEY = "flayer"
 
 class StateFileError(ValueError):
     """A state file is missing, truncated or not what it claims to be."""
-
-
-def atomic_write(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temporary file, fsync and rename: readers see the old file
-    or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
-    return path
 
 
 def save_tensors(path: str | Path, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> Path:

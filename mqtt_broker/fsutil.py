@@ -5,36 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 from pathlib import Path
+
+from flayer.files import atomic_write, private_dir  # the one place state is written (0700 / 0600)
 
 __all__ = ["atomic_write", "find_executable", "free_port", "port_in_use", "private_dir"]
 
 # Debian installs mosquitto in /usr/sbin, which is not on a normal user's PATH.
 _EXTRA_BIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin", "/opt/homebrew/sbin", "/usr/local/opt/mosquitto/sbin")
-
-
-def private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) and make it 0700."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
-
-
-def atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, created with ``mode``
-    from the start (a secret is never readable by others, not even briefly), then renamed."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def find_executable(name: str) -> str | None:

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from flayer.files import open_private
+
 __all__ = [
     "ACC_DEFINITIONS",
     "DEVICE_RESULTS",
@@ -261,7 +263,7 @@ class MetricsFile:
     def __init__(self, path: str | Path, mode: str = "a") -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, mode, encoding="utf-8")  # noqa: SIM115 -- open for the whole run
+        self._fh = open_private(self.path, mode, encoding="utf-8")  # open for the whole run; a new file 0600
 
     def write(self, record: Mapping[str, Any]) -> None:
         validate_record(dict(record))

@@ -14,7 +14,7 @@ ALLOWED: dict[str, set[str]] = {
     "flayer": set(),
     "protocol": {"flayer"},
     "export": {"flayer"},
-    "mqtt_broker": {"protocol"},
+    "mqtt_broker": {"protocol", "flayer"},  # flayer.files only: the one place state is written private
     "coordinator": {"flayer", "protocol", "mqtt_broker"},
     "edge_client": {"flayer", "protocol", "export", "mqtt_broker"},
     "emulator": {"flayer", "protocol", "export", "mqtt_broker", "coordinator", "edge_client"},
