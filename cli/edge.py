@@ -41,6 +41,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-entry-point", action="append", default=[], metavar="PKG.MODULE:FUNCTION",
                    help="model code a plan may name besides the built-ins (added to [edge] allow_entry_points); "
                         "repeatable. A plan naming any other entry point is refused before anything is imported")
+    p.add_argument("--allow-kit-code", action="store_true",
+                   help="with --kit: run the code the kit's device.toml names ([data] entry, [edge] "
+                        "allow_entry_points); without it such a kit is refused before anything is unpacked or "
+                        "imported (a model entry point may instead be allowed by --allow-entry-point)")
     p.add_argument("--runtime", choices=("torch", "executorch"),
                    help="where the local SGD runs: torch (default) or the model's ExecuTorch training program "
                         "(CPU; cnn and fasttext; needs the 'executorch' extra)")
@@ -88,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_unit:  # nothing is unpacked or started (cli.unit)
         return _print_unit(args, overrides)
     try:
-        config = unpack_kit(args.kit) if args.kit else args.config
+        config = unpack_kit(args.kit, allow_code=args.allow_kit_code, allowed_entry_points=args.allow_entry_point) \
+            if args.kit else args.config
         cfg = load_device_config(config, overrides)
         if args.allow_entry_point:  # added to the file's list (validated as entry points by EdgeSettings)
             allow = tuple(dict.fromkeys([*cfg.edge.allow_entry_points, *args.allow_entry_point]))

@@ -204,19 +204,29 @@ class RunConfig:
 
 
 def add_python_path(folders: Any, base: Path, where: str) -> None:
-    """Put ``folders`` (relative to ``base``) first on ``sys.path``, so that entry points in them import
-    (a federation's own model, a device's python data source)."""
+    """Add ``folders`` (relative to ``base``) to the end of ``sys.path``, so that entry points in them import (a
+    federation's own model, a device's python data source). After the project and every installed package, never
+    before: a ``PIL.py`` or ``numpy.py`` in one of them is never imported for the real one. A folder another user
+    can write (group or world write bits, or owned by someone else than this user or root, e.g. ``/tmp`` or a
+    shared download folder) is refused: whatever is put there would run as this user."""
+    import os
+    import stat
     import sys
 
     if not isinstance(folders, list) or not all(isinstance(f, str) and f for f in folders):
         raise ConfigError(f"{where} python_path must be a list of folders, got {folders!r}")
-    for folder in reversed(folders):
+    for folder in folders:
         p = Path(folder).expanduser()
         path = (p if p.is_absolute() else base / p).resolve()
         if not path.is_dir():
             raise ConfigError(f"{where} python_path: {path} is not a folder")
+        st = path.stat()
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_uid not in (os.geteuid(), 0):
+            raise ConfigError(f"{where} python_path: {path} can be written by other users (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}): a module put there would run "
+                              f"as this user; keep the code (and a kit) in a folder of your own")
         if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
+            sys.path.append(str(path))
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

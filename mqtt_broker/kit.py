@@ -109,7 +109,8 @@ def write_kit(state_dir: str | Path, device_id: str, out: str | Path, allow_entr
     if registry.is_file():  # public keys only; devices added later are believed once the kit's copy is refreshed
         members[KIT_REGISTRY] = registry.read_bytes()
     members["device.toml"] = _device_toml(creds, list(dict.fromkeys(allow_entry_points))).encode()
-    members["START"] = f"flayer edge --kit {out.name} --data ./data\n".encode()
+    allow = "".join(f" --allow-entry-point {e}" for e in dict.fromkeys(allow_entry_points))  # the owner's consent
+    members["START"] = f"flayer edge --kit {out.name} --data ./data{allow}\n".encode()
     out.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:

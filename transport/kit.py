@@ -3,17 +3,30 @@
 Layout (written by ``flayer broker add-device ID --kit KIT.tar.gz``, see ``mqtt_broker.kit``):
 ``credentials.toml``, ``device.toml``, ``START`` and, with TLS, ``tls/ca.crt``, ``tls/client.crt``,
 ``tls/client.key``. Nothing else is accepted: no other name, no link, no folder outside.
+
+A kit comes from elsewhere, so the code its ``device.toml`` names is not run on the kit's word: a ``[data] entry``
+(a python data source) or ``[edge] allow_entry_points`` (model code a plan may name) is refused unless the
+device's owner allows it when starting the device -- ``flayer edge --kit KIT --allow-kit-code`` for all of it, or
+``--allow-entry-point ENTRY`` for each model entry point (:func:`kit_code`). The kit's own ``device.toml`` is what
+counts (the member, not the unpacked copy the owner may edit afterwards: those edits are the owner's).
 """
 
 from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from transport.credentials import Credentials, CredentialsError
 
-__all__ = ["KIT_FILES", "KIT_REGISTRY", "KIT_TLS_FILES", "MAX_KIT_MEMBER", "KitError", "kit_folder", "unpack_kit"]
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+__all__ = ["KIT_FILES", "KIT_REGISTRY", "KIT_TLS_FILES", "MAX_KIT_MEMBER", "KitError", "kit_code", "kit_folder",
+           "unpack_kit"]
 
 KIT_FILES = ("credentials.toml", "device.toml", "START")
 KIT_TLS_FILES = ("tls/ca.crt", "tls/client.crt", "tls/client.key")
@@ -60,12 +73,47 @@ def _read(kit: Path) -> dict[str, bytes]:
     return members
 
 
-def unpack_kit(kit: str | Path, folder: str | Path | None = None) -> Path:
+def kit_code(device_toml: bytes) -> list[tuple[str, str]]:
+    """The code a kit's ``device.toml`` names, as (what, value) pairs: ``("data entry", "pkg.mod:fn")`` for a
+    python data source, ``("entry point", "pkg.mod:fn")`` for each model entry point it allows."""
+    try:
+        raw = tomllib.loads(device_toml.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise KitError(f"the kit's device.toml is not readable TOML ({exc})") from None
+    data, edge = raw.get("data", {}), raw.get("edge", {})
+    if not isinstance(data, dict) or not isinstance(edge, dict):
+        raise KitError("the kit's device.toml: [data] and [edge] must be tables")
+    code: list[tuple[str, str]] = []
+    if "entry" in data or data.get("source") == "python":
+        code.append(("data entry", str(data.get("entry", ""))))
+    allowed = edge.get("allow_entry_points", [])
+    if not isinstance(allowed, list):
+        raise KitError(f"the kit's device.toml: [edge] allow_entry_points must be a list, got {allowed!r}")
+    code += [("entry point", str(e)) for e in allowed]
+    return code
+
+
+def _check_code(kit: Path, device_toml: bytes, allow_code: bool, allowed_entry_points: Iterable[str]) -> None:
+    owner = set(allowed_entry_points)
+    refused = [(what, v) for what, v in kit_code(device_toml) if not allow_code
+               and not (what == "entry point" and v in owner)]
+    if refused:
+        named = ", ".join(f"{what} {v!r}" for what, v in refused)
+        raise KitError(f"kit {kit} names code this device would run: {named}; nothing was unpacked or imported. If you "
+                       f"trust it, start the device with --allow-kit-code (or --allow-entry-point ENTRY for each "
+                       f"entry point)")
+
+
+def unpack_kit(kit: str | Path, folder: str | Path | None = None, *, allow_code: bool = False,
+               allowed_entry_points: Iterable[str] = ()) -> Path:
     """Check ``kit`` completely, unpack it into ``folder`` (default :func:`kit_folder`; 0700, files 0600)
     and return the path of its ``device.toml``. A folder that already holds this kit's device (a
-    restart) is reused as it is: the device's edits and state stay."""
+    restart) is reused as it is: the device's edits and state stay. Code the kit's ``device.toml`` names is
+    refused unless ``allow_code``, or, for a model entry point, it is in ``allowed_entry_points`` (module
+    docstring): checked on every start, the kit being read again."""
     kit = Path(kit)
     members = _read(kit)
+    _check_code(kit, members["device.toml"], allow_code, allowed_entry_points)
     dest = Path(folder) if folder is not None else kit_folder(kit)
     if (dest / "credentials.toml").exists():
         if (dest / "credentials.toml").read_bytes() != members["credentials.toml"]:

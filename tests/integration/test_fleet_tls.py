@@ -62,13 +62,14 @@ def test_three_devices_from_kits_over_tls_with_their_own_images_and_model(tmp_pa
             shutil.copy(MODEL_FILE, machine / "fleetmodel.py")  # the federation's model, beside the kit
             write_images(machine / "my-images", counts, size, seed=i)
             if resize:  # unpack, complete device.toml, then start from the kit as the others do
-                toml = unpack_kit(kit)
+                toml = unpack_kit(kit, allowed_entry_points=["fleetmodel:build"])
                 toml.write_text(toml.read_text().replace("resize = false", "resize = true"))
             machines[dev] = machine
         fed = federation_toml(coord, state / "credentials/coordinator.toml")
         procs.append(launch(["coordinator", "--config", str(fed)], coord, tmp_path / "coordinator.log"))
         for dev, machine in machines.items():
-            procs.append(launch(["edge", "--kit", f"{dev}.tar.gz", "--data", "./my-images"], machine,
+            procs.append(launch(["edge", "--kit", f"{dev}.tar.gz", "--data", "./my-images",
+                                 "--allow-entry-point", "fleetmodel:build"], machine,
                                 tmp_path / f"{dev}.log"))
         wait_all(procs, 240)
         logs = {p: p.read_text()[-2500:] for p in tmp_path.glob("*.log")}

@@ -69,7 +69,11 @@ def test_a_kit_names_the_model_code_its_device_accepts(tmp_path: Path) -> None:
     write_broker_files(BrokerConfig(federation="f1", port=1883), state)
     add_device(state, "dev-1")
     add_device(state, "dev-2")
-    toml = unpack_kit(write_kit(state, "dev-1", tmp_path / "dev-1.tar.gz", ["fedmodel:build", "fedmodel:build"]))
+    kit = write_kit(state, "dev-1", tmp_path / "dev-1.tar.gz", ["fedmodel:build", "fedmodel:build"])
+    with pytest.raises(KitError, match="names code this device would run: entry point 'fedmodel:build'"):
+        unpack_kit(kit)  # the owner has not allowed the kit's code
+    assert not (tmp_path / "dev-1").exists()
+    toml = unpack_kit(kit, allowed_entry_points=["fedmodel:build"])
     text = toml.read_text().replace('path = "data"', f'path = "{tmp_path}"')
     toml.write_text(text)
     assert load_device_config(toml).edge.allow_entry_points == ("fedmodel:build",)
@@ -77,7 +81,8 @@ def test_a_kit_names_the_model_code_its_device_accepts(tmp_path: Path) -> None:
     plain.write_text(plain.read_text().replace('path = "data"', f'path = "{tmp_path}"'))
     assert load_device_config(plain).edge.allow_entry_points == ()  # the built-ins only
     add_device(state, "dev-3")  # a name that could break out of its TOML string stays a string, and is refused
-    odd = unpack_kit(write_kit(state, "dev-3", tmp_path / "dev-3.tar.gz", ['x:y"]\nexit_when_finished = false #']))
+    odd = unpack_kit(write_kit(state, "dev-3", tmp_path / "dev-3.tar.gz", ['x:y"]\nexit_when_finished = false #']),
+                     allow_code=True)
     odd.write_text(odd.read_text().replace('path = "data"', f'path = "{tmp_path}"'))
     with pytest.raises(ConfigError, match="is not an entry point"):
         load_device_config(odd)
@@ -92,7 +97,9 @@ def test_add_device_allow_entry_point_goes_into_the_kit(tmp_path: Path, capsys: 
     kit = tmp_path / "dev-3.tar.gz"
     assert main(["broker", "add-device", "dev-3", "--state-dir", str(state), "--kit", str(kit),
                  "--allow-entry-point", "fedmodel:build"]) == 0
-    assert 'allow_entry_points = ["fedmodel:build"]' in unpack_kit(kit).read_text()
+    assert 'allow_entry_points = ["fedmodel:build"]' in unpack_kit(kit, allow_code=True).read_text()
+    assert (tmp_path / "dev-3/START").read_text() == "flayer edge --kit dev-3.tar.gz --data ./data " \
+        "--allow-entry-point fedmodel:build\n"  # the start command names the code the owner allows
     for argv in (["--allow-entry-point", "fedmodel:build"],
                  ["--kit", str(tmp_path / "dev-4.tar.gz"), "--allow-entry-point", "no-colon"]):
         try:
