@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cli.broker_flags import add_broker_parser
-from cli.broker_users import _add_observer, _rekey, _reload, _revoke
+from cli.broker_users import _add_observer, _close_identity, _rekey, _reload, _revoke
 from cli.common import CliError
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def _config(args: argparse.Namespace, stored_path: Path) -> BrokerConfig:
 
 def run(args: argparse.Namespace) -> int:
     from mqtt_broker.config import BrokerConfigError
+    from mqtt_broker.crl import CrlError
     from mqtt_broker.passwords import PasswordError
     from mqtt_broker.process import BrokerError
     from mqtt_broker.tls import TlsError
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return {"start": _start, "stop": _stop, "status": _status, "add-device": _add_device,
                 "add-observer": _add_observer, "revoke": _revoke, "rekey": _rekey}[args.broker_command](args)
-    except (BrokerConfigError, BrokerError, PasswordError, TlsError) as exc:
+    except (BrokerConfigError, BrokerError, CrlError, PasswordError, TlsError) as exc:
         raise CliError(str(exc)) from exc
 
 
@@ -260,6 +261,9 @@ def _add_device(args: argparse.Namespace) -> int:
 
     if ClusterFiles.at(files.state_dir).layout.exists():  # its node and the failover nodes, before the kit
         sync_cluster_files(files.state_dir)
+    out: list[str] = []  # the broker drops the old password (and certificate) before anything is printed
+    if _reload(files.state_dir, out=out) and args.rotate:
+        _close_identity(files.state_dir, creds.username, out)  # the copied old kit's open TLS connection
     print(f"credentials of device {creds.username}: {files.credentials(creds.username)} (mode 0600, holds the password)")
     if args.kit:
         from mqtt_broker.kit import write_kit
@@ -267,7 +271,8 @@ def _add_device(args: argparse.Namespace) -> int:
         kit = write_kit(files.state_dir, creds.username, args.kit, args.allow_entry_point)
         print(f"startup kit: {kit} (mode 0600, holds the password: copy it to the device privately, then run "
               f"'flayer edge --kit {kit.name} --data FOLDER' there)")
-    _reload(files.state_dir)
+    if out:
+        print("\n".join(out))
     return 0
 
 

@@ -27,21 +27,33 @@ def add_rekey_parser(actions: Any, state_dir_flag: Callable[[argparse.ArgumentPa
     k.set_defaults(func=run)
 
 
-def _reload(state_dir: Path, note: str = "") -> bool:
-    """Make the running broker recorded in ``state_dir`` re-read its passwords and ACL (says so); False when
-    none is recorded."""
+def _reload(state_dir: Path, note: str = "", out: list[str] | None = None) -> bool:
+    """Make the running broker recorded in ``state_dir`` re-read its passwords and ACL (says so, on stdout or
+    into ``out``); False when none is recorded."""
     from mqtt_broker.cluster import ClusterFiles, reload_recorded_cluster
     from mqtt_broker.process import reload_recorded
 
+    say = print if out is None else out.append
     if ClusterFiles.at(state_dir).layout.exists():  # a cluster's files are kept up to date even while it is down
         cluster = reload_recorded_cluster(state_dir)
         if cluster is not None:
-            print(f"reloaded the running broker cluster ({len(cluster.nodes)} aedes node(s)){note}")
+            say(f"reloaded the running broker cluster ({len(cluster.nodes)} aedes node(s)){note}")
             return True
     rec = reload_recorded(state_dir)
     if rec is not None:
-        print(f"reloaded the running {rec.kind} broker (pid {rec.pid}){note}")
+        say(f"reloaded the running {rec.kind} broker (pid {rec.pid}){note}")
     return rec is not None
+
+
+def _close_identity(state_dir: Path, user: str, out: list[str]) -> bool:
+    """``--identity-as-username``: a reload closes no open TLS connection; close ``user``'s now (its
+    certificate is already on the revocation list). False when the mode is off or no Mosquitto runs."""
+    from mqtt_broker.evict import close_identity_session
+
+    if close_identity_session(state_dir, user):
+        out.append(f"closed the open TLS connection of {user} (the broker now refuses its old certificate)")
+        return True
+    return False
 
 
 def _add_observer(args: argparse.Namespace) -> int:
@@ -49,22 +61,35 @@ def _add_observer(args: argparse.Namespace) -> int:
 
     files = BrokerFiles.at(args.state_dir)
     creds = add_observer(files.state_dir, args.name, rotate=args.rotate)
+    out: list[str] = []
+    _reload(files.state_dir, out=out)
+    if args.rotate:
+        _close_identity(files.state_dir, creds.username, out)
     print(f"credentials of observer {creds.username}: {files.credentials(creds.username)} (read-only; pass it to "
           f"'flayer status --credentials' or 'flayer dashboard --credentials')")
-    _reload(files.state_dir)
+    if out:
+        print("\n".join(out))
     return 0
 
 
 def _revoke(args: argparse.Namespace) -> int:
+    from mqtt_broker.config import BrokerConfig
+    from mqtt_broker.evict import identity_mode
     from mqtt_broker.kit import revoke_device
     from mqtt_broker.state import BrokerFiles
 
     files = BrokerFiles.at(args.state_dir)
     first = revoke_device(files.state_dir, args.device_id)
+    # the broker is told before anything is printed: a closed stdout must not leave the device connected
+    out: list[str] = []
+    identity = identity_mode(BrokerConfig.load(files.config))
+    running = _reload(files.state_dir, "" if identity else ": its connection is closed", out)
+    if running and identity:
+        _close_identity(files.state_dir, args.device_id, out)
     print(f"revoked device {args.device_id}{'' if first else ' (already revoked)'}: password, credentials and "
-          f"certificate removed; listed in {files.state_dir / 'revoked.json'} for the coordinator")
-    if not _reload(files.state_dir, ": its connection is closed"):
-        print("no running broker recorded: it refuses the device when it starts")
+          f"certificate removed{', certificate on the revocation list' if identity else ''}; listed in "
+          f"{files.state_dir / 'revoked.json'} for the coordinator")
+    print("\n".join(out) if running else "no running broker recorded: it refuses the device when it starts")
     return 0
 
 

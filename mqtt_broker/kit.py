@@ -23,8 +23,10 @@ entry point is refused on the device (docs/explanation/security.md).
 
 Revocation (:func:`revoke_device`) removes the device's password entry, credentials file, client
 certificate and public signing key (:mod:`mqtt_broker.keys`: the coordinator refuses what it signs), regenerates the ACL, and records the device in ``revoked.json`` (which the coordinator
-reads: it stops selecting the device and drops what it sends). The caller reloads the broker
-(Mosquitto: SIGHUP), which also closes the device's live connection, its password being gone.
+reads: it stops selecting the device and drops what it sends); its client certificate goes on the CA's
+revocation list first (:mod:`mqtt_broker.crl`: the kit's copy then fails the TLS handshake). The caller
+reloads the broker (Mosquitto: SIGHUP), which also closes the device's live connection, its password being
+gone; with ``--identity-as-username`` no password is asked and :mod:`mqtt_broker.evict` closes it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pathlib import Path
 
 from mqtt_broker.bridge import drop_gateway_device
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
+from mqtt_broker.crl import revoke_certificate
 from mqtt_broker.keys import set_device_key
 from mqtt_broker.passwords import remove_passwd_entry
 from mqtt_broker.state import (
@@ -150,6 +153,9 @@ def revoke_device(state_dir: str | Path, device_id: str) -> bool:
         removed = remove_passwd_entry(files.passwd, device_id)
         set_device_key(files.state_dir, device_id, None)  # what its key signs is refused from now on
         path.unlink(missing_ok=True)
+        cert, _ = client_cert_paths(files.tls_dir, device_id)
+        if cert.exists():  # on the CA's revocation list before the broker's copy goes: its kit's copy is refused
+            revoke_certificate(files.tls_dir, cert)
         for f in client_cert_paths(files.tls_dir, device_id):
             f.unlink(missing_ok=True)
         _write_acl(files, cfg, [u for u, r in list_users(files.state_dir) if r == "observer"])

@@ -39,8 +39,10 @@ def _listener_auth(passwd: Path, acl: Path) -> list[str]:
 
 
 def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl: Path,
-                          tls: tuple[Path, Path, Path] | None, include_dir: Path | None = None) -> str:
-    """``tls`` is (ca cert, server cert, server key) when the TLS listener is on; ``include_dir`` a folder of
+                          tls: tuple[Path, Path, Path] | None, include_dir: Path | None = None,
+                          crl: Path | None = None) -> str:
+    """``tls`` is (ca cert, server cert, server key) when the TLS listener is on; ``crl`` the federation's
+    revocation list (:mod:`mqtt_broker.crl`), named when client certificates are required; ``include_dir`` a folder of
     further ``.conf`` files read last (a field gateway's bridge, :mod:`mqtt_broker.bridge`: it holds the
     bridge's password, which must not be in this file)."""
     user = _run_as_user()
@@ -93,6 +95,9 @@ def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl:
             "tls_version tlsv1.2",
             f"require_certificate {'true' if cfg.require_certificate else 'false'}",
         ]
+        if cfg.require_certificate and crl is not None:
+            # a revoked or replaced certificate fails the handshake; reloaded on SIGHUP (mqtt_broker.crl)
+            lines.append(f"crlfile {crl}")
         if cfg.use_identity_as_username:
             # the certificate's CN becomes the username (and so the client id); no password is asked
             lines.append("use_identity_as_username true")

@@ -34,6 +34,7 @@ from pathlib import Path
 from mqtt_broker.acl import render_acl
 from mqtt_broker.bridge import write_bridge_files
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
+from mqtt_broker.crl import ensure_crl
 from mqtt_broker.fsutil import atomic_write, free_port, private_dir
 from mqtt_broker.gateway_list import gateway_acl, read_gateways, validate_gateway_devices, write_gateways
 from mqtt_broker.keys import (
@@ -151,9 +152,10 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
             hosts = list(dict.fromkeys([cfg.tls_connect_host, cfg.tls_host or cfg.host, cfg.host]))
             t = ensure_ca_and_server(files.tls_dir, cfg.federation, hosts)
             tls = (t.ca_cert, t.server_cert, t.server_key)
+        crl = ensure_crl(files.tls_dir) if cfg.tls and cfg.require_certificate else None
         bridge = write_bridge_files(files.state_dir, cfg)  # a field gateway's bridge, when one is set up
         atomic_write(files.mosquitto_conf, render_mosquitto_conf(cfg, files.state_dir, files.passwd, files.acl, tls,
-                                                                 include_dir=bridge), mode=0o600)
+                                                                 include_dir=bridge, crl=crl), mode=0o600)
         coord = _coordinator_key(files, cfg)
         trusted = _trusted_coordinator(files, coord.public)
         behind = {d for ds in read_gateways(files.state_dir).values() for d in ds}  # their keys came from sites

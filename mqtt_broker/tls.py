@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mqtt_broker.crl import revoke_certificate
 from mqtt_broker.fsutil import find_executable, private_dir
 
 __all__ = ["TlsError", "TlsFiles", "client_cert_paths", "ensure_ca_and_server", "make_client_cert"]
@@ -114,12 +115,16 @@ def client_cert_paths(tls_dir: Path, name: str) -> tuple[Path, Path]:
 
 
 def make_client_cert(tls_dir: Path, name: str) -> tuple[Path, Path]:
-    """Issue (or re-issue) the client certificate of ``name`` (CN = name); returns (cert, key)."""
+    """Issue (or re-issue) the client certificate of ``name`` (CN = name); returns (cert, key). A certificate
+    it replaces goes on the federation's revocation list first (:mod:`mqtt_broker.crl`): a copied old kit
+    cannot connect again once the broker has reloaded."""
     ca = (tls_dir / "ca.crt", tls_dir / "ca.key")
     if not (ca[0].exists() and ca[1].exists()):
         raise TlsError(f"no CA in {tls_dir}; start the broker with TLS first")
     private_dir(tls_dir / "clients")
     cert, key = client_cert_paths(tls_dir, name)
+    if revoke_certificate(tls_dir, cert):
+        log.info("the previous certificate of %s is on the revocation list", name)
     csr = cert.with_suffix(".csr")
     _new_key_and_csr(key, csr, name, tls_dir)
     _sign(csr, cert, ca, "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"

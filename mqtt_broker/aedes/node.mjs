@@ -10,7 +10,8 @@
 // sessions. A publish the ACL denies is acknowledged and dropped, as Mosquitto does. A will is accepted
 // only on the client's own status topic, at CONNECT and again when a surviving node delivers the will of a
 // client of a node that died. SIGHUP re-reads the
-// config file (passwords, ACL) and closes the connections of users no longer in it; SIGTERM stops.
+// config file (passwords, ACL) and closes the connections of users no longer in it or whose password
+// entry changed (a rotation); SIGTERM stops.
 //
 //   node node.mjs --check < cases.jsonl   answers ACL/password questions (one JSON per line) for the tests
 import { readFileSync } from 'node:fs'
@@ -141,8 +142,12 @@ async function serve (args) {
       return refuse(`will on ${JSON.stringify(client._will.topic)} is not the client's own status topic`, 5)
     }
     client.flayerUser = username
+    client.flayerHash = hashed // the password entry it was accepted under: a rotation replaces it
     done(null, true)
   }
+  // a connection stays valid while its user's password entry is the one it was accepted under (Mosquitto
+  // checks an open connection's password again on a reload: a revoked or rotated kit is closed there too)
+  const stillValid = c => Object.hasOwn(cfg.passwd, c.flayerUser) && cfg.passwd[c.flayerUser] === c.flayerHash
   broker.authorizePublish = (client, packet, done) => {
     if (client === null) {
       // the will of a client of a node that died, published by this node: checked again under today's rules
@@ -156,8 +161,8 @@ async function serve (args) {
       return done(null)
     }
     if (packet.topic.startsWith('$SYS')) return done(new Error('$SYS topics are reserved'))
-    // a user revoked since it connected publishes nothing, not even the will its closing connection sends
-    if (!Object.hasOwn(cfg.passwd, client.flayerUser) || !allows(cfg.acl, client.flayerUser, client.id, packet.topic, 'write')) {
+    // a user revoked or rotated since it connected publishes nothing, not even the will its closing connection sends
+    if (!stillValid(client) || !allows(cfg.acl, client.flayerUser, client.id, packet.topic, 'write')) {
       log(`${args.name}: denied publish by ${client.flayerUser} to ${packet.topic}`)
       packet[DENIED] = true // acknowledged (QoS 1) and dropped, as Mosquitto does
     }
@@ -191,8 +196,8 @@ async function serve (args) {
       return
     }
     for (const c of Object.values(broker.clients)) {
-      if (c.flayerUser && !Object.hasOwn(cfg.passwd, c.flayerUser)) {
-        log(`${args.name}: closing ${c.id}: no longer a user`)
+      if (c.flayerUser && !stillValid(c)) {
+        log(`${args.name}: closing ${c.id}: ${Object.hasOwn(cfg.passwd, c.flayerUser) ? 'its password changed' : 'no longer a user'}`)
         c.close()
       }
     }
