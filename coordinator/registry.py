@@ -14,9 +14,11 @@ rounds waiting to the deadline), an old will would make a live one look offline.
 newest one taken from the device, or that very one again, is refused. A last will is the exception: it is
 signed when the device connects, before the heartbeats that follow, so an ``offline`` status counts when it
 is no older than the connection the device's newest status names (``info.since``, its will's time); the will
-of an earlier connection is refused. What this cannot tell apart: the will of the device's current connection,
-put back while the device lives, shows it offline until its next heartbeat; and the coordinator remembers the
-newest status from its start only (docs/explanation/security.md, "Replays").
+of an earlier connection is refused. The edge client signs a new will before every CONNECT (reconnects of the
+same process included), so a will the broker published at a link cut is an earlier connection's once the device
+is back. What this cannot tell apart: the will of the device's current connection, known to the broker only
+until that connection ends, put back while the device lives, shows it offline until its next heartbeat; and the
+coordinator remembers the newest status from its start only (docs/explanation/security.md, "Replays").
 """
 
 from __future__ import annotations

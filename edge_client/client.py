@@ -48,13 +48,11 @@ from protocol import (
     Kind,
     PeerTrust,
     Plan,
-    Status,
     TopicError,
     Topics,
     WireError,
     WireLimits,
     decode_message,
-    encode_message,
 )
 from protocol.model_delta import DeltaRef
 from transport.credentials import Credentials, CredentialsError, mqtt_connect_settings
@@ -127,12 +125,9 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
         self._plan_round = max(self.stored.done_round, self.stored.upload.round if self.stored.upload else 0,
                                self.store.plan_round())  # the newest plan taken, across reboots
         self._issued = 0.0  # when the newest plan taken was issued (a later one of its round comes later)
-        self._since = clock()  # this connection's will: every status names it (coordinator.registry, replays)
-        will = encode_message(Status(0, "offline", self._since, {"since": self._since}), creds.federation, self.id,
-                              key=self.signer)
+        self._since = 0.0  # the time of this connection's will: every status names it (coordinator.registry)
         self.link = MqttLink(mqtt_connect_settings(creds), self.events.put, clean_session=False,
-                             will=(self.topics.status(self.id), will), keepalive=settings.keepalive_s,
-                             network=network)
+                             will=self._connection_will, keepalive=settings.keepalive_s, network=network)
         self.jobs = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"edge-{self.id}-job")
         self.plan: Plan | None = None
         self._secure: SecureSession | None = None  # a secure round's keys and shares, in memory only

@@ -30,12 +30,25 @@ class DeviceStatus:
     signer: Any
     clock: Any
     skipped: dict[int, str]
-    _since: float  # the time of this client's last will: the coordinator takes no older will than it
+    _since: float  # the time of this connection's will: the coordinator takes no older will than it
+    topics: Any
     _private_federation: bool | None
     _link_kbps: float | None
     thin: Any  # edge_client.thin.ThinUploads: the uplink rate
     _announcing: dict[str, int | float]
     _privacy_status: Any  # edge_client.budget
+
+    def _connection_will(self) -> tuple[str, bytes]:
+        """The signed will of the next connection (:class:`transport.link.MqttLink` asks before every CONNECT,
+        the first and each reconnect): an ``offline`` status of now, naming itself in ``since``, as every status
+        after it does until the next connection. The will of an earlier connection, put back by a party that can
+        write this topic, is then older than the ``since`` the coordinator last saw and refused
+        (coordinator.registry)."""
+        since = max(float(self.clock()), self._since + 1e-6)  # a new mark per connection, even on a frozen clock
+        self._since = since
+        will = encode_message(Status(0, "offline", since, {"since": since}), self.creds.federation, self.id,
+                              key=self.signer)
+        return self.topics.status(self.id), will
 
     def _status_payload(self, state: str) -> bytes:
         private = self._private_federation is not False  # before the first training plan: as private

@@ -83,12 +83,15 @@ class MqttLink:
 
     ``clean_session=False`` keeps the broker-side session (subscriptions and queued QoS 1 messages)
     across reconnects; ``will`` = (topic, payload) is published retained by the broker when the link
-    dies without a clean disconnect. ``network``: a :class:`NetworkDriver` that runs this client's
+    dies without a clean disconnect. A callable ``will`` makes a new one for every connection: it is called
+    before the first connect and again when a connection is lost, before paho reconnects, so each CONNECT
+    carries its own will (a device signs a will per connection: the will of an earlier connection, put back
+    later, is told apart, coordinator.registry). ``network``: a :class:`NetworkDriver` that runs this client's
     network side (default: paho's own thread, ``loop_start``).
     """
 
     def __init__(self, settings: ConnectSettings, post: Callable[[LinkEvent], None], *, clean_session: bool = False,
-                 will: tuple[str, bytes] | None = None, keepalive: int = 30,
+                 will: tuple[str, bytes] | Callable[[], tuple[str, bytes]] | None = None, keepalive: int = 30,
                  reconnect_delay: tuple[float, float] = (0.5, 30.0), network: NetworkDriver | None = None) -> None:
         self.settings = settings
         self._post = post
@@ -101,8 +104,9 @@ class MqttLink:
         self.client = make_client(settings, clean_session=clean_session)
         self.client.max_queued_messages_set(0)
         self.client.reconnect_delay_set(int(max(1, reconnect_delay[0])), int(max(1, reconnect_delay[1])))
+        self._will = will if callable(will) else None
         if will is not None:
-            self.client.will_set(will[0], will[1], qos=1, retain=True)
+            self._set_will(will() if callable(will) else will)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
@@ -120,7 +124,12 @@ class MqttLink:
         self.connected.clear()
         if len(self.addresses) > 1 and not self._stopped:
             self._next_address(f"disconnected ({reason_code})")
+        if self._will is not None and not self._stopped:
+            self._set_will(self._will())  # the next connection's own will (paho sends it with the next CONNECT)
         self._post(Disconnected(str(reason_code)))
+
+    def _set_will(self, will: tuple[str, bytes]) -> None:
+        self.client.will_set(will[0], will[1], qos=1, retain=True)
 
     def _next_address(self, why: str) -> None:
         """Point paho's next reconnect at the next address of ``addresses`` (failover)."""
