@@ -7,8 +7,8 @@ connections already open are not checked again (:mod:`mqtt_broker.evict` closes 
 
 A certificate goes on the list when the device is revoked (:func:`mqtt_broker.kit.revoke_device`) and when
 it is re-issued (``add-device --rotate``: :func:`mqtt_broker.tls.make_client_cert`), so a copied old kit
-cannot connect again. The list never expires in practice (its next update is set ten years ahead: OpenSSL
-refuses every client once a CRL's next update has passed, and nothing here re-signs it periodically).
+cannot connect again. Its next update is set ten years ahead, and every ``flayer broker start`` signs it again:
+OpenSSL refuses every client once a CRL's next update has passed.
 """
 
 from __future__ import annotations
@@ -97,12 +97,10 @@ def _write(tls_dir: Path, entries: dict[int, dt.datetime]) -> Path:
 
 
 def ensure_crl(tls_dir: Path) -> Path:
-    """The list, created empty when missing (the listener needs one as soon as it names it)."""
-    path = crl_path(tls_dir)
-    if path.exists():
-        revoked_serials(tls_dir)  # refuse a foreign or broken list now, not at the broker's handshake
-        return path
-    return _write(tls_dir, {})
+    """The list, created empty when missing (the listener needs one as soon as it names it), else signed
+    again with the same entries (a new next update at every start; a foreign or broken list is refused here,
+    not at the broker's handshakes)."""
+    return _write(tls_dir, revoked_serials(tls_dir))
 
 
 def revoke_serials(tls_dir: Path, serials: Iterable[int]) -> bool:

@@ -128,6 +128,10 @@ def close_identity_session(state_dir: str | Path, user: str, timeout: float = 5.
     rec = recorded_process(files.state_dir)
     if not identity_mode(cfg) or rec is None or rec.kind != "mosquitto":
         return False
+    if not any(line.startswith("crlfile ") for line in files.mosquitto_conf.read_text().splitlines()):
+        # written at start only: a broker started by a release without the list re-reads none at the reload
+        raise BrokerError(f"the running broker (pid {rec.pid}) was started without the revocation list, so {user}'s "
+                          f"old certificate would still connect: restart it (flayer broker stop, then start)")
     if not _reload_and_wait(rec.pid, files.log, timeout):
         raise BrokerError(f"the broker (pid {rec.pid}) did not log a reload within {timeout:.0f} s; restart it "
                           f"(flayer broker stop, then start) to close {user}'s connection")
