@@ -74,14 +74,45 @@ def _counts(scores_in: np.ndarray, scores_out: np.ndarray, t: float, above: bool
     return int(np.count_nonzero(scores_out <= t)), int(np.count_nonzero(scores_in > t))
 
 
+def _cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
+    """:func:`clopper_pearson_upper` of every count in ``k`` at once."""
+    from scipy.stats import beta
+
+    k = np.asarray(k)
+    out = np.ones(k.shape, dtype=np.float64)
+    inside = k < n
+    out[inside] = beta.ppf(1.0 - alpha, k[inside] + 1, n - k[inside])
+    return out
+
+
+def _rates_epsilon(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> np.ndarray:
+    """:func:`epsilon_from_rates` over arrays."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(1.0 - delta - fnr > 0, np.log(np.maximum(1.0 - delta - fnr, 1e-300) / fpr), 0.0)
+        b = np.where(1.0 - delta - fpr > 0, np.log(np.maximum(1.0 - delta - fpr, 1e-300) / fnr), 0.0)
+    return np.maximum(0.0, np.maximum(a, b))
+
+
+def _thresholds(cal: np.ndarray, candidates: int | None) -> np.ndarray:
+    """Midpoints between the calibration scores (every one, or ``candidates`` of them spaced geometrically from
+    both ends, where a test's power at small error rates lives), and one beyond each end."""
+    values = np.unique(cal)
+    mids = (values[:-1] + values[1:]) / 2
+    if candidates is not None and mids.size > candidates:
+        half = np.unique(np.geomspace(1, mids.size, max(2, candidates // 2)).astype(np.int64) - 1)
+        mids = mids[np.unique(np.concatenate([half, mids.size - 1 - half]))]
+    return np.concatenate([[values[0] - 1.0], mids, [values[-1] + 1.0]])
+
+
 def epsilon_lower_bound(scores_in: Sequence[float], scores_out: Sequence[float], delta: float,
-                        confidence: float = 0.95, calibrate: float = 0.5) -> AuditBound:
+                        confidence: float = 0.95, calibrate: float = 0.5,
+                        candidates: int | None = None) -> AuditBound:
     """Epsilon lower bound from an attack's scores in trials with the canary (``scores_in``) and without it
     (``scores_out``), both independent trials of the same mechanism. The first ``calibrate`` share of each
-    list chooses the threshold and its side (the rule whose bound on those trials is highest); the rest
-    certify it: with probability at least ``confidence`` both certified rates are below their one-sided
-    Clopper-Pearson bounds (each at level ``(1 - confidence) / 2``), and then the epsilon returned is a
-    lower bound on the mechanism's."""
+    list chooses the threshold and its side (the rule whose bound on those trials is highest; ``candidates``:
+    how many thresholds are tried, None for every midpoint); the rest certify it: with probability at least
+    ``confidence`` both certified rates are below their one-sided Clopper-Pearson bounds (each at level
+    ``(1 - confidence) / 2``), and then the epsilon returned is a lower bound on the mechanism's."""
     sin, sout = np.asarray(scores_in, dtype=np.float64), np.asarray(scores_out, dtype=np.float64)
     if not (0 < delta < 1 and 0 < confidence < 1 and 0 < calibrate < 1):
         raise ValueError(f"need delta, confidence and calibrate in (0, 1), got {delta}, {confidence}, {calibrate}")
@@ -92,14 +123,17 @@ def epsilon_lower_bound(scores_in: Sequence[float], scores_out: Sequence[float],
         raise ValueError(f"need trials to calibrate and to certify in both worlds, got {len(sin)} and {len(sout)}")
     alpha = (1.0 - confidence) / 2
     cal_in, cal_out, cert_in, cert_out = sin[:ci], sout[:co], sin[ci:], sout[co:]
-    values = np.unique(np.concatenate([cal_in, cal_out]))
-    candidates = np.concatenate([[values[0] - 1.0], (values[:-1] + values[1:]) / 2, [values[-1] + 1.0]])
-    rules: list[tuple[float, float, bool]] = []
-    for t in candidates:
-        for above in (True, False):
-            fp, fn = _counts(cal_in, cal_out, float(t), above)
-            eps = epsilon_from_rates(clopper_pearson_upper(fp, co, alpha), clopper_pearson_upper(fn, ci, alpha), delta)
-            rules.append((eps, float(t), above))
+    ts = _thresholds(np.concatenate([cal_in, cal_out]), candidates)
+    sorted_in, sorted_out = np.sort(cal_in), np.sort(cal_out)
+    # above: guess "in" when score >= t: FP = out-scores >= t, FN = in-scores < t; below: the mirror
+    below_in = np.searchsorted(sorted_in, ts, side="left")  # in-scores < t
+    below_out = np.searchsorted(sorted_out, ts, side="left")
+    upto_in = np.searchsorted(sorted_in, ts, side="right")  # in-scores <= t
+    upto_out = np.searchsorted(sorted_out, ts, side="right")
+    eps_above = _rates_epsilon(_cp_upper(co - below_out, co, alpha), _cp_upper(below_in, ci, alpha), delta)
+    eps_below = _rates_epsilon(_cp_upper(upto_out, co, alpha), _cp_upper(ci - upto_in, ci, alpha), delta)
+    rules = [(float(e), float(t), True) for e, t in zip(eps_above, ts)] + \
+        [(float(e), float(t), False) for e, t in zip(eps_below, ts)]
     top = max(r[0] for r in rules)
     ties = [r for r in rules if r[0] >= top - 1e-12]
     _, t, above = ties[len(ties) // 2]  # the middle of the best range: the margin on both sides
