@@ -6,14 +6,18 @@ credentials file it was given and holds an open connection to a real Mosquitto w
 broker's reload happen. It then publishes an update on its open connection and tries to connect again with
 the same credentials. The guarantee holds when its open connection is closed by the reload, nothing it
 publishes afterwards reaches the coordinator (subscribed to every topic of the federation), and its new
-connection is refused, while another device is unaffected.
+connection is refused, while another device is unaffected. The same when the operator's ``flayer broker revoke``
+cannot write its output (a closed pipe): the broker is told before anything is printed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 from pathlib import Path
 
+from cli.main import main as flayer
 from mqtt_broker.kit import revoke_device
 from protocol.topics import Topics
 from tests.mqtt_broker.broker_testlib import (
@@ -57,6 +61,36 @@ def test_a_revoked_device_is_cut_off_and_refused(tmp_path: Path) -> None:
         assert coord.wait_for(lambda ms: (T.update_chunk("dev-b", 2, 0), b"still enrolled") in {m[:2] for m in ms}, 5)
         time.sleep(NEGATIVE_WINDOW_S)
         assert [m for m in coord.messages if m[1] == b"after revoke"] == []
+    finally:
+        for p in probes:
+            p.close()
+        stop_test_broker(rb)
+
+
+class _BrokenStdout(io.TextIOBase):
+    """The operator's terminal or pipe gone: every write fails, as on a pipe whose reader has left."""
+
+    def write(self, s: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_revoke_cuts_the_device_off_even_when_its_output_cannot_be_written(tmp_path: Path) -> None:
+    """``flayer broker revoke`` whose stdout fails (a closed pipe or terminal): the broker is told first, so the
+    revoked device's open connection is closed all the same (before, it printed first and stopped there)."""
+    rb = start_test_broker(tmp_path / "broker", "mosquitto")
+    probes = []
+    try:
+        a = connect_probe(rb.creds["dev-a"])
+        probes.append(a)
+        with contextlib.redirect_stdout(_BrokenStdout()), contextlib.suppress(BrokenPipeError):
+            flayer(["broker", "revoke", "dev-a", "--state-dir", str(rb.files.state_dir)])
+        end = time.monotonic() + 5
+        while a.client.is_connected() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not a.client.is_connected(), "the revoke whose output failed left the device connected"
+        rc, again = try_connect(mqtt_connect_settings(rb.creds["dev-a"]))
+        again.loop_stop()
+        assert rc not in (0, None), f"the revoked device connected again (CONNACK {rc})"
     finally:
         for p in probes:
             p.close()
