@@ -148,9 +148,11 @@ class FederationPrivacy:
         clip = raw.get("clip")
         if not isinstance(clip, (int, float)) or isinstance(clip, bool) or not (math.isfinite(clip) and clip > 0):
             raise PrivacyStateError(f"checkpoint: privacy clip must be a number > 0, got {clip!r}")
-        if not self.asynchronous and accounts.public.rounds > rounds_done:
+        # a closed round (or asynchronous version) composes at most once: never more than were done
+        if accounts.public.rounds > rounds_done:
+            what = "model version" if self.asynchronous else "round"
             raise PrivacyStateError(f"checkpoint: the privacy ledger composes {accounts.public.rounds} rounds, the "
-                                    f"checkpoint is after round {rounds_done}")
+                                    f"checkpoint is after {what} {rounds_done}")
         if sampled:
             log.warning("privacy: the checkpoint's ledger composed rounds with amplification by sampling; they are "
                         "recomposed at q = 1 (the cohort is public)")

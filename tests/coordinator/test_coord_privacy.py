@@ -211,6 +211,26 @@ def test_synchronous_rounds_and_asynchronous_versions_compose_at_q_1(digits):
         assert fp.epsilon() == pytest.approx(epsilon_for([(1.0, 1.0, 1)], 1e-5))
 
 
+def test_a_checkpoint_whose_ledger_composes_more_than_was_done_is_refused_in_both_modes(digits):
+    """A checkpoint after version 2 (or round 2) whose ledger composes 3 is not restored: asynchronous runs were
+    let through before."""
+    from coordinator.privacy import FederationPrivacy, PrivacyStateError
+    from flayer.config import TrainConfig
+    from flayer.privacy_config import PrivacySettings
+    from flayer.strategies import make_strategy
+
+    strategy = make_strategy("fedavg", digits.model_spec(), TrainConfig(lr=0.05))
+    raw = {"ledger": [[1.0, 1.0, 3]], "coordinator_ledger": None, "clip": 0.3}
+    for asynchronous in (True, False):
+        fp, _ = FederationPrivacy.of(PrivacySettings(enabled=True, population=100, noise_multiplier=1.0), strategy,
+                                     quorum=10, buffer=4, asynchronous=asynchronous)
+        assert fp is not None
+        with pytest.raises(PrivacyStateError, match="composes 3 rounds"):
+            fp.restore(raw, 2)
+        fp.restore(raw, 3)
+        assert fp.accounts.public.rounds == 3
+
+
 def test_a_local_round_that_closes_short_is_composed_with_the_noise_that_arrived(tmp_path, datas):
     """Local noise: 3 devices asked, shares sized for m = 3, only 2 upload before the deadline. The sum carries
     z sqrt(2/3) of noise, and that is what the round spends (against readers of the models and plans); the
@@ -232,9 +252,9 @@ def test_a_local_round_that_closes_short_is_composed_with_the_noise_that_arrived
 def test_the_coordinator_refuses_secure_rounds_it_cannot_run(tmp_path):
     from flayer.config import ConfigError
 
-    _config(tmp_path, secure_aggregation=True)  # synchronous, quorum 2: fine
+    _config(tmp_path, quorum=3, secure_aggregation=True)  # synchronous, quorum 3: fine
     text = (tmp_path / "federation.toml").read_text()
-    for change, needle in (("quorum = 2", "quorum = 1"), ("grace_s = 0.0", 'grace_s = 0.0\nmode = "async"'),
+    for change, needle in (("quorum = 3", "quorum = 2"), ("grace_s = 0.0", 'grace_s = 0.0\nmode = "async"'),
                            ("secure_aggregation = true", "secure_aggregation = true\nsecure_stage_s = 25.0")):
         (tmp_path / "federation.toml").write_text(text.replace(*((change, needle))))
         with pytest.raises(ConfigError, match="secure_aggregation needs|3 x secure_stage_s <= deadline_s"):
