@@ -50,7 +50,8 @@ def _config(args: argparse.Namespace, stored_path: Path) -> BrokerConfig:
                                  ("require_certificate", args.require_certificate),
                                  ("use_identity_as_username", args.use_identity_as_username),
                                  ("advertise_host", args.advertise_host), ("max_packet_size", args.max_packet_size),
-                                 ("persistence", args.persistence)) if v is not None}
+                                 ("persistence", args.persistence),
+                                 ("max_connections", args.max_connections)) if v is not None}
     if stored and "federation" in changes and changes["federation"] != stored.federation:
         raise CliError(f"{stored_path.parent} serves federation {stored.federation!r}; "
                        f"use another --state-dir for {changes['federation']!r}")
@@ -81,10 +82,10 @@ def _start(args: argparse.Namespace) -> int:
     cfg = _config(args, files.config)
     _gateway_flags(args, files.state_dir, cfg)
     if args.print_unit:  # a service runs the broker in the foreground (cli.unit)
-        from cli.unit import print_unit
+        from cli.unit import UNIT_FILES, print_unit
 
         return print_unit(args, "broker", [files.state_dir], f"federation {cfg.federation}",
-                          [] if args.foreground else ["--foreground"])
+                          [] if args.foreground else ["--foreground"], open_files=cfg.open_files_needed + UNIT_FILES)
     done = threading.Event()
     if args.foreground:  # before the start, so an early Ctrl-C still stops the broker below
         previous = {sig: signal.signal(sig, lambda *_: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

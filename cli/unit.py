@@ -13,7 +13,9 @@
 4. is stopped with SIGTERM to the main process only (``KillMode=mixed``: the broker's wrapper stops its
    mosquitto itself), SIGKILL after ``TimeoutStopSec``;
 5. logs to the journal (stdout and stderr, unbuffered), under ``SyslogIdentifier=flayer-KIND``;
-6. starts at boot (``WantedBy=multi-user.target``) once the network is up.
+6. starts at boot (``WantedBy=multi-user.target``) once the network is up;
+7. the broker's: may open as many files as every listener full needs, plus the wrapper's own
+   (``LimitNOFILE``: ``BrokerConfig.open_files_needed`` + :data:`UNIT_FILES`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["PATH_FLAGS", "add_unit_flags", "command_args", "flayer_command", "quote", "unit_text"]
+__all__ = ["PATH_FLAGS", "UNIT_FILES", "add_unit_flags", "command_args", "flayer_command", "quote", "unit_text"]
 
 PATH_FLAGS = frozenset({"--config", "--state-dir", "--credentials", "--kit", "--data", "--partition-file",
                         "--log-file", "--tensorboard", "--metrics-token-file"})
 UNIT_FLAGS = {"--print-unit": 0, "--unit-user": 1}  # flag -> values it takes; left out of the unit's command
+UNIT_FILES = 1024  # the flayer wrapper's own descriptors beside the broker's
 STOP_TIMEOUT_S = {"broker": 30, "coordinator": 120, "edge": 300}  # a device finishes its local round first
 DESCRIPTIONS = {"broker": "FLAYER Edge MQTT broker", "coordinator": "FLAYER Edge coordinator",
                 "edge": "FLAYER Edge device"}
@@ -80,8 +83,10 @@ def quote(arg: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def unit_text(kind: str, argv: Sequence[str], user: str, state_dirs: Iterable[Path], what: str = "") -> str:
-    """The unit (module docstring) of ``kind`` (broker, coordinator or edge) running ``argv``."""
+def unit_text(kind: str, argv: Sequence[str], user: str, state_dirs: Iterable[Path], what: str = "",
+              open_files: int = 0) -> str:
+    """The unit (module docstring) of ``kind`` (broker, coordinator or edge) running ``argv``; ``open_files``: its
+    ``LimitNOFILE`` (the broker: every listener full plus its own, ``BrokerConfig.open_files_needed``)."""
     if kind not in DESCRIPTIONS:
         raise ValueError(f"kind must be one of {', '.join(DESCRIPTIONS)}, got {kind!r}")
     if not user or any(c.isspace() for c in user):
@@ -106,7 +111,7 @@ def unit_text(kind: str, argv: Sequence[str], user: str, state_dirs: Iterable[Pa
              "ExecStart=" + " ".join(quote(a) for a in argv),
              "Restart=on-failure", "RestartSec=10s", "RestartPreventExitStatus=2",
              "SuccessExitStatus=130 143", "KillMode=mixed", "KillSignal=SIGTERM",
-             f"TimeoutStopSec={STOP_TIMEOUT_S[kind]}s",
+             f"TimeoutStopSec={STOP_TIMEOUT_S[kind]}s", *([f"LimitNOFILE={open_files}"] if open_files else []),
              "Environment=PYTHONUNBUFFERED=1", "StandardOutput=journal", "StandardError=journal",
              f"SyslogIdentifier=flayer-{kind}", "NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectSystem=full", "",
              "[Install]", "WantedBy=multi-user.target", ""]
@@ -114,13 +119,13 @@ def unit_text(kind: str, argv: Sequence[str], user: str, state_dirs: Iterable[Pa
 
 
 def print_unit(args: argparse.Namespace, kind: str, state_dirs: Iterable[Path], what: str = "",
-               extra: Sequence[str] = ()) -> int:
+               extra: Sequence[str] = (), open_files: int = 0) -> int:
     """Print the unit of the command in ``args.argv`` (set by :func:`cli.main.main`) plus ``extra``."""
     from cli.common import CliError
 
     try:
         text = unit_text(kind, [*flayer_command(), *command_args(args.argv), *extra], args.unit_user, state_dirs,
-                         what)
+                         what, open_files)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     sys.stdout.write(text)

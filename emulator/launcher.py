@@ -119,7 +119,7 @@ class _Launch:
             host, port = parse_broker_url(o.broker_url)
         # descriptors: the broker's (when this launcher starts it) one per device, a worker's one per device it hosts
         raise_open_files((n if o.broker_state is None else per_worker) + 256)
-        state = self._broker(o)
+        state = self._broker(o, n)
         hosted_users = range(n) if o.shard == 0 else mine  # shard 0 makes everyone's credentials
         users = [(ids[k], "device") for k in hosted_users] + [(monitor_id(o.shard), "device")]
         t = time.monotonic()
@@ -191,14 +191,16 @@ class _Launch:
                   + (" to the federation's devices" if htpasswd is not None else " to anyone (no broker.json)"))
         return {"models_dir": str(self.nginx.root), "models_url": self.nginx.url}
 
-    def _broker(self, o: LaunchOptions) -> Path:
+    def _broker(self, o: LaunchOptions, devices: int) -> Path:
         from mqtt_broker import BrokerConfig, start_broker
+        from mqtt_broker.config import DEFAULT_MAX_CONNECTIONS
 
         if o.broker_state is not None:
             self.broker_desc = f"broker of {o.broker_state}" + (f" at {o.broker_url}" if o.broker_url else "")
             return o.broker_state.resolve()
         state = self.out / "broker"
-        self.broker = start_broker(BrokerConfig(federation=self.cfg.emulator.federation, persistence=False),
+        self.broker = start_broker(BrokerConfig(federation=self.cfg.emulator.federation, persistence=False,
+                                                max_connections=max(DEFAULT_MAX_CONNECTIONS, devices + 256)),
                                    state,
                                    kind=self.cfg.emulator.broker_kind, timeout=30)
         self.broker_desc = f"{self.broker.kind} broker pid {self.broker.pid} on 127.0.0.1:{self.broker.port}"

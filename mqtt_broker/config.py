@@ -14,6 +14,12 @@ The limits are chosen for a federation's traffic, not for chat-sized messages:
   exceed (model chunks) and (devices x chunks per update). ``max_queued_bytes`` (1 GiB) bounds
   the memory that queue may hold. ``max_inflight_messages`` stays at Mosquitto's 20.
 - ``persistence``: retained plan and model chunks and queued QoS 1 messages survive a broker restart.
+- ``max_connections`` (default 5,000) per listener: connections past it are closed at accept, so a stranger's
+  idle sockets cannot take the descriptors the broker needs. The process must be allowed
+  :attr:`BrokerConfig.open_files_needed` open files (every listener's limit plus :data:`RESERVE_FILES` of its own):
+  the launcher raises its soft limit that far, or refuses to start (``mqtt_broker.process``); a service unit sets
+  ``LimitNOFILE``. Mosquitto 2.0 has no per-address limit and no setting for a connection that sends no CONNECT:
+  it closes one after about 90 s (its built-in 60 s keepalive, times 1.5).
 
 Listeners: the plain one (password only) on ``host``, the TLS one on ``tls_host`` (default ``host``).
 With TLS on, a password alone must not open a door to the network: the plain listener then binds to
@@ -37,11 +43,13 @@ from transport.credentials import MQTT_HEADROOM, CredentialsError, payload_limit
 from transport.hosts import is_loopback
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_PACKET_SIZE",
     "DEFAULT_PORT",
     "DEFAULT_STATE_DIR",
     "DEFAULT_TLS_PORT",
     "MQTT_HEADROOM",
+    "RESERVE_FILES",
     "BrokerConfig",
     "BrokerConfigError",
     "is_loopback",
@@ -53,6 +61,8 @@ DEFAULT_PORT = 1883
 DEFAULT_TLS_PORT = 8883
 DEFAULT_MAX_PACKET_SIZE = 1 << 20  # 1 MiB
 MIN_PACKET_SIZE = 16 * 1024
+DEFAULT_MAX_CONNECTIONS = 5_000  # per listener; larger fleets raise it (the emulator sets its fleet's size)
+RESERVE_FILES = 64  # the broker's own descriptors beside its clients: listening sockets, log, persistence, reloads
 MAX_PACKET_SIZE = 256 * 1024 * 1024  # MQTT's remaining-length field tops out just above this
 _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
@@ -110,6 +120,7 @@ class BrokerConfig:
     max_inflight_messages: int = 20
     max_queued_messages: int = 10_000
     max_queued_bytes: int = 1 << 30
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # per listener (module docstring)
     persistence: bool = True
     coordinator_user: str = "coordinator"
     plain: bool = True  # the plain (password only) listener; off only with TLS
@@ -144,6 +155,16 @@ class BrokerConfig:
         _check_int(self.max_inflight_messages, "max_inflight_messages", 1, 65535)
         _check_int(self.max_queued_messages, "max_queued_messages", 1, 10_000_000)
         _check_int(self.max_queued_bytes, "max_queued_bytes", 0, 1 << 40)
+        _check_int(self.max_connections, "max_connections", 1, 1_000_000)
+
+    @property
+    def listeners(self) -> int:
+        return int(self.plain) + int(self.tls)
+
+    @property
+    def open_files_needed(self) -> int:
+        """The open files the broker process must be allowed: every listener full, plus its own."""
+        return self.listeners * self.max_connections + RESERVE_FILES
 
     @property
     def max_payload(self) -> int:

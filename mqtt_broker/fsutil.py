@@ -9,7 +9,7 @@ from pathlib import Path
 
 from flayer.files import atomic_write, private_dir  # the one place state is written (0700 / 0600)
 
-__all__ = ["atomic_write", "find_executable", "free_port", "port_in_use", "private_dir"]
+__all__ = ["atomic_write", "find_executable", "free_port", "open_files_limit", "port_in_use", "private_dir"]
 
 # Debian installs mosquitto in /usr/sbin, which is not on a normal user's PATH.
 _EXTRA_BIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin", "/opt/homebrew/sbin", "/usr/local/opt/mosquitto/sbin")
@@ -24,6 +24,25 @@ def find_executable(name: str) -> str | None:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return None
+
+
+def open_files_limit(needed: int) -> tuple[int, int]:
+    """Raise this process's soft open-file limit to ``needed`` when the hard limit allows (a child it starts
+    inherits it); returns (soft, hard) as they are then."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: no limit to raise
+        return needed, needed
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    big = 1 << 62
+    return (big if soft == resource.RLIM_INFINITY else soft), (big if hard == resource.RLIM_INFINITY else hard)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -28,8 +28,11 @@ def _run_as_user() -> str | None:
             return None
 
 
-def _listener_auth(passwd: Path, acl: Path) -> list[str]:
+def _listener_auth(passwd: Path, acl: Path, max_connections: int) -> list[str]:
     return [
+        # past this many, a connection is closed at accept: a stranger's idle sockets cannot take the descriptors
+        # the broker needs (the process may open BrokerConfig.open_files_needed; mqtt_broker.config)
+        f"max_connections {max_connections}",
         "allow_anonymous false",
         f"password_file {passwd}",
         f"acl_file {acl}",
@@ -81,14 +84,15 @@ def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl:
         "log_timestamp_format %Y-%m-%dT%H:%M:%S",
     ]
     if cfg.plain:  # with TLS on: loopback unless insecure_plain (BrokerConfig.plain_host)
-        lines += ["", f"listener {cfg.port} {cfg.plain_host}", "protocol mqtt", *_listener_auth(passwd, acl)]
+        lines += ["", f"listener {cfg.port} {cfg.plain_host}", "protocol mqtt",
+                  *_listener_auth(passwd, acl, cfg.max_connections)]
     if tls is not None:
         ca, cert, key = tls
         lines += [
             "",
             f"listener {cfg.tls_port} {cfg.tls_host or cfg.host}",
             "protocol mqtt",
-            *_listener_auth(passwd, acl),
+            *_listener_auth(passwd, acl, cfg.max_connections),
             f"cafile {ca}",
             f"certfile {cert}",
             f"keyfile {key}",

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the annotations are never evaluated
     from typing_extensions import Self
 
-from mqtt_broker.config import BrokerConfig, BrokerConfigError, is_loopback
-from mqtt_broker.fsutil import atomic_write, find_executable, port_in_use
+from mqtt_broker.config import RESERVE_FILES, BrokerConfig, BrokerConfigError, is_loopback
+from mqtt_broker.fsutil import atomic_write, find_executable, open_files_limit, port_in_use
 from mqtt_broker.state import BrokerFiles, write_broker_files
 
 __all__ = [
@@ -192,6 +192,9 @@ class ManagedBroker:
     def argv(self) -> list[str]:
         raise NotImplementedError
 
+    def check_limits(self, cfg: BrokerConfig) -> None:
+        """What the broker needs of this process before it starts (nothing here)."""
+
     def env(self) -> dict[str, str]:
         return dict(os.environ)
 
@@ -222,6 +225,7 @@ class ManagedBroker:
         for host, port in ports:
             if port_in_use(host, port):
                 raise BrokerError(f"port {port} on {host} is already in use; choose another port (or 0 for a free one)")
+        self.check_limits(cfg)
         argv = self.argv()
         log_start = self.files.log.stat().st_size if self.files.log.exists() else 0
         with open(self.files.log, "ab") as logfh:
@@ -319,6 +323,17 @@ class BrokerProcess(ManagedBroker):
 
     def argv(self) -> list[str]:
         return [str(self.executable), "-c", str(self.files.mosquitto_conf)]
+
+    def check_limits(self, cfg: BrokerConfig) -> None:
+        """Every listener full (``max_connections``) must leave Mosquitto descriptors of its own: the soft
+        open-file limit it inherits is raised that far, or it is not started (mqtt_broker.config)."""
+        need = cfg.open_files_needed
+        soft, hard = open_files_limit(need)
+        if soft < need:
+            raise BrokerError(f"the broker needs {need} open files (max_connections {cfg.max_connections} on each of "
+                              f"its {cfg.listeners} listener(s), plus {RESERVE_FILES} of its own) but may open only "
+                              f"{soft} (hard limit {hard}): raise the limit (LimitNOFILE={need} in a service unit, "
+                              f"'ulimit -n {need}') or lower --max-connections")
 
 
 class EmbeddedBroker(ManagedBroker):

@@ -80,6 +80,8 @@ def test_units_restart_on_failure_as_a_dedicated_user_into_the_journal(tmp_path:
     # the broker runs in the foreground under systemd; its state folder is systemd's to create
     assert units["broker"].splitlines().count("StateDirectory=flayer/broker") == 1
     assert " --foreground" in units["broker"] and "--host 0.0.0.0 --tls" in units["broker"]
+    # every listener full (2 x 5,000 with TLS) plus the broker's own 64 and the wrapper's 1,024 descriptors
+    assert "LimitNOFILE=11088" in units["broker"].splitlines() and "LimitNOFILE" not in units["edge"]
     assert "StateDirectory=flayer/coordinator" in units["coordinator"]
     assert f"--config {tmp_path / 'federation.toml'} --metrics-port 9464" in units["coordinator"]
     assert "After=network-online.target flayer-broker.service" in units["coordinator"]
