@@ -117,7 +117,7 @@ def render(snap: dict[str, Any]) -> str:
     if src["metrics_error"]:
         lines.append(f"metrics file not read: {src['metrics_error']}")
     has_metrics = src["metrics"] is not None
-    rows = [(d["id"], d["state"], "never" if d["last_seen_s"] is None else f"{d['last_seen_s']:.0f}s ago",
+    rows = [(d["id"], d["state"] + (" (invalid status)" if d.get("invalid") else ""), "never" if d["last_seen_s"] is None else f"{d['last_seen_s']:.0f}s ago",
              "-" if d["link_kbps"] is None else f"{d['link_kbps']:.0f}",
              d["accepted"] if has_metrics else "-",
              f"{d['last_result']} (round {d['last_result_round']})" if d["last_result"] else "-")
@@ -125,6 +125,7 @@ def render(snap: dict[str, Any]) -> str:
     if rows:
         lines += ["", table(["device", "state", "last seen", "link kbit/s", "accepted", "last round selected"],
                             rows)]
+    lines += [f"{d['id']}: invalid status: {d['invalid']}" for d in snap["devices"] if d.get("invalid")]
     return "\n".join(lines)
 
 

@@ -14,10 +14,15 @@ A device's state, in this order of precedence:
    ``uploading`` or ``idle`` (done with the round, or not selected);
 5. ``unknown``: the metrics file names it but no status was seen; ``offline`` when that file says the run
    ended (a finished run's folder).
+
+A status is a device's word: the fields shown from its ``info`` (``link_kbps`` a finite number >= 0, ``device`` a
+short text) are checked per device; one that is not what it should be is left out and the device's row says why
+(``invalid``), so one device's status cannot stop ``flayer status``, ``--watch`` or the dashboard for the others.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +47,22 @@ class _Device:
     last_result: str = ""
     last_result_round: int = 0
     acc: float | None = None
+    invalid: str = ""  # why a field of its last status was left out (module docstring)
+
+
+def _checked_info(info: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """``info`` without the shown fields that are not what they should be, and why (empty: all good)."""
+    out, bad = dict(info), []
+    kbps = out.get("link_kbps")
+    if kbps is not None and (isinstance(kbps, bool) or not isinstance(kbps, (int, float)) or not math.isfinite(kbps)
+                             or kbps < 0):
+        bad.append(f"link_kbps {str(kbps)[:20]!r} is not a number >= 0")
+        del out["link_kbps"]
+    hw = out.get("device")
+    if hw is not None and not (isinstance(hw, str) and len(hw) <= 64 and hw.isprintable()):
+        bad.append(f"device {str(hw)[:20]!r} is not a short text")
+        del out["device"]
+    return out, "; ".join(bad)
 
 
 class FleetView:
@@ -61,7 +82,8 @@ class FleetView:
         """A device's status; a retained one is only as fresh as the time it carries (as the coordinator's
         registry judges it)."""
         d = self.devices.setdefault(client, _Device())
-        d.status, d.round, d.info = status.state, status.round, dict(status.info)
+        d.status, d.round = status.state, status.round
+        d.info, d.invalid = _checked_info(status.info)
         d.last_seen = min(now, status.time) if retained else now
         self.version += 1
 
@@ -145,7 +167,8 @@ class FleetView:
                          "last_seen_s": None if d.last_seen is None else round(max(0.0, now - d.last_seen), 1),
                          "link_kbps": d.info.get("link_kbps"), "round": d.round, "accepted": d.accepted,
                          "last_result": d.last_result, "last_result_round": d.last_result_round, "acc": d.acc,
-                         "selected": bool(p is not None and c in p.selected), "hardware": d.info.get("device")})
+                         "selected": bool(p is not None and c in p.selected), "hardware": d.info.get("device"),
+                         "invalid": d.invalid})
         return rows
 
     def snapshot(self, now: float) -> dict[str, Any]:

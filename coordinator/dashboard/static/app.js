@@ -94,7 +94,8 @@
     const body = $("devices").tBodies[0];
     body.replaceChildren(...shown.map((r) => {
       const tr = el("tr", { "data-device": r.id, "data-state": r.state, "data-result": r.last_result || "" });
-      tr.append(el("td", { class: "id" }, r.id), el("td", { class: "state" }, r.state),
+      tr.append(el("td", { class: "id" }, r.id),
+                el("td", { class: "state", title: r.invalid || "" }, r.invalid ? `${r.state} (invalid status)` : r.state),
                 el("td", {}, ago(r.last_seen_s)), el("td", {}, fmt(r.link_kbps, 0)),
                 el("td", { class: "accepted" }, String(r.accepted)), el("td", { class: "result" }, r.last_result || "-"),
                 el("td", {}, r.last_result_round ? String(r.last_result_round) : "-"), el("td", {}, fmt(r.acc, 4)));
