@@ -32,9 +32,10 @@ def add_source_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", metavar="FILE", help="the run's metrics.jsonl (updates accepted, rounds, refusals)")
 
 
-def resolve_source(args: argparse.Namespace) -> tuple[Any, Path | None, Path | None]:
+def resolve_source(args: argparse.Namespace, wait: bool = False) -> tuple[Any, Path | None, Path | None]:
     """(credentials or None, metrics file or None, the broker's revocation list or None) from the flags;
-    CliError when a named file is unusable."""
+    CliError when a named file is unusable. ``wait``: a metrics file not written yet (a coordinator not started,
+    or before its first record) is kept, to be read once it appears, when its folder exists."""
     from coordinator.dashboard.watch import find_metrics
     from mqtt_broker import BrokerConfigError, Credentials
 
@@ -61,8 +62,12 @@ def resolve_source(args: argparse.Namespace) -> tuple[Any, Path | None, Path | N
             raise CliError(f"{cred_file} holds a {creds.role}'s credentials; use the read-only observer's "
                            f"(BROKER_STATE/credentials/observer.toml)")
     metrics = Path(args.metrics) if args.metrics else find_metrics(run) if run is not None else None
-    if metrics is not None and not metrics.is_file():
-        raise CliError(f"metrics file {metrics} does not exist")
+    if wait and metrics is None and run is not None:
+        metrics = run / "metrics.jsonl"  # a coordinator's or emulator's folder before its first record
+    if metrics is not None and not metrics.is_file() and not (wait and metrics.parent.is_dir()
+                                                              and not metrics.exists()):
+        raise CliError(f"metrics file {metrics} does not exist" + (f" and its folder {metrics.parent} neither"
+                                                                  if wait else ""))
     # the list 'flayer broker revoke' writes, beside the credentials folder (as the coordinator reads it)
     revoked = cred_file.parent.parent / "revoked.json" if cred_file is not None else None
     return creds, metrics, revoked

@@ -50,7 +50,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from flayer.files import private_dir
 from protocol.messages import DEVICE_LABEL
 from protocol.metrics_schema import DEVICE_RESULTS
-from transport.access import REQUEST_TIMEOUT_S, token_allows, token_for
+from transport.access import REQUEST_TIMEOUT_S, host_allows, served_names, token_allows, token_for
 from transport.hosts import is_loopback
 
 from .device_privacy import device_privacy
@@ -270,13 +270,15 @@ class FleetMetrics:
 
 class MetricsServer(ThreadingHTTPServer):
     """``GET /metrics``: the registry in Prometheus' text format; the access rule of :mod:`transport.access`
-    (loopback: open; elsewhere a token, ``Authorization: Bearer``). It reads nothing but the registry."""
+    (loopback: open; elsewhere a token, ``Authorization: Bearer``; a ``Host`` that is neither an address nor a name
+    of this machine: 421). It reads nothing but the registry."""
 
     daemon_threads = True
 
     def __init__(self, registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.registry, self.token = registry, token_for(host, token)
+        self.names = served_names(host)  # the Host headers it answers (transport.access, rule 4)
         self.request_timeout_s = request_timeout_s  # an idle or stalled connection is closed after this long
         self.scraped = threading.Condition()
         self.scrapes = 0
@@ -321,6 +323,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
+        if not host_allows(self.headers, self.server.names):
+            self._send(HTTPStatus.MISDIRECTED_REQUEST, b"421: scrape this endpoint by an address or a name of its "
+                                                       b"machine\n")
+            return
         if not token_allows(self.server.token, self.path, self.headers)[0]:
             self._send(HTTPStatus.UNAUTHORIZED, b"401: a valid token is required (Authorization: Bearer ...)\n")
             return

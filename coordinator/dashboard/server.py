@@ -5,7 +5,9 @@ Routes (GET only; any other method gets 405): ``/`` the page, ``/app.js``, ``/st
 ``/api/snapshot`` the fleet now (JSON), ``/events`` a stream of snapshots pushed when the fleet changes
 (at most ``MAX_PUSH_HZ`` a second, and at least every ``IDLE_PUSH_S`` so ages and deadlines move).
 
-Access (the rule of :mod:`transport.access`): bound to 127.0.0.1 by default. Bound elsewhere it needs a
+Access (the rule of :mod:`transport.access`): a request whose ``Host`` is not an address or a name of this
+machine (``--allow-host`` adds one) gets 421, so a page of another site cannot read it through DNS rebinding.
+Bound to 127.0.0.1 by default. Bound elsewhere it needs a
 token (generated when none is given): ``?token=...`` on the first request, or ``Authorization: Bearer
 ...``; a correct token sets an HttpOnly, SameSite=Strict cookie so the page's own requests carry it. A missing or wrong token gets
 401 and no data. A connection idle for ``REQUEST_TIMEOUT_S`` (no request, or a stream nobody reads) is
@@ -25,7 +27,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
-from transport.access import REQUEST_TIMEOUT_S, token_allows, token_for
+from transport.access import REQUEST_TIMEOUT_S, host_allows, served_names, token_allows, token_for
 from transport.hosts import is_loopback
 
 from .watch import FleetWatch
@@ -54,8 +56,9 @@ class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, watch: FleetWatch, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, allow_hosts: tuple[str, ...] = ()) -> None:
         self.watch, self.token = watch, token_for(host, token)  # transport.access: the rule, written once
+        self.names = served_names(host, allow_hosts)  # the Host headers it answers (transport.access, rule 4)
         self.request_timeout_s = request_timeout_s  # an idle or stalled connection is closed after this long
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self.closing = threading.Event()
@@ -113,6 +116,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
+        if not host_allows(self.headers, self.server.names):
+            self._send(HTTPStatus.MISDIRECTED_REQUEST, b"421: this dashboard answers to its own address and names "
+                                                       b"only (--allow-host NAME for another)\n")
+            return
         ok, cookie = self._allowed()
         if not ok:
             self._send(HTTPStatus.UNAUTHORIZED, b"401: a valid token is required (?token=...)\n")
