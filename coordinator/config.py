@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flayer.config import ConfigError, RunConfig, add_python_path, from_mapping, load_run_config, read_toml
+from flayer.engine.secure_plan import MIN_COHORT
 from flayer.engine.versions import AUTO, AsyncSettings, resolve_async
 from flayer.registry import ModelError, with_fingerprint
 from flayer.spec import ModelSpec, canonical_args, canonical_classes
@@ -324,9 +325,10 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[st
         raise ConfigError(f"{path} [privacy] secure_stage_s = {run.privacy.secure_stage_s:g}: the key, share and "
                           f"unmask stages may each take it, which must fit in [federation] deadline_s = "
                           f"{fed.deadline_s:g} (3 x secure_stage_s <= deadline_s)")
-    if run.privacy.secure_aggregation and fed.quorum < 2:
-        raise ConfigError(f"{path} [privacy] secure_aggregation needs [federation] quorum >= 2: a sum of one "
-                          f"device is that device's update")
+    if run.privacy.secure_aggregation and fed.quorum < MIN_COHORT:
+        raise ConfigError(f"{path} [privacy] secure_aggregation needs [federation] quorum >= {MIN_COHORT}: devices "
+                          f"refuse a smaller secure round (a sum of a device and one colluder is that device's "
+                          f"update; docs/explanation/secure-aggregation.md)")
     base = path.resolve().parent
     initial: Path | None = None
     if "model" in raw:

@@ -31,6 +31,7 @@ from typing import Any
 from coordinator.config import FederationSettings
 from edge_client.config import EdgeSettings
 from flayer.config import ConfigError, RunConfig, from_mapping, load_run_config, read_toml
+from flayer.engine.secure_plan import MIN_COHORT
 from flayer.spec import ENTRY_POINT
 
 from .slots import DEFAULT_MODEL_SLOTS
@@ -146,12 +147,16 @@ def load_emulate_config(path: str | Path | None, overrides: Mapping[str, Mapping
 
 
 def federation_table(cfg: EmulateConfig, n_devices: int) -> dict[str, Any]:
-    """The coordinator's [federation] values with the emulator's defaults: quorum = half the fleet,
+    """The coordinator's [federation] values with the emulator's defaults: quorum = half the fleet (at least 3 with
+    secure rounds),
     over-selection 1.3, min_devices = quorum, a 120 s deadline; asynchronous ``"auto"`` values that
     depend on the fleet's size (:func:`flayer.engine.versions.resolve_async`) resolved for it, so the
     emulator's coordinator and ``--virtual`` run the same settings."""
     fed = dict(cfg.federation)
-    fed.setdefault("quorum", max(1, math.ceil(n_devices / 2)))
+    quorum = max(1, math.ceil(n_devices / 2))
+    if cfg.run.privacy.secure_aggregation:  # devices refuse a secure round over fewer (flayer.engine.secure_plan)
+        quorum = max(quorum, min(MIN_COHORT, n_devices))
+    fed.setdefault("quorum", quorum)
     fed.setdefault("min_devices", fed["quorum"])
     fed.setdefault("over_selection", 1.3)
     fed.setdefault("deadline_s", 120.0)

@@ -226,7 +226,7 @@ class Plan:
               "seed": _int(0, 2**63), "train": _mapping(16, _scalar), "rounds": _int(0, 2**32),
               "max_update_bytes": _int(0, 2**63), "mode": _choice(PLAN_MODES), "max_staleness": _int(0, 1000),
               "delta": _mapping(8, _scalar), "upload_fit": _mapping(8, _scalar), "close_by": _time,
-              "delta_chain": _links, "privacy": _mapping(16, _scalar), "secure": _mapping(16, _scalar),
+              "delta_chain": _links, "privacy": _mapping(16, _scalar), "secure": _mapping(24, _scalar),
               "models_url": _models_url, "issued": _time}
     # fields added after the first release: left out of the JSON while at their default, so a plan that
     # does not use them is byte for byte what earlier devices decode (their decoders want exactly their fields)

@@ -18,6 +18,7 @@ What a driver does with :mod:`flayer.secagg` (docs/explanation/secure-aggregatio
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -29,8 +30,7 @@ from typing import Any
 import numpy as np
 
 from flayer.privacy_config import PrivacySettings
-from flayer.secagg import SecAggParams, decode_sum, encode, neighbour_count
-from flayer.secagg.graph import threshold_floor
+from flayer.secagg import SecAggParams, decode_sum, encode
 from flayer.secagg.noise import discrete_gaussian
 from flayer.secagg.prg import KeystreamRandom
 from flayer.strategies.base import derive_seed
@@ -39,6 +39,7 @@ from flayer.update import Update
 from .privacy import UNCLIPPED_KEY, RoundPrivacy
 from .secure_fit import check_keep, keep_layout, restrict
 from .secure_layout import Layout, flatten, layout_of, unflatten
+from .secure_plan import check_noise, cohort_problem, plan_context, plan_floor_problem, round_degree
 from .secure_ring import NOISE_HEADROOM, ring_noise, ring_range, round_ring
 
 __all__ = [
@@ -112,7 +113,10 @@ def round_params(s: PrivacySettings, session: str, round_: int, participants: tu
     fraction ``secure_corrupt_fraction``, the neighbour graph drawn from the run seed and the round."""
     adaptive = s.enabled and s.clipping == "adaptive"
     length = layout.n + int(adaptive)
-    k, t = neighbour_count(len(participants), s.secure_dropout, corrupt_fraction=corrupt_fraction(s))
+    why = cohort_problem(len(participants), corrupt_fraction(s))
+    if why is not None:
+        raise ValueError(why)
+    k, t = round_degree(len(participants), s.secure_dropout, corrupt_fraction(s))  # the devices' floor, the same call
     noise, ring, _ = ring_noise(rp, t, length, ring_range(s.clip_range if value_range is None else value_range,
                                                           adaptive), len(participants), s.secure_value_bits)
     graph_seed = graph_seed_of(seed, round_)
@@ -252,8 +256,10 @@ def plan_round(s: PrivacySettings, session: str, round_: int, participants: tupl
     adaptive = s.enabled and s.clipping == "adaptive"
     _, _, value_bits = ring_noise(rp, params.threshold, params.length, ring_range(value_range, adaptive),
                                   len(participants), s.secure_value_bits)  # the resolution the ring was built at
-    return PlannedSecure(params, layout.digest, adaptive, s.secure_stage_s if stage_s is None else stage_s, noise,
-                         bound, value_range, corrupt_fraction(s), seed, value_bits, check_keep(keep))
+    planned = PlannedSecure(params, layout.digest, adaptive, s.secure_stage_s if stage_s is None else stage_s, noise,
+                            bound, value_range, corrupt_fraction(s), seed, value_bits, check_keep(keep),
+                            float(s.secure_dropout))
+    return dataclasses.replace(planned, params=dataclasses.replace(params, context=planned.context()))
 
 
 def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads: Mapping[str, Update],
@@ -270,8 +276,9 @@ def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads
     from flayer.secagg import run_round
 
     participants = tuple(sorted(uploads))
-    if len(participants) < 2:
-        return SecureSum(None, participants, (), f"{len(participants)} device(s) uploaded: a secure sum needs >= 2")
+    too_few = cohort_problem(len(participants), corrupt_fraction(s))
+    if too_few is not None:
+        return SecureSum(None, participants, (), f"{len(participants)} device(s) uploaded, fewer than t: {too_few}")
     full = common_layout(uploads)
     planned = plan_round(s, session, round_, participants, full, seed, rp, bound, keep=s.secure_keep)
     params, layout = planned.params, keep_layout(full, s.secure_keep, seed, round_)
@@ -297,7 +304,7 @@ def plan_secure(planned: PlannedSecure) -> dict[str, Any]:
             "graph_seed": params.graph_seed.hex(), "length": params.length, "bits": params.ring.bits,
             "value_bits": planned.value_bits, "layout": planned.layout, "adaptive": planned.adaptive, "stage_s": planned.stage_s, "noise_std": planned.noise_std,
             "bound": planned.bound, "value_range": planned.value_range, "corrupt_fraction": planned.corrupt_fraction,
-            "run_seed": planned.run_seed, "keep": planned.keep}
+            "run_seed": planned.run_seed, "keep": planned.keep, "dropout": planned.dropout}
 
 
 @dataclass(frozen=True)
@@ -313,6 +320,12 @@ class PlannedSecure:
     run_seed: int | None = None  # the run seed the graph seed is drawn from (devices recompute it)
     value_bits: int = 16  # the resolution of one device's value: with the range and the cohort, the ring's width
     keep: float = 1.0  # the share of the common positions masked (flayer.engine.secure_fit: drawn from the run seed)
+    dropout: float = 0.1  # the dropout rate k and t were chosen for (devices recompute k's floor from it)
+
+    def context(self) -> bytes:
+        """The digest of this plan's facts beyond its protocol parameters (:func:`plan_context`)."""
+        return plan_context(self.layout, self.adaptive, self.noise_std, self.bound, self.value_range,
+                            self.corrupt_fraction, self.run_seed, self.value_bits, self.keep, self.dropout)
 
     def fitted(self, update: Update) -> Update:
         """``update`` (on the round's common positions) cut to the round's kept ones."""
@@ -336,9 +349,9 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
                      min_corrupt_fraction: float = 0.0, privacy: Mapping[str, Any] | None = None
                      ) -> PlannedSecure | None:
     """A plan's secure round (None: not one); ValueError naming what is malformed or what this device refuses:
-    a graph seed other than the one the run seed gives, a threshold t below the floor this device computes
-    itself from k, the cohort and the colluding fraction (the plan's or ``min_corrupt_fraction``, the larger:
-    :func:`flayer.secagg.graph.threshold_floor`), bounds that are not finite and positive, or -- with the plan's
+    a graph seed other than the one the run seed gives, a cohort, k or t below what this device computes itself
+    from the cohort size, the plan's dropout and the colluding fraction (the plan's or ``min_corrupt_fraction``, the
+    larger: :func:`flayer.engine.secure_plan.plan_floor_problem`, the coordinator's own rule), bounds that are not finite and positive, or -- with the plan's
     ``privacy`` in local mode (distributed DP: the devices' shares are the round's only noise) -- a noise share
     below ``max(z, z_Delta) C / sqrt(t)``, the least that gives t shares the noise the device's ledger books."""
     if not raw:
@@ -354,6 +367,7 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
         run_seed = raw["run_seed"]
         adaptive = bool(raw.get("adaptive", False))
         keep = check_keep(raw.get("keep", 1.0))
+        dropout = float(raw["dropout"])
         if not all(math.isfinite(v) and 0 < v <= 1e9 for v in (bound, value_range)):
             raise ValueError(f"bound {bound} and value_range {value_range} must be finite and > 0")
         if not (0 <= noise_std <= 1e6 and math.isfinite(noise_std)):
@@ -366,33 +380,20 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
         raise ValueError(f"plan: malformed secure-round parameters ({exc})") from None
     if len(layout) != 64 or not (0 < stage_s <= 86_400):
         raise ValueError("plan: malformed secure-round parameters (layout digest or stage_s)")
-    if not (0 <= gamma < 1) or not isinstance(run_seed, int) or isinstance(run_seed, bool):
-        raise ValueError("plan: malformed secure-round parameters (corrupt_fraction or run_seed)")
+    if not (0 <= gamma < 0.5 and 0 <= dropout < 0.5) or not isinstance(run_seed, int) or isinstance(run_seed, bool):
+        raise ValueError("plan: malformed secure-round parameters (corrupt_fraction, dropout or run_seed)")
     if bits != ring.bits:
         raise ValueError(f"plan: the secure round's ring is {bits} bits wide; its value range {value_range:g}, "
                          f"resolution {value_bits} bits, noise and {len(selected)} devices need {ring.bits}: refused")
     if seed != graph_seed_of(run_seed, round_):
         raise ValueError("plan: the secure round's graph seed is not the one the run seed and the round give: "
                          "refused (a coordinator choosing the graph could pick who neighbours whom)")
-    floor = threshold_floor(len(params.participants), params.degree, max(gamma, min_corrupt_fraction))
-    if params.threshold < floor:
-        raise ValueError(f"plan: threshold t={params.threshold} is below the floor {floor} this device computes for "
-                         f"k={params.degree} neighbours and a colluding fraction "
-                         f"{max(gamma, min_corrupt_fraction):g}: refused")
-    _check_noise(privacy, params.threshold, noise_std)
-    return PlannedSecure(params, layout, adaptive, stage_s, noise_std, bound, value_range, gamma, run_seed, value_bits,
-                         keep)
+    why = plan_floor_problem(len(params.participants), params.degree, params.threshold, dropout,
+                             max(gamma, min_corrupt_fraction))
+    if why is not None:
+        raise ValueError(f"plan: {why}: refused")
+    check_noise(privacy, params.threshold, noise_std)
+    planned = PlannedSecure(params, layout, adaptive, stage_s, noise_std, bound, value_range, gamma, run_seed,
+                            value_bits, keep, dropout)
+    return dataclasses.replace(planned, params=dataclasses.replace(params, context=planned.context()))
 
-
-def _check_noise(privacy: Mapping[str, Any] | None, threshold: int, noise_std: float) -> None:
-    """ValueError unless a distributed-DP round's noise share (``noise_std``, each device's) carries what the plan's
-    privacy states: with t or more survivors, at least ``(z C)^2`` on the sum, z the larger of the multiplier the
-    ledger books and the update's (:func:`ring_noise` widens it further for the rounding)."""
-    rp = RoundPrivacy.from_plan(privacy) if privacy else None
-    if rp is None or rp.mode != "local":
-        return  # central mode: the coordinator adds the noise (it is trusted with the sum)
-    need = max(rp.noise_multiplier, rp.update_multiplier) * rp.clip / math.sqrt(threshold)
-    if not rp.ring or not noise_std >= need * (1 - 1e-9):
-        raise ValueError(f"plan: a distributed-DP secure round whose noise share {noise_std:.4g} is below the "
-                         f"{need:.4g} its privacy states (z {rp.noise_multiplier:g}, C {rp.clip:g}, t {threshold}) "
-                         f"or not drawn in the ring: refused (the sum would carry less noise than this device books)")

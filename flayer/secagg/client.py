@@ -157,7 +157,7 @@ class SecAggClient:
             x = p.x_of(v)
             key = keys.derive_aead_key(keys.agree(self._pairs[v].private, self._peers[v].c_pk), p.session, p.round, me, v)
             plain = shamir.encode_share(x, b_shares[x]) + shamir.encode_share(x, s_shares[x])
-            ad = keys.associated_data(p.session, p.round, me, v, SHARE_STAGE)
+            ad = keys.associated_data(p.session, p.round, me, v, SHARE_STAGE, p.transcript)
             sealed.append(EncryptedShare(me, v, keys.seal(key, plain, ad, self._entropy)))
         self._stage = 2
         return ShareBatch(p.round, me, tuple(sealed))
@@ -216,7 +216,7 @@ class SecAggClient:
         p, me = self.params, self.device
         key = keys.derive_aead_key(keys.agree(self._pairs[sender].private, self._peers[sender].c_pk),
                                    p.session, p.round, me, sender)
-        ad = keys.associated_data(p.session, p.round, sender, me, SHARE_STAGE)
+        ad = keys.associated_data(p.session, p.round, sender, me, SHARE_STAGE, p.transcript)
         try:
             return keys.open_sealed(key, ciphertext, ad, f"share from {sender}")
         except SecAggError as exc:
@@ -266,7 +266,8 @@ class SecAggClient:
         if unknown:
             raise self._refuse(f"the survivor set holds neighbours {unknown}, whose shares never reached this device")
         self._signed = survivors
-        return SurvivorSignature(p.round, me, cons.sign(survivor_set_message(p.session, p.round, survivors)))
+        message = survivor_set_message(p.session, p.round, survivors, p.transcript)
+        return SurvivorSignature(p.round, me, cons.sign(message))
 
     def _check_consistent(self, request: UnmaskRequest) -> None:
         """With the consistency round: the request is this device's view of the set it signed, and T devices of that
@@ -278,7 +279,8 @@ class SecAggClient:
         mine = (signed & p.neighbours(me)) | {me}
         if set(request.survivors) != mine or set(request.dropped) != self._partners - signed:
             raise self._refuse("the unmask request does not match the survivor set this device signed")
-        good = count_valid(survivor_set_message(p.session, p.round, signed), signed, request.signatures, cons.verify)
+        message = survivor_set_message(p.session, p.round, signed, p.transcript)
+        good = count_valid(message, signed, request.signatures, cons.verify)
         good.add(me)
         need = consistency_threshold(len(p.participants), cons.corrupt_fraction)
         if len(good) < need:

@@ -59,12 +59,15 @@ def consistency_threshold(participants: int, corrupt_fraction: float = 0.0) -> i
     return min(participants, (participants + colluders) // 2 + 1)
 
 
-def survivor_set_message(session: str, round_id: int, survivors: Iterable[str]) -> bytes:
-    """The bytes a survivor signs: domain, session, round and the sorted survivor set."""
+def survivor_set_message(session: str, round_id: int, survivors: Iterable[str], transcript: bytes) -> bytes:
+    """The bytes a survivor signs: domain, session, round, the sorted survivor set and the plan digest it acted on
+    (:attr:`~flayer.secagg.params.SecAggParams.transcript`): a signature over the same set under another plan --
+    another cohort, k, t or T -- counts for nobody reading this one."""
     ids = sorted(survivors)
     body = b"".join(bytes([len(d)]) + d.encode("ascii") for d in ids)
     session_raw = check_session(session).encode()
-    return _DOMAIN + bytes([len(session_raw)]) + session_raw + _U32.pack(round_id) + _U32.pack(len(ids)) + body
+    return (_DOMAIN + bytes([len(session_raw)]) + session_raw + _U32.pack(round_id) + _U32.pack(len(ids)) + body
+            + bytes(transcript))
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ the coordinator reconstructs s_u^SK to remove u's pairwise masks, and that must 
 ciphertexts u sent (which would hand it shares of u's self-mask seed too).
 
 Each ciphertext is ``nonce (12 random bytes) || ChaCha20-Poly1305(c_uv, nonce, plaintext, ad)`` where
-the associated data binds (session, round, sender, receiver, stage): a ciphertext replayed from
-another round or session, altered in one byte, or delivered to another device fails to decrypt with
+the associated data binds (session, round, sender, receiver, stage, the round's plan digest): a ciphertext
+replayed from another round, session or plan, altered in one byte, or delivered to another device fails to
+decrypt with
 :class:`~flayer.secagg.errors.SecAggError`.
 """
 
@@ -154,14 +155,16 @@ def derive_aead_key(shared: bytes, session: str, round_id: int, a: str, b: str) 
     return _hkdf(shared, _info(b"aead-key", session, round_id, a, b))
 
 
-def associated_data(session: str, round_id: int, sender: str, receiver: str, stage: int) -> bytes:
-    """What a ciphertext is bound to: session, round, sender, receiver (in this order) and stage."""
+def associated_data(session: str, round_id: int, sender: str, receiver: str, stage: int, transcript: bytes) -> bytes:
+    """What a ciphertext is bound to: session, round, sender, receiver (in this order), stage and the plan digest
+    both parties relied on (:attr:`~flayer.secagg.params.SecAggParams.transcript`): a share sealed under one plan
+    does not authenticate under another, so it is never complained of."""
     if not isinstance(stage, int) or not 0 <= stage <= 255:
         raise ValueError(f"stage must be an integer in [0, 255], got {stage!r}")
     if not isinstance(round_id, int) or not 0 <= round_id <= 0xFFFFFFFF:
         raise ValueError(f"round must be an integer in [0, 2^32), got {round_id!r}")
     return (_DOMAIN + b"ad\x00" + _lp(check_session(session).encode()) + _U32.pack(round_id)
-            + _lp(sender.encode()) + _lp(receiver.encode()) + bytes([stage]))
+            + _lp(sender.encode()) + _lp(receiver.encode()) + bytes([stage]) + _lp(bytes(transcript)))
 
 
 def seal(key: bytes, plaintext: bytes, ad: bytes, entropy: Entropy) -> bytes:

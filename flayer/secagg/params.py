@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,6 +20,8 @@ __all__ = ["MAX_DEGREE", "MAX_PARTICIPANTS", "MIN_THRESHOLD", "SecAggParams"]
 MAX_PARTICIPANTS = 0xFFFF  # Shamir x = index + 1 travels as u16
 MAX_DEGREE = 1024  # neighbours per device: bounds every list a message carries
 MIN_THRESHOLD = 2  # with t = 1 every single share *is* the secret
+_TRANSCRIPT = b"flayer-secagg/v1/transcript\x00"
+_U32 = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class SecAggParams:
     graph_seed: bytes
     length: int
     ring: RingSpec
+    context: bytes = b""
 
     def __post_init__(self) -> None:
         check_session(self.session)
@@ -65,6 +70,8 @@ class SecAggParams:
         if self.ring.max_summands < len(ids):
             raise ValueError(f"ring.max_summands={self.ring.max_summands} is below the {len(ids)} "
                              "participants: their sum could wrap")
+        if not isinstance(self.context, bytes) or len(self.context) not in (0, 32):
+            raise ValueError("context must be empty or a 32-byte digest")
 
     @classmethod
     def for_round(cls, session: str, round: int, participants: Sequence[str], length: int, ring: RingSpec,
@@ -73,6 +80,21 @@ class SecAggParams:
         k, t = neighbour_count(len(participants), dropout_rate, **rule)
         return cls(session=session, round=round, participants=tuple(participants), threshold=t, degree=k,
                    graph_seed=graph_seed, length=length, ring=ring)
+
+    @cached_property
+    def transcript(self) -> bytes:
+        """The round's plan digest: SHA-256 over the session, the round, the sorted cohort, t, k, the graph seed, the
+        vector length, the ring's width and :attr:`context`. Every signature of the protocol (key adverts, survivor
+        sets) and every sealed share's associated data covers it: what a party signs is what it relied on, so a
+        device shown another plan than its neighbours -- another cohort, another x -- verifies none of their
+        messages, and none of its own verify for them. Never sent: each party computes it from its plan."""
+        h = hashlib.sha256(_TRANSCRIPT + bytes([len(self.session)]) + self.session.encode() + _U32.pack(self.round))
+        h.update(_U32.pack(len(self.participants)))
+        for d in self.participants:
+            h.update(bytes([len(d)]) + d.encode())
+        h.update(_U32.pack(self.threshold) + _U32.pack(self.degree) + self.graph_seed + _U32.pack(self.length)
+                 + bytes([self.ring.bits]) + bytes([len(self.context)]) + self.context)
+        return h.digest()
 
     @cached_property
     def graph(self) -> dict[str, frozenset[str]]:

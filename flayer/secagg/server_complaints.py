@@ -92,7 +92,7 @@ class ComplaintStage:
         share = next(s for s in self._sent[accused] if s.receiver == me)
         channel = keys.derive_aead_key(keys.agree(msg.key, self._pair_key(accused, me)), p.session, p.round, me,
                                        accused)
-        ad = keys.associated_data(p.session, p.round, accused, me, SHARE_STAGE)
+        ad = keys.associated_data(p.session, p.round, accused, me, SHARE_STAGE, p.transcript)
         try:
             plain = keys.open_sealed(channel, share.ciphertext, ad, f"share from {accused}")
             xs = {shamir.decode_share(plain[:shamir.SHARE_LEN])[0], shamir.decode_share(plain[shamir.SHARE_LEN:])[0]}

@@ -69,7 +69,8 @@ class ConsistencyStage:
             raise SecAggError(f"second survivor signature from {msg.device}")
         verify = self.consistency.verify
         if self._set_message is None:
-            self._set_message = survivor_set_message(self.params.session, self.params.round, self._masked)
+            self._set_message = survivor_set_message(self.params.session, self.params.round, self._masked,
+                                                     self.params.transcript)
         message = self._set_message
         if verify is not None and not verify(msg.device, message, msg.signature):
             raise SecAggError(f"survivor signature from {msg.device} does not verify under its key")

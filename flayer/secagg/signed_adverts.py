@@ -6,7 +6,8 @@ device then seals that neighbour's shares under a channel key the coordinator ho
 holds) and the coordinator reads every share -- a man in the middle. So each device signs, with its **long-term
 device key** (the federation's key registry, ``signing_keys.json``; in process :class:`~.consistency.LocalIdentities`),
 what each neighbour v will receive of its advert (:func:`advert_message`): the session, the round, the sender, the
-receiver v, the sender's channel key toward v, its mask key s_pk and its commitment to b_u. One 64-byte signature
+receiver v, the sender's channel key toward v, its mask key s_pk, its commitment to b_u and the round's plan digest
+(:attr:`~.params.SecAggParams.transcript`: a device shown another plan verifies none of it). One 64-byte signature
 per neighbour rides in the advert, in the order of the sorted neighbours (the order of its channel keys); the
 coordinator checks each against the registry when the advert arrives (:class:`SignedAdvertStage`: a bad one refuses
 the advert, as if it never came) and relays, in each bundle entry, the owner's one signature toward that bundle's
@@ -51,11 +52,12 @@ class AdvertSignatureError(SecAggError):
 
 
 def advert_message(session: str, round_id: int, sender: str, receiver: str, channel_pk: bytes, s_pk: bytes,
-                   b_commit: bytes) -> bytes:
-    """The bytes ``sender`` signs for ``receiver``: domain, session, round, both ids and the three keys it relays."""
+                   b_commit: bytes, transcript: bytes) -> bytes:
+    """The bytes ``sender`` signs for ``receiver``: domain, session, round, both ids, the three keys it relays and
+    the plan digest it acted on (:attr:`~flayer.secagg.params.SecAggParams.transcript`: the cohort, k, t, ...)."""
     raw = check_session(session).encode()
     return (ADVERT_DOMAIN + bytes([len(raw)]) + raw + _U32.pack(round_id) + pack_id(sender) + pack_id(receiver)
-            + channel_pk + s_pk + b_commit)
+            + channel_pk + s_pk + b_commit + bytes(transcript))
 
 
 def _entries(params: SecAggParams, advert: KeyAdvert) -> Iterator[tuple[str, bytes]]:
@@ -68,7 +70,8 @@ def _entries(params: SecAggParams, advert: KeyAdvert) -> Iterator[tuple[str, byt
 def sign_advert(params: SecAggParams, advert: KeyAdvert, sign: Sign) -> KeyAdvert:
     """``advert`` with its sender's signature toward each neighbour."""
     p = params
-    sigs = tuple(bytes(sign(advert_message(p.session, p.round, advert.device, v, key, advert.s_pk, advert.b_commit)))
+    sigs = tuple(bytes(sign(advert_message(p.session, p.round, advert.device, v, key, advert.s_pk, advert.b_commit,
+                                               p.transcript)))
                  for v, key in _entries(p, advert))
     return dataclasses.replace(advert, signatures=sigs)
 
@@ -81,7 +84,7 @@ def bundle_problem(params: SecAggParams, device: str, bundle: KeyBundle, verify:
         if len(a.signatures) != 1 or len(a.signatures[0]) != SIGNATURE_LEN:
             return (f"the key bundle's entry for {a.device} carries no signature of {a.device}: the coordinator "
                     "relays keys their owner did not sign (it could read the shares sealed under them)")
-        message = advert_message(p.session, p.round, a.device, device, a.c_pk, a.s_pk, a.b_commit)
+        message = advert_message(p.session, p.round, a.device, device, a.c_pk, a.s_pk, a.b_commit, p.transcript)
         if not verify(a.device, message, a.signatures[0]):
             return (f"the key bundle's entry for {a.device} is not signed by {a.device}'s key in this device's "
                     "registry (keys swapped, or a signature replayed from another round, session or receiver): the "
@@ -130,7 +133,7 @@ class SignedAdvertStage:
                               "signature toward each neighbour")
         for (v, key), sig in zip(_entries(p, advert), advert.signatures, strict=True):
             if not verify(advert.device, advert_message(p.session, p.round, advert.device, v, key, advert.s_pk,
-                                                        advert.b_commit), sig):
+                                                        advert.b_commit, p.transcript), sig):
                 raise AdvertSignatureError(f"key advert of {advert.device}: its signature toward {v} does not verify "
                                            f"under {advert.device}'s registry key; refused, as if it never came")
 

@@ -80,7 +80,7 @@ def test_a_coordinator_that_alters_a_victims_sealed_shares_learns_nothing_from_t
         share = next(s for s in sent[W].shares if s.receiver == v)
         channel = keys.derive_aead_key(keys.agree(key, server._pair_key(W, v)), p.session, p.round, v, W)
         plain = keys.open_sealed(channel, share.ciphertext, keys.associated_data(p.session, p.round, W, v,
-                                                                                   SHARE_STAGE), "W's share")
+                                                                                   SHARE_STAGE, p.transcript), "W's share")
         x, y = shamir.decode_share(plain[:shamir.SHARE_LEN])
         b_shares[x] = y
         s_shares[x] = shamir.decode_share(plain[shamir.SHARE_LEN:])[1]

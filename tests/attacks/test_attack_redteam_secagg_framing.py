@@ -132,7 +132,8 @@ def test_one_dealer_cannot_get_an_honest_holder_named_by_sealing_it_a_false_shar
             c_private = clients[d]._pairs[victim].private  # its own channel key toward the victim (its client is its own)
             peer = next(a for a in bundle.adverts if a.device == victim)
             key = keys.derive_aead_key(keys.agree(c_private, peer.c_pk), params.session, params.round, d, victim)
-            ad = keys.associated_data(params.session, params.round, d, victim, SHARE_STAGE)
+            ad = keys.associated_data(params.session, params.round, d, victim, SHARE_STAGE,
+                                      params.transcript)
             sealed = next(s for s in batch.shares if s.receiver == victim)
             plain = keys.open_sealed(key, sealed.ciphertext, ad, "own share")
             x, y = decode_share(plain[:SHARE_LEN])

@@ -56,7 +56,8 @@ def _spoil_one_share(monkeypatch: pytest.MonkeyPatch, sender: str, receiver: str
                                    p.round, sender, receiver)
         x = p.x_of(sender)  # a share at the sender's own x, not the receiver's
         plain = shamir.encode_share(x, 1) + shamir.encode_share(x, 2)
-        sealed = keys.seal(key, plain, keys.associated_data(p.session, p.round, sender, receiver, SHARE_STAGE),
+        sealed = keys.seal(key, plain, keys.associated_data(p.session, p.round, sender, receiver, SHARE_STAGE,
+                                                               p.transcript),
                            os.urandom)
         spoiled = tuple(replace(s, ciphertext=sealed) if s.receiver == receiver else s for s in out.shares)
         return replace(out, shares=spoiled)

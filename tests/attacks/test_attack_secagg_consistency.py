@@ -76,7 +76,8 @@ def _attack(round_id: int, consistency: bool, to_b: int):
     signatures: dict[str, dict[str, bytes]] = {"S1": {}, "S2": {}}
     refusals: dict[str, str] = {}
     for name, s in sets.items():  # the colluder signs both sets with its own key
-        signatures[name][colluder] = ids.signer(colluder)(survivor_set_message(params.session, params.round, s))
+        signatures[name][colluder] = ids.signer(colluder)(survivor_set_message(params.session, params.round, s,
+                                                                                    params.transcript))
     if consistency:
         for d, name in group.items():
             try:

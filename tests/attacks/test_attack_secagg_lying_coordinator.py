@@ -34,7 +34,7 @@ def _plan(threshold: int, degree: int = 5, graph_seed: bytes | None = None) -> d
     return {"session": "fed.1.ab", "threshold": threshold, "degree": degree, "graph_seed": seed.hex(), "length": 8,
             "bits": round_ring(1.0, len(IDS), 16).bits, "value_bits": 16, "layout": "ab" * 32,
             "adaptive": False, "stage_s": 10.0, "noise_std": 0.0, "bound": 1.0, "value_range": 1.0,
-            "corrupt_fraction": 0.0, "run_seed": RUN_SEED}
+            "corrupt_fraction": 0.0, "run_seed": RUN_SEED, "dropout": 0.1}
 
 
 def test_a_plan_with_t_2_is_refused_by_the_devices():

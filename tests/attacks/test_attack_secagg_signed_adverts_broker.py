@@ -70,7 +70,7 @@ def _secure() -> dict[str, Any]:
     return {"session": f"{FED}.1.ab", "threshold": 6, "degree": 5, "graph_seed": seed.hex(), "length": 8,
             "bits": round_ring(1.0, len(IDS), 16).bits, "value_bits": 16, "layout": "ab" * 32,
             "adaptive": False, "stage_s": 10.0, "noise_std": 0.0, "bound": 1.0, "value_range": 1.0,
-            "corrupt_fraction": 0.0, "run_seed": RUN_SEED}
+            "corrupt_fraction": 0.0, "run_seed": RUN_SEED, "dropout": 0.1}
 
 
 def _secreq(fb: FedBroker, body: bytes) -> bytes:

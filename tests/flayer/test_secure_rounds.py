@@ -71,10 +71,11 @@ def test_dropouts_leave_the_survivors_sum_and_too_few_abandon_the_round():
     assert out.reason is None and out.dropped == ("d2", "d5") and out.update is not None
     plain = sum(u.deltas["a.weight"].values.astype(np.float64) for d, u in ups.items() if d not in ("d2", "d5"))
     assert np.abs(out.update.deltas["a.weight"].values - plain).max() < 6 / 2.0**12  # 6 summands, R = 8 at 16 bits
-    few = secure_sum(SECURE, "t", 1, 0, {"d0": ups["d0"], "d1": ups["d1"]}, None, {"d1": "after_shares"})
-    assert few.update is None and few.reason and few.survivors == ("d0",)
-    alone = secure_sum(SECURE, "t", 1, 0, {"d0": ups["d0"]}, None)
-    assert alone.update is None and "needs >= 2" in (alone.reason or "")
+    few = secure_sum(SECURE, "t", 1, 0, {d: ups[d] for d in ("d0", "d1", "d2")}, None, {"d1": "after_shares"})
+    assert few.update is None and few.reason and few.survivors == ("d0", "d2")
+    for cohort in (("d0",), ("d0", "d1")):  # below the least cohort: not run at all
+        alone = secure_sum(SECURE, "t", 1, 0, {d: ups[d] for d in cohort}, None)
+        assert alone.update is None and "at least 3 devices" in (alone.reason or "")
 
 
 def test_every_device_clips_to_the_round_bound_and_the_sum_is_checked_against_it():
@@ -205,7 +206,8 @@ def test_the_plan_carries_the_round_parameters_and_malformed_ones_are_refused():
     assert secure_from_plan({}, 3, tuple(ups)) is None
     for bad in ({**raw, "threshold": 99}, {**raw, "bits": "x"}, {k: v for k, v in raw.items() if k != "length"},
                 {**raw, "graph_seed": "zz"}, {**raw, "layout": "short"}, {**raw, "bound": float("nan")},
-                {**raw, "value_range": 2e9}, {**raw, "run_seed": "x"}, {**raw, "value_bits": 40}):
+                {**raw, "value_range": 2e9}, {**raw, "run_seed": "x"}, {**raw, "value_bits": 40},
+                {k: v for k, v in raw.items() if k != "dropout"}, {**raw, "dropout": 0.7}):
         with pytest.raises(ValueError, match="secure-round parameters"):
             secure_from_plan(bad, 3, tuple(ups))
 

@@ -50,15 +50,17 @@ def test_public_from_private_matches_generation(pair):
 def test_a_sealed_share_opens_only_under_its_own_binding(pair):
     _, _, entropy = pair
     key = bytes(range(32))
-    ad = K.associated_data("fed", 3, "u", "v", 2)
+    plan = bytes(32)
+    ad = K.associated_data("fed", 3, "u", "v", 2, plan)
     sealed = K.seal(key, b"share pair", ad, entropy)
     assert K.open_sealed(key, sealed, ad, "share") == b"share pair"
-    others = [K.associated_data("fed", 4, "u", "v", 2),  # replayed from another round
-              K.associated_data("fed2", 3, "u", "v", 2),  # another session
-              K.associated_data("fed", 3, "u", "w", 2),  # misaddressed
-              K.associated_data("fed", 3, "w", "v", 2),  # another sender
-              K.associated_data("fed", 3, "v", "u", 2),  # the reverse direction
-              K.associated_data("fed", 3, "u", "v", 3)]  # another stage
+    others = [K.associated_data("fed", 4, "u", "v", 2, plan),  # replayed from another round
+              K.associated_data("fed2", 3, "u", "v", 2, plan),  # another session
+              K.associated_data("fed", 3, "u", "w", 2, plan),  # misaddressed
+              K.associated_data("fed", 3, "w", "v", 2, plan),  # another sender
+              K.associated_data("fed", 3, "v", "u", 2, plan),  # the reverse direction
+              K.associated_data("fed", 3, "u", "v", 3, plan),  # another stage
+              K.associated_data("fed", 3, "u", "v", 2, bytes([1]) * 32)]  # another plan (cohort, k, t, ...)
     for other in others:
         with pytest.raises(SecAggError, match="does not authenticate"):
             K.open_sealed(key, sealed, other, "share")

@@ -68,7 +68,7 @@ def test_block_inputs_are_checked():
     with pytest.raises(ValueError, match="entropy returned 3 bytes"):
         K.seal(bytes(32), b"x", b"", lambda n: b"abc")
     with pytest.raises(ValueError, match="stage"):
-        K.associated_data("fed", 1, "a", "b", 256)
+        K.associated_data("fed", 1, "a", "b", 256, bytes(32))
     with pytest.raises(ValueError, match="round"):
         K.derive_mask_seed(bytes(32), "fed", 2**32, "a", "b")
     with pytest.raises(ValueError, match="seed"):

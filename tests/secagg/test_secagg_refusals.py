@@ -181,7 +181,7 @@ def resealed(r, sender: str, receiver: str, plain: bytes) -> EncryptedShare:
     p = r.params
     key = K.derive_aead_key(K.agree(r.clients[sender]._pairs[receiver].private, r.server._pair_key(receiver, sender)),
                             p.session, p.round, sender, receiver)
-    ad = K.associated_data(p.session, p.round, sender, receiver, 2)
+    ad = K.associated_data(p.session, p.round, sender, receiver, 2, p.transcript)
     return EncryptedShare(sender, receiver, K.seal(key, plain, ad, SeededEntropy(bytes(32))))
 
 
