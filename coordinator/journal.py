@@ -12,9 +12,13 @@ File ``journal/round-<r:06d>.jnl``; records back to back, little-endian::
     plan payload    the plan's envelope payload (protocol.encode_message)
     update payload  u8 client length, client id (ASCII), u32 round, 32-byte sha256 of the blob, blob
 
-A crash can leave the last record torn (short, or failing its CRC); :func:`read_journal` stops
-there and :class:`Journal` cuts it off before appending. A record with a bad CRC before the last
-one (the disk corrupted it) is skipped and counted; records after it are still read.
+A crash can leave the last record torn (short, or failing its CRC). A damaged record anywhere else (the disk
+flipped a bit in its payload, or in its length, so its end cannot be trusted) is skipped and counted, and
+:func:`read_journal` resynchronises on the next intact record: a magic, a kind, a length that fits and a CRC that
+matches. Only bytes after which no intact record follows are a torn tail: :class:`Journal` cuts them off before
+appending, and keeps what it cut beside the journal (``round-<r>.jnl.cut-<offset>``, 0600), so nothing that could
+be read is ever dropped for good. A fsynced record is acknowledged only after it is whole, so a torn tail was never
+acknowledged.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flayer.files import open_private, private_dir
+from flayer.files import atomic_write, open_private, private_dir
 
 __all__ = [
     "Journal",
@@ -46,7 +50,7 @@ MAGIC = b"FLJR"
 _HEAD = struct.Struct("<4sBII")
 KIND_PLAN, KIND_UPDATE = 1, 2
 MAX_RECORD = 1 << 31
-_NAME = re.compile(r"round-(\d{6,})\.jnl")
+_NAME = re.compile(r"round-(\d{6,})\.jnl(?:\.cut-\d+)?")
 
 
 class JournalError(RuntimeError):
@@ -69,7 +73,7 @@ class JournalReplay:
     updates: list[JournalRecord] = field(default_factory=list)
     good_bytes: int = 0  # offset after the last intact record
     torn_bytes: int = 0  # bytes after it (a torn tail)
-    corrupt: int = 0  # records skipped for a bad CRC before the tail
+    corrupt: int = 0  # damaged stretches skipped before the tail (each resynchronised on the next intact record)
 
 
 def journal_path(folder: Path, round_: int) -> Path:
@@ -97,25 +101,46 @@ def _parse_update(payload: bytes) -> JournalRecord:
     return JournalRecord(KIND_UPDATE, client, round_, digest.hex(), blob)
 
 
+def _intact(data: bytes, at: int) -> tuple[int, int, bytes] | None:
+    """(kind, end, payload) of the record at ``at`` when it is whole and its CRC matches, else None."""
+    if len(data) - at < _HEAD.size:
+        return None
+    magic, kind, length, crc = _HEAD.unpack_from(data, at)
+    end = at + _HEAD.size + length
+    if magic != MAGIC or kind not in (KIND_PLAN, KIND_UPDATE) or end > len(data):
+        return None
+    payload = data[at + _HEAD.size:end]
+    return (kind, end, payload) if zlib.crc32(bytes([kind]) + payload) == crc else None
+
+
+def _next_intact(data: bytes, start: int) -> int | None:
+    """The offset of the first intact record at or after ``start`` (None: none, the rest is a torn tail)."""
+    at = data.find(MAGIC, start)
+    while at >= 0:
+        if _intact(data, at) is not None:
+            return at
+        at = data.find(MAGIC, at + 1)
+    return None
+
+
 def read_journal(path: Path) -> JournalReplay:
-    """Every intact record of ``path`` (see module docstring for torn and corrupt records)."""
+    """Every intact record of ``path`` (see module docstring for torn and damaged records)."""
     data = path.read_bytes()
     out = JournalReplay()
     at = 0
     while at < len(data):
-        if len(data) - at < _HEAD.size:
-            break
-        magic, kind, length, crc = _HEAD.unpack_from(data, at)
-        end = at + _HEAD.size + length
-        if magic != MAGIC or kind not in (KIND_PLAN, KIND_UPDATE) or end > len(data):
-            break  # torn (or framing lost): nothing after this point can be trusted
-        payload = data[at + _HEAD.size:end]
-        if zlib.crc32(bytes([kind]) + payload) != crc:
-            if end == len(data):
-                break  # the last record, torn mid-write
+        rec = _intact(data, at)
+        if rec is None:
+            nxt = _next_intact(data, at + 1)
+            if nxt is None:
+                break  # a torn tail: no intact record after it
             out.corrupt += 1
-            log.error("journal %s: record at byte %d fails its CRC; skipped", path, at)
-        elif kind == KIND_PLAN:
+            log.error("journal %s: bytes %d-%d are a damaged record; skipped, read on from the next intact record",
+                      path, at, nxt)
+            at = nxt
+            continue
+        kind, end, payload = rec
+        if kind == KIND_PLAN:
             out.plan = payload
             out.plans.append(payload)
         else:
@@ -154,7 +179,11 @@ class Journal:
             created = not self.path.exists()
             if not created:
                 replay = read_journal(self.path)
-                if replay.torn_bytes:
+                if replay.torn_bytes:  # kept aside first: nothing cut is lost for good (module docstring)
+                    cut = self.path.with_name(f"{self.path.name}.cut-{replay.good_bytes}")
+                    with open(self.path, "rb") as fh:
+                        fh.seek(replay.good_bytes)
+                        atomic_write(cut, fh.read())
                     os.truncate(self.path, replay.good_bytes)
             self._fh = open_private(self.path, "ab", buffering=0)  # unbuffered: nothing held back; 0600
         except OSError as exc:

@@ -64,6 +64,7 @@ class Phases:
     _done: bool
     history: list[dict[str, Any]]
     metrics: Any
+    state_lock: Any  # flayer.files.FolderLock
     link: Any
     clock: Any
     exporter: Any  # coordinator.exporter.FleetMetrics
@@ -297,6 +298,7 @@ class Phases:
         finally:
             self._close_metrics()
             self.link.stop()
+            self.state_lock.release()  # another coordinator may take the folder now
 
     def _open_calibration(self, online: list[str]) -> None:
         self.calibration = Calibration(frozenset(online), self.clock() + self.fs.calibration_s, self.strategy)

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from flayer.engine import VersionWindow
-from flayer.files import OpenFolderError, private_dir
+from flayer.files import FolderBusyError, FolderLock, OpenFolderError, private_dir
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
 from protocol import Topics, WireLimits
@@ -146,9 +146,10 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         self.calibration: Calibration | None = None
         self._calibrated = False
         self.journal_dir = cfg.state_dir / "journal"
-        try:  # 0700 whatever the umask: the journal holds every device's update (flayer.files)
+        try:  # 0700 whatever the umask: the journal holds every device's update; one coordinator only (flayer.files)
             private_dir(cfg.state_dir, "state_dir")
-        except OpenFolderError as exc:
+            self.state_lock = FolderLock(cfg.state_dir, "the coordinator's state_dir")
+        except (OpenFolderError, FolderBusyError) as exc:
             raise CoordinatorError(str(exc)) from None
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
         # Prometheus (coordinator.exporter): fed on this worker thread, served when metrics_port is set

@@ -10,6 +10,9 @@ and file the project keeps state in is made here, so the rule holds in one place
   the mode of a folder someone else owns, or of a shared one, is not this program's call.
 - :func:`atomic_write` writes a file 0600 (or ``mode``) through a temporary file created with that mode.
 - :func:`open_private` opens a file for appending, created 0600.
+- :class:`FolderLock` holds a state folder for one process (``.lock``, an exclusive ``flock``): a second program
+  over the same folder is refused with :class:`FolderBusyError` naming the holder's PID. The kernel drops the lock
+  when its holder exits, a crash included: no stale lock to remove by hand.
 
 Torch-free, so the broker side imports it too (the house rule of ``tests/house``).
 """
@@ -22,7 +25,7 @@ import stat
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["OpenFolderError", "atomic_write", "open_private", "private_dir"]
+__all__ = ["FolderBusyError", "FolderLock", "OpenFolderError", "atomic_write", "open_private", "private_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,41 @@ _OTHERS = 0o077  # group and world bits
 
 class OpenFolderError(PermissionError):
     """A state folder other users can enter, which this program may not close (not its own, or shared)."""
+
+
+class FolderBusyError(OSError):
+    """Another process holds the state folder (:class:`FolderLock`)."""
+
+
+class FolderLock:
+    """An exclusive lock on ``folder`` for this process's lifetime or until :meth:`release` (module docstring)."""
+
+    NAME = ".lock"
+
+    def __init__(self, folder: str | Path, what: str = "state folder") -> None:
+        import fcntl
+
+        self.path = Path(folder) / self.NAME
+        self._fd: int | None = None
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            self.release()
+            raise FolderBusyError(f"{what} {Path(folder)} is in use by another process (pid {holder}); two over one "
+                                  f"folder would overwrite each other's state: stop it first, or use another "
+                                  f"folder") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.release()
 
 
 def private_dir(path: str | Path, what: str = "state folder") -> Path:

@@ -52,6 +52,7 @@ class _Offline:
         if self.coord.open is not None and self.coord.open.journal is not None:
             self.coord.open.journal.close()
         self.coord.metrics.close()
+        self.coord.state_lock.release()  # as a stopped (or killed) coordinator's process would
 
 
 def test_a_restarted_coordinator_keeps_the_slots_of_its_last_plan(tmp_path: Path) -> None:

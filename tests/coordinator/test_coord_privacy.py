@@ -107,6 +107,7 @@ class _Offline:
     def close(self) -> None:
         setattr(self.coord, "_shut_down", lambda: None)  # noqa: B010
         self.coord.metrics.close()
+        self.coord.state_lock.release()  # as a stopped coordinator's process would
 
 
 def test_private_rounds_through_the_coordinator_equal_the_engine(tmp_path, datas):

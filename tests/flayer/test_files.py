@@ -65,3 +65,14 @@ def test_someone_elses_open_folder_is_refused_and_left_alone(tmp_path: Path) -> 
     with pytest.raises(OpenFolderError, match="owned by uid 65534"):
         private_dir(folder)
     assert _mode(folder) == 0o755
+
+
+def test_a_folder_lock_refuses_a_second_holder_until_released(tmp_path: Path) -> None:
+    from flayer.files import FolderBusyError, FolderLock
+
+    first = FolderLock(tmp_path, "state_dir")
+    assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n" and _mode(tmp_path / ".lock") == 0o600
+    with pytest.raises(FolderBusyError, match=f"state_dir {tmp_path} is in use by another process \\(pid {os.getpid()}\\)"):
+        FolderLock(tmp_path, "state_dir")
+    first.release()
+    FolderLock(tmp_path).release()  # free again
