@@ -34,6 +34,8 @@
     http_models = true           # fetch the model over HTTP when the plan names a models_url (else the chunks)
     http_timeout_s = 30.0        # ... giving up (and taking the broker's chunks) after this long without a byte
     http_deadline_s = 600.0      # ... or when one model's fetch is not done after this long, however it trickles
+    models_hosts = []            # hosts that get this device's models token besides its broker's (the model server)
+    models_plain_http = false    # ... also over plain http beyond loopback (else https only: the token travels in clear)
     max_update_bytes = 0         # refuse larger updates before sending (0: the plan's limit)
     exit_when_finished = true    # save the personal model and exit after the final plan
     upload = "plan"              # or "fit": value codec and top-k share fitted to the uplink and the round's close
@@ -58,6 +60,7 @@ and needs no listing; ``python_path`` only says where allowed modules are found.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +69,8 @@ from typing import Any
 from flayer.config import DATASET_NAMES, ConfigError, add_python_path, from_mapping, read_toml
 from flayer.spec import ENTRY_POINT
 from protocol.messages import DEVICE_LABEL
+
+_HOST = re.compile(r"[A-Za-z0-9.:-]{1,253}")
 
 __all__ = ["DeviceConfig", "DeviceData", "DevicePrivacy", "EdgeSettings", "load_device_config", "load_device_data"]
 
@@ -87,6 +92,8 @@ class EdgeSettings:
     http_models: bool = True  # fetch the plan's model and deltas from its models_url when it names one (docs/howto/http-models.md)
     http_timeout_s: float = 30.0  # an HTTP fetch silent this long falls back to the broker's chunks
     http_deadline_s: float = 600.0  # an HTTP fetch not finished after this long falls back too (a slow drip)
+    models_hosts: tuple[str, ...] = ()  # hosts the models token goes to besides the broker's (transport.models_auth)
+    models_plain_http: bool = False  # the token may go over plain http beyond loopback to those hosts
     publish_timeout_s: float = 120.0
     max_update_bytes: int = 0
     exit_when_finished: bool = True
@@ -105,6 +112,8 @@ class EdgeSettings:
         if bad:
             raise ConfigError(f"allow_entry_points: {bad[0]!r} is not an entry point \"package.module:function\" "
                               f"(the built-in models are always allowed)")
+        if not all(isinstance(h, str) and _HOST.fullmatch(h) for h in self.models_hosts):
+            raise ConfigError(f"models_hosts must be a list of host names or addresses, got {list(self.models_hosts)!r}")
         if self.label and not DEVICE_LABEL.fullmatch(self.label):
             raise ConfigError(f"label must be 1-40 letters, digits or _.:- (starting with a letter or digit), got "
                               f"{self.label!r}")

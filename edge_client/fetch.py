@@ -25,7 +25,7 @@ import torch
 from protocol import Plan, Topics, WireError, WireLimits
 from protocol.model_delta import CHAIN, DeltaRef
 from transport.link import MqttLink
-from transport.models_auth import authorization
+from transport.models_auth import authorization, token_destination_problem
 
 from .delta_fetch import HeldModel, delta_source, rebuild
 from .download import ModelDownload
@@ -130,7 +130,7 @@ class ModelFetch:
         digest, chunks = (delta.digest, delta.chunks) if delta else (plan.model_digest, plan.model_chunks)
         size = delta.size if delta else plan.model_size
         if plan.models_url and self.settings.http_models and digest not in self._http_failed \
-                and size <= self.limits.max_blob_bytes:
+                and size <= self.limits.max_blob_bytes and self._token_may_go_to(plan.models_url):
             self._start_http(HttpTarget(plan.models_url, digest, size), chunks)
         else:
             self._download = ModelDownload(self.link, self.topics, digest, self.limits, self.clock(), chunks,
@@ -138,6 +138,17 @@ class ModelFetch:
         self._set_state("online")
 
     # ---- models over HTTP ------------------------------------------------------------------------
+    def _token_may_go_to(self, url: str) -> bool:
+        """Whether the plan's ``models_url`` may have this device's models token: a host its own configuration
+        names, over https (transport.models_auth); otherwise the model comes over the broker, no byte sent there."""
+        hosts = [self.creds.host, *([self.creds.tls.host] if self.creds.tls is not None else []),
+                 *self.settings.models_hosts]
+        problem = token_destination_problem(url, hosts, self.settings.models_plain_http)
+        if problem is not None:
+            log.warning("%s: the plan's models_url %s gets no models token (%s); the model comes over the broker",
+                        self.id, url, problem)
+        return problem is None
+
     def _start_http(self, target: HttpTarget, chunks: int) -> None:
         fetch = self._http = HttpDownload(target.digest, chunks, self.clock())
         tls = self.creds.tls

@@ -8,6 +8,12 @@ HTTP side never sees a secret that opens the broker; the device derives it from 
 already carries, the state folder from the same credentials files. Observers are not in the file: they
 read plans, statuses and metrics on the broker and no model, over MQTT or HTTP.
 
+Where a device sends its token (:func:`token_destination_problem`): the plan names ``models_url``, but the token is
+the device's, so it goes only where the device's own configuration says the federation's model server is -- the
+broker's host in its credentials, or a host listed in its ``[edge] models_hosts`` -- and over HTTPS, or plain HTTP
+to a loopback address, or to any of those hosts when ``[edge] models_plain_http`` says so. A plan naming another
+host (or plain HTTP across a network) gets no token: the device takes the broker's chunks instead.
+
 The file holds ``{SSHA}`` hashes (salted SHA-1, a form nginx reads without modules). The tokens are
 256-bit HMAC outputs of 192-bit random passwords, so the fast hash is not what protects them: guessing
 one is 2^192 work whatever the hash.
@@ -19,8 +25,12 @@ import base64
 import hashlib
 import hmac
 import os
+from collections.abc import Iterable
+from urllib.parse import urlsplit
 
-__all__ = ["HTPASSWD_NAME", "authorization", "htpasswd_line", "models_token"]
+from transport.hosts import is_loopback
+
+__all__ = ["HTPASSWD_NAME", "authorization", "htpasswd_line", "models_token", "token_destination_problem"]
 
 HTPASSWD_NAME = "models.htpasswd"
 _LABEL = b"flayer-edge models over HTTP v1"
@@ -48,3 +58,20 @@ def htpasswd_line(username: str, password: str) -> str:
     salt = os.urandom(8)
     digest = hashlib.sha1(models_token(password).encode() + salt).digest()
     return f"{username}:{{SSHA}}{base64.b64encode(digest + salt).decode('ascii')}"
+
+
+def token_destination_problem(url: str, hosts: Iterable[str], plain_http: bool = False) -> str | None:
+    """Why a device may not send its models token to ``url`` (None: it may; module docstring). ``hosts``: the hosts
+    its own configuration names (the broker's, ``[edge] models_hosts``); ``plain_http``: ``[edge] models_plain_http``."""
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower().rstrip(".")
+    except ValueError:
+        return "it is not a URL"
+    known = {h.lower().rstrip(".") for h in hosts if h}
+    if host not in known:
+        return (f"its host {host!r} is not this device's broker host nor in [edge] models_hosts "
+                f"({', '.join(sorted(known)) or 'none'})")
+    if parts.scheme != "https" and not (is_loopback(host) or plain_http):
+        return "it is plain http across a network (the token would travel in clear); [edge] models_plain_http allows it"
+    return None

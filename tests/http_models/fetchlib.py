@@ -35,8 +35,10 @@ class FetchDevice(ModelFetch):
                  username: str = "dev", password: str = "") -> None:
         self.id, self.link, self.topics, self.limits = "dev", RecordedLink(), Topics("fed"), WireLimits()  # type: ignore[assignment]
         self.settings = SimpleNamespace(state_dir=str(state_dir), http_models=True,
-                                        http_timeout_s=http_timeout_s, http_deadline_s=http_deadline_s)
-        self.creds = SimpleNamespace(tls=None, username=username, password=password)
+                                        http_timeout_s=http_timeout_s, http_deadline_s=http_deadline_s,
+                                        models_hosts=(), models_plain_http=False)
+        # the broker's host: the model servers of these tests listen there (the token goes to no other host)
+        self.creds = SimpleNamespace(tls=None, username=username, password=password, host="127.0.0.1")
         self.plan = None
         self.trust = PeerTrust("fed", COORD_KEY.public)  # type: ignore[assignment]
         self.strategies = SimpleNamespace(get=lambda plan: None)  # type: ignore[assignment]
