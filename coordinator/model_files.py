@@ -24,7 +24,7 @@ __all__ = ["ModelFiles"]
 log = logging.getLogger(__name__)
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-_TEMP = re.compile(r"\.[0-9a-f]{64}\.[0-9]+\.tmp")  # flayer.state.atomic_write's temporary names
+_TEMP = re.compile(r"\.[0-9a-f]{64}\.[0-9]+\.tmp")  # flayer.files.atomic_write's temporary names
 
 
 class ModelFiles:

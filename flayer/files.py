@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import IO, Any
 
@@ -93,11 +94,12 @@ def private_dir(path: str | Path, what: str = "state folder") -> Path:
 def atomic_write(path: str | Path, data: bytes | str, mode: int = 0o600) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder, created with ``mode`` from the
     start (never readable by others, not even briefly), fsynced and renamed: readers see the old file or the new
-    one, never half of one. A missing folder is created 0700. The temporary name is ``.<name>.<pid>.tmp``."""
+    one, never half of one. A missing folder is created 0700. The temporary name is ``.<name>.<pid><thread>.tmp``
+    (digits: two threads writing one path do not share it)."""
     path = Path(path)
     if not path.parent.is_dir():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{threading.get_native_id()}.tmp")
     tmp.unlink(missing_ok=True)  # a stale one from a crash: created afresh below, with this mode
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
     try:
