@@ -98,7 +98,11 @@ class SecureRound:
                     self.server.name_faulty(client, f"{client} signed its key advert falsely: {exc}")
                     raise
             elif isinstance(msg, ShareBatch):
-                self.server.receive_shares(msg)
+                try:
+                    self.server.receive_shares(msg)
+                except AdvertSignatureError as exc:  # a share its sender did not sign, in the sender's envelope
+                    self.server.name_faulty(client, f"{client} signed its sealed shares falsely: {exc}")
+                    raise
             elif isinstance(msg, SurvivorSignature):
                 self.server.receive_signature(msg)
             elif isinstance(msg, ShareComplaint):  # checked at once: the accused, or a false complainer, is named

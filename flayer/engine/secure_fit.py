@@ -38,9 +38,10 @@ SAFETY = 0.8  # as edge_client.linkfit: the share of the estimated capacity an u
 MARGIN_S = 1.0  # as edge_client.linkfit: seconds kept for the ack and clock skew
 RATE_QUANTILE = 0.1  # the budget follows this low quantile of the selected devices' known uplink rates
 # what a device sends beyond its masked input: per neighbour, 320 B measured without signatures
-# (benchmarks/secagg_cost.py) and the 64-byte signature over its keys toward that neighbour (signed adverts);
-# per round, the survivor-set signature (85 B with a 10-character id) and the advert's signature count, an upper figure
-PER_NEIGHBOUR_BYTES = 320 + 64
+# (benchmarks/secagg_cost.py), the 64-byte signature over its keys toward that neighbour (signed adverts) and the
+# 64-byte signature over the share it sealed for it (flayer.secagg.signed_shares); per round, the survivor-set
+# signature (85 B with a 10-character id) and the advert's signature count, an upper figure
+PER_NEIGHBOUR_BYTES = 320 + 64 + 64
 ROUND_BYTES = 160
 MASKED_HEADER = 96  # a MaskedInput's bytes beside its packed values (header, id, width, length), an upper figure
 

@@ -49,6 +49,7 @@ from .messages import (
 from .params import SecAggParams
 from .prg import SEED_LEN, Entropy, expand, randbelow_from
 from .signed_adverts import bundle_problem, device_signs, sign_advert
+from .signed_shares import share_signed, sign_share
 
 __all__ = ["SHARE_STAGE", "SecAggClient"]
 
@@ -158,7 +159,10 @@ class SecAggClient:
             key = keys.derive_aead_key(keys.agree(self._pairs[v].private, self._peers[v].c_pk), p.session, p.round, me, v)
             plain = shamir.encode_share(x, b_shares[x]) + shamir.encode_share(x, s_shares[x])
             ad = keys.associated_data(p.session, p.round, me, v, SHARE_STAGE, p.transcript)
-            sealed.append(EncryptedShare(me, v, keys.seal(key, plain, ad, self._entropy)))
+            share = EncryptedShare(me, v, keys.seal(key, plain, ad, self._entropy))
+            if signs is not None:  # signed: a share that does not authenticate is then provably its sender's
+                share = sign_share(p, share, self._pairs[v].public, self._peers[v].c_pk, signs[0])
+            sealed.append(share)
         self._stage = 2
         return ShareBatch(p.round, me, tuple(sealed))
 
@@ -176,15 +180,25 @@ class SecAggClient:
             raise self._refuse(f"share batch is for {shares.device} in round {shares.round}")
         held: dict[str, tuple[bytes, bytes]] = {}
         unopened: set[str] = set()
+        signs = device_signs(self._consistency)
         for share in shares.shares:
             if share.receiver != me:
                 raise self._refuse(f"share from {share.sender} is addressed to {share.receiver}")
             if share.sender not in self._peers:
                 raise self._refuse(f"share from {share.sender}, whose keys this device never received")
+            signed = signs is not None and share_signed(p, share, self._peers[share.sender].c_pk,
+                                                        self._pairs[share.sender].public, signs[1])
+            if signs is not None and not signed:  # altered or replayed by whoever routed it: proves nothing
+                log.warning("secagg round %d, %s: the share from %s is not signed by %s; holding nothing of it (no "
+                            "complaint)", p.round, me, share.sender, share.sender)
+                unopened.add(share.sender)
+                continue
             plain = self._unseal(share.sender, share.ciphertext)
             got = None if plain is None else self._shares_in(share.sender, plain)
-            if plain is None:  # whoever routes it could have altered it: proves nothing, and the pair's key would
-                unopened.add(share.sender)  # open what the sender really sealed here (both its secrets' shares)
+            if plain is None and signed:  # the sender signed a share that does not authenticate: its own fault
+                self._complaints[share.sender] = self._pairs[share.sender].private
+            elif plain is None:  # unsigned and routed: could have been altered, proves nothing, and the pair's key
+                unopened.add(share.sender)  # would open what the sender really sealed here (both secrets' shares)
             elif got is None:  # opened under the pair's key (only the sender and this device hold it): the
                 self._complaints[share.sender] = self._pairs[share.sender].private  # sender's fault, or a lie
             else:
@@ -209,10 +223,10 @@ class SecAggClient:
         return MaskedInput(p.round, me, y, p.ring.bits)
 
     def _unseal(self, sender: str, ciphertext: bytes) -> bytes | None:
-        """The plaintext ``sender`` sealed for this device, or None when it does not authenticate. No complaint then:
-        the coordinator routes every sealed share and can alter one, and the key a complaint reveals would open the
-        ciphertext the sender really sealed -- the coordinator making t neighbours of one device complain would hold
-        t shares of both its secrets and unmask its input alone."""
+        """The plaintext ``sender`` sealed for this device, or None when it does not authenticate. Complained of only when
+        the sender signed the share (:mod:`.signed_shares`): the coordinator routes every sealed share and can alter an
+        unsigned one, and the key a complaint reveals would open the ciphertext the sender really sealed -- the
+        coordinator making t neighbours of one device complain would hold t shares of both its secrets."""
         p, me = self.params, self.device
         key = keys.derive_aead_key(keys.agree(self._pairs[sender].private, self._peers[sender].c_pk),
                                    p.session, p.round, me, sender)
@@ -220,8 +234,7 @@ class SecAggClient:
         try:
             return keys.open_sealed(key, ciphertext, ad, f"share from {sender}")
         except SecAggError as exc:
-            log.warning("secagg round %d, %s: %s; holding nothing of %s (no complaint: a routed share proves nothing "
-                        "of its sender)", p.round, me, exc, sender)
+            log.warning("secagg round %d, %s: %s; holding nothing of %s", p.round, me, exc, sender)
             return None
 
     def _shares_in(self, sender: str, plain: bytes) -> tuple[bytes, bytes] | None:

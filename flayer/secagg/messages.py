@@ -15,7 +15,8 @@ kind               direction            body
                                         k signatures (u16 count, 64 B each)
 2 KeyBundle        server -> device     receiver id, count, (id, c_pk, s_pk,        ~ 170 k B
                                         b_commit, 1 signature) each
-3 ShareBatch       both ways            id, count, (sender, receiver, 164 B sealed) ~ 200 k B
+3 ShareBatch       both ways            id, count, u8 signed, (sender, receiver,    ~ 264 k B
+                                        164 B sealed, 64 B sender's signature) each
 4 MaskedInput      device -> server     id, u8 width w, u32 n, n values of w bits   n w / 8 B
 5 UnmaskRequest    server -> device     id, u32 survivor count, survivors, dropped  ~ 20 k B
 6 UnmaskShares     device -> server     id, b shares (id, 68 B), s shares (id, 68 B) ~ 90 k B

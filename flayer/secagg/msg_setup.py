@@ -125,16 +125,20 @@ class KeyBundle:
 
 @dataclass(frozen=True)
 class EncryptedShare:
-    """One sealed pair (share of b_sender, share of s_sender) for one receiver (:mod:`.keys`)."""
+    """One sealed pair (share of b_sender, share of s_sender) for one receiver (:mod:`.keys`); ``signature``: the
+    sender's long-term signature over it (:mod:`.signed_shares`; empty in a round without long-term keys)."""
 
     sender: str
     receiver: str
     ciphertext: bytes = field(repr=False)
+    signature: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
         check_id(self.sender, "EncryptedShare sender")
         check_id(self.receiver, "EncryptedShare receiver")
         check_bytes(self.ciphertext, CIPHERTEXT_LEN, "EncryptedShare ciphertext")
+        if self.signature:
+            check_bytes(self.signature, SIGNATURE_LEN, "EncryptedShare signature")
 
 
 @dataclass(frozen=True)
@@ -155,18 +159,27 @@ class ShareBatch:
             raise SecAggError("ShareBatch shares must be EncryptedShares")
         if len({(s.sender, s.receiver) for s in self.shares}) != len(self.shares):
             raise SecAggError("ShareBatch: duplicate (sender, receiver) pair")
+        if len({bool(s.signature) for s in self.shares}) > 1:
+            raise SecAggError("ShareBatch: some shares signed, some not")
 
     def to_bytes(self) -> bytes:
-        body = b"".join(pack_id(s.sender) + pack_id(s.receiver) + s.ciphertext for s in self.shares)
-        return header(3, self.round) + pack_id(self.device) + pack_u16(len(self.shares), "ShareBatch count") + body
+        signed = bool(self.shares) and bool(self.shares[0].signature)
+        body = b"".join(pack_id(s.sender) + pack_id(s.receiver) + s.ciphertext + s.signature for s in self.shares)
+        return (header(3, self.round) + pack_id(self.device) + pack_u16(len(self.shares), "ShareBatch count")
+                + bytes([signed]) + body)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ShareBatch:
         r, round_id = open_message(data, 3, "ShareBatch")
         device = r.device("device")
         count = r.count("share count", MAX_ENTRIES)
+        signed = r.u8("signed flag")
+        if signed > 1:
+            raise SecAggError(f"ShareBatch: signed flag {signed}, not 0 or 1")
         shares = tuple(EncryptedShare(r.device(f"share {i} sender"), r.device(f"share {i} receiver"),
-                                      r.take(CIPHERTEXT_LEN, f"share {i} ciphertext")) for i in range(count))
+                                      r.take(CIPHERTEXT_LEN, f"share {i} ciphertext"),
+                                      r.take(SIGNATURE_LEN, f"share {i} signature") if signed else b"")
+                       for i in range(count))
         r.done()
         return cls(round_id, device, shares)
 

@@ -29,7 +29,8 @@ from .params import SecAggParams
 from .prg import expand
 from .server_complaints import ComplaintStage
 from .server_consistency import ConsistencyStage
-from .signed_adverts import SignedAdvertStage
+from .signed_adverts import AdvertSignatureError, SignedAdvertStage
+from .signed_shares import batch_problem
 
 __all__ = ["SecAggServer"]
 
@@ -176,6 +177,10 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         if set(receivers) != expected:
             raise SecAggError(f"share batch from {sender} is addressed to {sorted(receivers)}, not to its "
                               f"neighbours that advertised {sorted(expected)}")
+        why = None if self.advert_verify is None else batch_problem(self.params, batch, self._pair_key,
+                                                                    self.advert_verify)
+        if why is not None:  # its sender's own batch (its envelope): the caller names it (coordinator.secure_round)
+            raise AdvertSignatureError(why)
         self._sent[sender] = batch.shares
         for share in batch.shares:
             self._inbox.setdefault(share.receiver, []).append(share)

@@ -27,6 +27,8 @@ import pytest
 from flayer.secagg import RingSpec, SecAggClient, SecAggParams, keys, run_round, shamir
 from flayer.secagg.client import SHARE_STAGE
 from flayer.secagg.ring import decode_sum, encode
+from flayer.secagg.signed_adverts import device_signs
+from flayer.secagg.signed_shares import sign_share
 
 IDS = tuple(f"dev-{i:02d}" for i in range(8))
 
@@ -59,7 +61,11 @@ def _spoil_one_share(monkeypatch: pytest.MonkeyPatch, sender: str, receiver: str
         sealed = keys.seal(key, plain, keys.associated_data(p.session, p.round, sender, receiver, SHARE_STAGE,
                                                                p.transcript),
                            os.urandom)
-        spoiled = tuple(replace(s, ciphertext=sealed) if s.receiver == receiver else s for s in out.shares)
+        share = replace(next(s for s in out.shares if s.receiver == receiver), ciphertext=sealed, signature=b"")
+        signs = device_signs(self._consistency)  # it signs what it sends, as every sender of the round
+        if signs is not None:
+            share = sign_share(p, share, self._pairs[receiver].public, self._peers[receiver].c_pk, signs[0])
+        spoiled = tuple(share if s.receiver == receiver else s for s in out.shares)
         return replace(out, shares=spoiled)
 
     monkeypatch.setattr(SecAggClient, "share_keys", share_keys)

@@ -144,6 +144,7 @@ def test_traffic_grows_with_k_and_n_not_with_the_participants():
         t_sig = count // 2 + 1  # T = floor((P + 1) / 2) + 1 at gamma = 0: P // 2 + 1
         extra = (10 + 7 + 2 + 7 * count) + (10 + 7 + 64) + 71 * t_sig
         extra += 2 * 64 * 4  # the signed adverts: 64 B a neighbour (k = 4) in the advert and in the bundle
+        extra += 2 * 64 * 4  # the signed sealed shares: 64 B a neighbour sent, and as many received
         assert worst(count, 4, 100, consistency=True) - worst(count, 4, 100) == extra
 
 
