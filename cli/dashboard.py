@@ -93,11 +93,12 @@ def run(args: argparse.Namespace) -> int:
                              tuple(args.allow_host))
     what = " and ".join(x for x in (f"broker {creds.host}:{creds.port} as {creds.username}" if creds else "",
                                     f"metrics {metrics}" if metrics else "") if x)
+    if metrics is not None and not metrics.exists():
+        print(f"dashboard: waiting for {metrics} (read as soon as the coordinator writes it)", file=sys.stderr,
+              flush=True)
     print(f"dashboard: {server.url}  ({what}; Ctrl-C to stop)", flush=True)
     if server.token:
         print("dashboard: the address holds the access token; share it only with whoever may watch", file=sys.stderr)
-    if metrics is not None and not metrics.exists():
-        print(f"dashboard: waiting for {metrics} (read as soon as the coordinator writes it)", file=sys.stderr)
     try:
         while True:
             time.sleep(3600)
