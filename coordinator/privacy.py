@@ -114,6 +114,24 @@ class FederationPrivacy:
                         "still below 1/%d", reported, n, self.delta, reported)
         return None
 
+    def withheld(self, agg: OpenAggregate) -> str | None:
+        """Rule 2 at the close: why a local-mode round that closes short -- fewer uploads than ``min_updates``,
+        after its extension -- must not be published: its sum carries only the shares that arrived, and composing
+        it would bring epsilon above ``target_epsilon`` (the check before the round assumed ``min_updates``).
+        None: publish it. The caller then folds nothing (:meth:`OpenAggregate.withhold`); the coordinator, which
+        read the uploads, still composes them in its own ledger."""
+        rp, target = agg.privacy, self.settings.target_epsilon
+        if rp is None or rp.mode != "local" or rp.ring or target is None:
+            return None
+        arrived = agg.tally.accepted
+        if arrived <= 0 or arrived >= self.fewest:
+            return None
+        eps = self.accounts.public.epsilon_after(self.accounts.round_z(rp, arrived), 1.0, self.delta)
+        if eps <= target:
+            return None
+        return (f"privacy budget: the round closed with {arrived} of the {self.fewest} uploads min_updates asks; its "
+                f"sum would bring epsilon to {eps:.3f} > target_epsilon {target:g}: nothing of it is published")
+
     def close(self, agg: OpenAggregate) -> dict[str, Any]:
         """Rule 4: compose the closed round, adapt C; the round record's privacy fields."""
         clip = self.clip

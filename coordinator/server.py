@@ -338,6 +338,10 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         assert rnd is not None
         r = rnd.number
         old_state, old_model = self.global_state, self.model
+        withheld = self.privacy.withheld(rnd.aggregate) if self.privacy is not None else None
+        if withheld is not None:  # a local-mode round short of min_updates past the target: nothing published
+            log.warning("round %d: %s", r, withheld)
+            rnd.aggregate.withhold()
         self.global_state, left_out = rnd.close(self.quarantine)
         if left_out:
             self.counters["quarantined"] += len(left_out)

@@ -188,11 +188,12 @@ class DeviceBudgets:
         return True
 
     def _noise_problem(self, plan: Any) -> str | None:
-        """:func:`plan_noise_problem` for a private plan (None also when it is malformed: refused elsewhere)."""
+        """:func:`plan_noise_problem` for a private plan, or why its privacy mapping is malformed."""
         try:
             rp = RoundPrivacy.from_plan(plan.privacy)
-        except ValueError:
-            return None
+            plan_limits(plan.privacy)
+        except ValueError as exc:
+            return str(exc)  # a malformed private plan is refused whether or not this device has a budget
         if rp is None:
             return None
         problem = plan_noise_problem(rp, bool(plan.secure))

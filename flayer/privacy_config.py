@@ -54,8 +54,8 @@ class PrivacySettings:
     secure_keep: float = 1.0  # the most of the round's common positions a masked input keeps (simulate: the fraction)
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.clip) and self.clip > 0):
-            raise ValueError(f"clip (C) must be a finite number > 0, got {self.clip}")
+        if not (math.isfinite(self.clip) and 1e-6 <= self.clip <= 1e6):
+            raise ValueError(f"clip (C) must be a finite number in [1e-6, 1e6], got {self.clip}")
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
             raise ValueError(f"noise_multiplier (z) must be a finite number >= 0, got {self.noise_multiplier}")
         if self.target_epsilon is not None:

@@ -105,7 +105,10 @@ def epsilon_for(history: Sequence[tuple[float, float, int]], delta: float) -> fl
     if any(z <= 0 for z, _, _ in runs):
         return math.inf
     if all(q >= 1 for _, q, _ in runs):
-        return gaussian_epsilon(sum(n / (z * z) for z, _, n in runs) ** -0.5, delta)
+        if any(z * z == 0.0 for z, _, _ in runs):  # a multiplier so small its square underflows: no noise
+            return math.inf
+        precision = sum(n / (z * z) for z, _, n in runs)
+        return math.inf if not math.isfinite(precision) else gaussian_epsilon(precision ** -0.5, delta)
     return _pld_epsilon(runs, delta)
 
 

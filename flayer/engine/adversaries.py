@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .accountant import Ledger
+from .accountant import Ledger, LedgerError
 from .privacy import RoundPrivacy
 
 __all__ = ["ADVERSARIES", "Accounts"]
@@ -108,4 +108,8 @@ class Accounts:
         if out.coordinator is not None:  # local mode; a checkpoint without that ledger: no figure against it
             out.coordinator = Ledger.from_state(coord) if coord is not None else \
                 Ledger() if not out.public.rounds else None
+        if out.coordinator is not None and out.coordinator.rounds < out.public.rounds:
+            # every round composed for the models' readers was seen by the coordinator first
+            raise LedgerError(f"privacy ledger: the coordinator's composes {out.coordinator.rounds} rounds, fewer "
+                              f"than the {out.public.rounds} composed for the models' readers")
         return out, sampled

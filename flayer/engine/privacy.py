@@ -72,6 +72,8 @@ def local_share_std(z: float, clip: float, m: int) -> float:
 # upload of its neighbour 1 (module docstring, rule 5)
 BIT_SENSITIVITY = 1.0
 LABEL_TOLERANCE = 1e-6  # relative: a plan's noise_multiplier label and its named noises agree within float rounding
+MIN_MULTIPLIER = 0.01  # below it a plan names no noise a device can count (one round: epsilon in the thousands)
+CLIP_RANGE = (1e-6, 1e6)  # C outside it is refused: a subnormal C rounds the float32 upload past C
 
 
 def adaptive_update_multiplier(z: float, bit_std: float) -> float:
@@ -168,6 +170,9 @@ class RoundPrivacy:
                     else f"update noise {self.update_multiplier:.6g}")
             return (f"its label noise_multiplier {self.noise_multiplier:.6g} is not what its {what} give "
                     f"({named:.6g})")
+        if self.named_multiplier < MIN_MULTIPLIER:
+            return (f"the noise it names gives a multiplier of {self.named_multiplier:.3g}, below {MIN_MULTIPLIER:g}: "
+                    f"no noise a device can count")
         return None
 
     @property
@@ -192,13 +197,17 @@ class RoundPrivacy:
         """The round's parameters from a plan (None: not a private round); ValueError when malformed."""
         if not raw:
             return None
+        flags = {k: raw.get(k, False) for k in ("adaptive", "ring")}
+        bad = [k for k, v in flags.items() if not isinstance(v, bool)]
+        if bad:  # bool("false") is True: a flag is a JSON boolean or the plan is malformed
+            raise ValueError(f"plan: privacy {bad[0]} must be true or false, got {raw.get(bad[0])!r}")
         try:
             out = cls(str(raw["mode"]), float(raw["clip"]), float(raw["noise_multiplier"]),  # type: ignore[arg-type]
-                      float(raw["update_multiplier"]), int(raw["contributions"]), bool(raw.get("adaptive", False)),
-                      float(raw.get("bit_std", 0.0)), bool(raw.get("ring", False)))
+                      float(raw["update_multiplier"]), int(raw["contributions"]), flags["adaptive"],
+                      float(raw.get("bit_std", 0.0)), flags["ring"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"plan: malformed privacy parameters ({exc})") from None
-        if out.mode not in ("central", "local") or not (out.clip > 0 and math.isfinite(out.clip)) \
+        if out.mode not in ("central", "local") or not CLIP_RANGE[0] <= out.clip <= CLIP_RANGE[1] \
                 or not all(v >= 0 and math.isfinite(v) for v in (out.noise_multiplier, out.update_multiplier,
                                                                    out.bit_std)) or out.contributions < 1:
             raise ValueError(f"plan: privacy parameters out of range: {dict(raw)}")

@@ -140,6 +140,14 @@ class OpenAggregate:
         self.aggregator.fold_sum(total, count, bits)
         self.tally.add_sum(total, count)
 
+    def withhold(self) -> int:
+        """Fold nothing of this round after all (a private round whose sum may not be published): a fresh
+        aggregator, so the result is the previous model; the number of updates that were folded."""
+        folded = self.tally.accepted
+        self.aggregator = self.fresh()
+        self.tally.remove(folded)
+        return folded
+
     def unsent(self) -> int:
         return self.aggregator.unsent() if self.aggregator.contributors else 0
 

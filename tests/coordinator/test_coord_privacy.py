@@ -260,3 +260,21 @@ def test_the_coordinator_refuses_secure_rounds_it_cannot_run(tmp_path):
         (tmp_path / "federation.toml").write_text(text.replace(*((change, needle))))
         with pytest.raises(ConfigError, match="secure_aggregation needs|3 x secure_stage_s <= deadline_s"):
             load_coordinator_config(tmp_path / "federation.toml")
+
+
+def test_a_checkpoint_whose_coordinator_ledger_was_emptied_is_refused(digits):
+    """Local mode: the coordinator composes every round it saw; a checkpoint whose coordinator ledger holds fewer
+    rounds than the public one (emptied, its epsilon against the coordinator reset to 0) is not restored."""
+    from coordinator.privacy import FederationPrivacy, PrivacyStateError
+    from flayer.config import TrainConfig
+    from flayer.privacy_config import PrivacySettings
+    from flayer.strategies import make_strategy
+
+    strategy = make_strategy("fedavg", digits.model_spec(), TrainConfig(lr=0.05))
+    fp, _ = FederationPrivacy.of(PrivacySettings(enabled=True, mode="local", population=100, noise_multiplier=1.0),
+                                 strategy, quorum=10, buffer=4, asynchronous=False)
+    assert fp is not None
+    with pytest.raises(PrivacyStateError, match="coordinator's composes 0 rounds"):
+        fp.restore({"ledger": [[1.0, 1.0, 3]], "coordinator_ledger": [], "clip": 0.3}, 3)
+    fp.restore({"ledger": [[1.0, 1.0, 3]], "coordinator_ledger": [[0.316, 1.0, 3]], "clip": 0.3}, 3)
+    assert fp.accounts.epsilons(1e-5)["coordinator"] > fp.epsilon()

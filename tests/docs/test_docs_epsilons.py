@@ -58,6 +58,10 @@ PRINTED: list[tuple[str, str, str, Callable[[], float]]] = [
     ("docs/explanation/privacy.md", "the printed 8.00 is 19.12 for replace-one", "8.00", lambda: _eps(1.8985, 10)),
     ("docs/explanation/guarantees.md", "(19.12 where the zero-out figure is 8.00)", "19.12",
      lambda: _eps(1.8985 / 2, 10)),
+    ("docs/explanation/privacy.md", "printed epsilon 8.00 where the mechanism\n  spent 18.17", "18.17",
+     lambda: _eps(((1.8985 ** -2 - 0.25) + 1.0) ** -0.5, 10)),  # the half-sensitivity rule at count_stddev 1
+    ("docs/results/privacy-audit.md", "true one-round epsilon is 4.45", "4.45",
+     lambda: _eps(((1.8985 ** -2 - 0.25) + 1.0) ** -0.5, 1)),
     ("docs/howto/privacy-budget.md", "z = 1 spends 159.4 after 200 rounds", "159.4", lambda: _eps(1.0, 200)),
     ("docs/howto/privacy-budget.md", "200 rounds need z >= 15.3", "15.3",
      lambda: noise_for_target(4.0, 1e-5, 1.0, 200)),
@@ -136,6 +140,7 @@ def test_every_dp_plan_output_on_the_pages_is_what_the_command_prints(page: str,
         f"{page}: the output printed after `{cmd}` is not what the command prints now"
 
 
+@pytest.mark.slow  # dp-accounting's PLD for nine settings: about 25 s
 def test_the_privacy_results_accountant_table_recomputes() -> None:
     """docs/results/privacy.md's table of one setting's epsilon by accountant: each cell from dp-accounting 0.6 or
     the exact composition, at the table's 10 rounds, population 100 and 20 a round."""

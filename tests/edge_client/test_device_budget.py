@@ -93,3 +93,10 @@ def test_device_toml_privacy_table(tmp_path: Path) -> None:
         (tmp_path / "b.toml").write_text(base + f"[privacy]\n{bad}\n")
         with pytest.raises(ConfigError, match="privacy|device_budget|delta"):
             load_device_config(tmp_path / "b.toml")
+
+
+def test_a_malformed_private_plan_is_refused_without_a_budget_too(tmp_path: Path) -> None:
+    dev = _device(tmp_path, None, 0.0, {})  # type: ignore[arg-type]
+    assert dev._budget_refuses(_plan(1, delta="1e-3"))
+    assert dev.skipped[1] == "round skipped"
+    assert not dev._budget_refuses(_plan(2))

@@ -317,3 +317,20 @@ def test_plan_time_warnings_for_a_population_or_an_epsilon_too_weak():
     assert any("epsilon 14.1 after 10 rounds" in w for w in small.warnings(14.1, 10))
     large = PrivacySettings(enabled=True, noise_multiplier=3.0).resolve(1000, 50)
     assert large.warnings(4.0, 10) == []
+
+
+def test_plans_that_name_no_countable_noise_or_odd_fields_are_refused():
+    """What a coordinator may write into a plan's privacy mapping: a multiplier so small that its square underflows
+    (epsilon_for used to raise ZeroDivisionError and stop the device), a subnormal C (the float32 upload rounds past
+    it), and flags as strings (bool("false") is True)."""
+    from flayer.engine.accountant import epsilon_for
+
+    assert epsilon_for([(1e-300, 1.0, 1)], 1e-5) == math.inf
+    assert "below 0.01" in (RoundPrivacy("central", 1.0, 1e-300, 1e-300, 3).noise_problem() or "")
+    base = RoundPrivacy("central", 1.0, 1.0, 1.0, 3).as_plan()
+    with pytest.raises(ValueError, match="out of range"):
+        RoundPrivacy.from_plan({**base, "clip": 7e-44})
+    for flag in ("adaptive", "ring"):
+        with pytest.raises(ValueError, match=f"{flag} must be true or false"):
+            RoundPrivacy.from_plan({**base, flag: "false"})
+    assert RoundPrivacy.from_plan(base) == RoundPrivacy("central", 1.0, 1.0, 1.0, 3)
