@@ -8,7 +8,8 @@ Bonawitz et al. (CCS 2017), Fig. 4, restricted to the device's neighbours N(u) (
 1. :meth:`SecAggClient.share_keys`: with long-term keys, every bundle entry's signature checked against the registry
    first (:mod:`.signed_adverts`: one that does not verify refuses the round before anything is sealed); Shamir-split b_u and s_u^SK t-of-(k+1)
    at x = index + 1 of each neighbour that advertised and of u itself; seal each neighbour's pair
-   of shares under c_uv; keep u's own share of b_u.
+   of shares under c_uv (associated data bound to the plan's digest; with long-term keys signed,
+   :mod:`.signed_shares`); keep u's own share of b_u.
 2. :meth:`SecAggClient.masked_input`: open the shares received (their senders are the neighbours that
    completed stage 2) and send ``y_u = x_u + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)``
    (mod 2^bits, the round's ring width; v over those neighbours, ``>`` on the participant order).
