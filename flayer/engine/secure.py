@@ -392,7 +392,7 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
                              max(gamma, min_corrupt_fraction))
     if why is not None:
         raise ValueError(f"plan: {why}: refused")
-    check_noise(privacy, params.threshold, noise_std)
+    check_noise(privacy, params.threshold, noise_std, params.length, ring.scale)
     planned = PlannedSecure(params, layout, adaptive, stage_s, noise_std, bound, value_range, gamma, run_seed,
                             value_bits, keep, dropout)
     return dataclasses.replace(planned, params=dataclasses.replace(params, context=planned.context()))

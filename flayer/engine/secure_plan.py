@@ -79,14 +79,26 @@ def plan_context(layout: str, adaptive: bool, noise_std: float, bound: float | N
     return h.digest()
 
 
-def check_noise(privacy: Mapping[str, Any] | None, threshold: int, noise_std: float) -> None:
+MAX_WIDEN = 1.1  # the most the ring's rounding may widen a share before the round is refused (secure_ring.ring_noise)
+
+
+def check_noise(privacy: Mapping[str, Any] | None, threshold: int, noise_std: float, length: int = 0,
+                scale: float | None = None) -> None:
     """ValueError unless a distributed-DP round's noise share (``noise_std``, each device's) carries what the plan's
     privacy states: with t or more survivors, at least ``(z C)^2`` on the sum, z the larger of the multiplier the
-    ledger books and the update's (:func:`flayer.engine.secure_ring.ring_noise` widens it further for the rounding)."""
+    ledger books and the update's, widened for the ring's stochastic rounding of ``length`` values at ``scale``
+    by ``1 + sqrt(length) / (C scale)`` (:func:`flayer.engine.secure_ring.ring_noise`), which must stay at most
+    :data:`MAX_WIDEN`: a ring too coarse for its noise (a share of a small fraction of a ring unit rounds to 0) is
+    refused, whatever ``noise_std`` says."""
     rp = RoundPrivacy.from_plan(privacy) if privacy else None
     if rp is None or rp.mode != "local":
         return  # central mode: the coordinator adds the noise (it is trusted with the sum)
-    need = max(rp.noise_multiplier, rp.update_multiplier) * rp.clip / math.sqrt(threshold)
+    widen = 1.0 if scale is None else 1.0 + math.sqrt(max(1, length)) / (rp.clip * scale)
+    if widen > MAX_WIDEN:
+        raise ValueError(f"plan: a distributed-DP secure round whose ring (scale {scale:.4g}) rounds {length} values "
+                         f"so coarsely that the sensitivity grows by {widen - 1:.0%}, above {MAX_WIDEN - 1:.0%}: "
+                         f"refused (the shares would round away)")
+    need = max(rp.noise_multiplier, rp.update_multiplier) * rp.clip / math.sqrt(threshold) * widen
     if not rp.ring or not noise_std >= need * (1 - 1e-9):
         raise ValueError(f"plan: a distributed-DP secure round whose noise share {noise_std:.4g} is below the "
                          f"{need:.4g} its privacy states (z {rp.noise_multiplier:g}, C {rp.clip:g}, t {threshold}) "
