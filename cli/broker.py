@@ -85,7 +85,7 @@ def _start(args: argparse.Namespace) -> int:
         from cli.unit import UNIT_FILES, print_unit
 
         return print_unit(args, "broker", [files.state_dir], f"federation {cfg.federation}",
-                          [] if args.foreground else ["--foreground"], open_files=cfg.open_files_needed + UNIT_FILES)
+                          [] if args.foreground else ["--foreground"], open_files=cfg.open_files_wanted + UNIT_FILES)
     done = threading.Event()
     if args.foreground:  # before the start, so an early Ctrl-C still stops the broker below
         previous = {sig: signal.signal(sig, lambda *_: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

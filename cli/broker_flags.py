@@ -67,7 +67,7 @@ def add_broker_parser(sub: argparse._SubParsersAction, run: Callable[[argparse.N
     s.add_argument("--persistence", action=argparse.BooleanOptionalAction, default=None,
                    help="save retained messages and queues to disk (default: yes)")
     s.add_argument("--max-connections", type=_nonneg_int, metavar="N",
-                   help="connections each listener accepts (default 5000; Mosquitto); the broker must be allowed "
+                   help="connections each listener accepts (default 0: 5000, fewer when the hard open-file limit is lower; Mosquitto); the broker must be allowed "
                         "N per listener + 64 open files: raised at start, or LimitNOFILE in --print-unit's unit")
     g = s.add_argument_group("field gateway (bridge this site broker to the central one; docs/howto/field-gateway.md)")
     g.add_argument("--gateway-credentials", metavar="FILE",

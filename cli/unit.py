@@ -15,7 +15,7 @@
 5. logs to the journal (stdout and stderr, unbuffered), under ``SyslogIdentifier=flayer-KIND``;
 6. starts at boot (``WantedBy=multi-user.target``) once the network is up;
 7. the broker's: may open as many files as every listener full needs, plus the wrapper's own
-   (``LimitNOFILE``: ``BrokerConfig.open_files_needed`` + :data:`UNIT_FILES`).
+   (``LimitNOFILE``: ``BrokerConfig.open_files_wanted`` + :data:`UNIT_FILES`).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def quote(arg: str) -> str:
 def unit_text(kind: str, argv: Sequence[str], user: str, state_dirs: Iterable[Path], what: str = "",
               open_files: int = 0) -> str:
     """The unit (module docstring) of ``kind`` (broker, coordinator or edge) running ``argv``; ``open_files``: its
-    ``LimitNOFILE`` (the broker: every listener full plus its own, ``BrokerConfig.open_files_needed``)."""
+    ``LimitNOFILE`` (the broker: every listener full plus its own, ``BrokerConfig.open_files_wanted``)."""
     if kind not in DESCRIPTIONS:
         raise ValueError(f"kind must be one of {', '.join(DESCRIPTIONS)}, got {kind!r}")
     if not user or any(c.isspace() for c in user):

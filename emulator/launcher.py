@@ -200,7 +200,8 @@ class _Launch:
             return o.broker_state.resolve()
         state = self.out / "broker"
         self.broker = start_broker(BrokerConfig(federation=self.cfg.emulator.federation, persistence=False,
-                                                max_connections=max(DEFAULT_MAX_CONNECTIONS, devices + 256)),
+                                                max_connections=devices + 256 if devices + 256 >
+                                                DEFAULT_MAX_CONNECTIONS else 0),
                                    state,
                                    kind=self.cfg.emulator.broker_kind, timeout=30)
         self.broker_desc = f"{self.broker.kind} broker pid {self.broker.pid} on 127.0.0.1:{self.broker.port}"

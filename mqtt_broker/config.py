@@ -14,11 +14,12 @@ The limits are chosen for a federation's traffic, not for chat-sized messages:
   exceed (model chunks) and (devices x chunks per update). ``max_queued_bytes`` (1 GiB) bounds
   the memory that queue may hold. ``max_inflight_messages`` stays at Mosquitto's 20.
 - ``persistence``: retained plan and model chunks and queued QoS 1 messages survive a broker restart.
-- ``max_connections`` (default 5,000) per listener: connections past it are closed at accept, so a stranger's
-  idle sockets cannot take the descriptors the broker needs. The process must be allowed
+- ``max_connections`` per listener: connections past it are closed at accept, so a stranger's idle sockets cannot
+  take the descriptors the broker needs. 0 (the default) is :attr:`BrokerConfig.connection_limit`: 5,000, or fewer
+  when the host's hard open-file limit does not allow every listener that many. The process must be allowed
   :attr:`BrokerConfig.open_files_needed` open files (every listener's limit plus :data:`RESERVE_FILES` of its own):
   the launcher raises its soft limit that far, or refuses to start (``mqtt_broker.process``); a service unit sets
-  ``LimitNOFILE``. Mosquitto 2.0 has no per-address limit and no setting for a connection that sends no CONNECT:
+  ``LimitNOFILE`` (:attr:`BrokerConfig.open_files_wanted`). Mosquitto 2.0 has no per-address limit and no setting for a connection that sends no CONNECT:
   it closes one after about 90 s (its built-in 60 s keepalive, times 1.5).
 
 Listeners: the plain one (password only) on ``host``, the TLS one on ``tls_host`` (default ``host``).
@@ -32,12 +33,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mqtt_broker.fsutil import atomic_write
+from mqtt_broker.fsutil import atomic_write, open_files_limit
 from protocol.topics import TopicError, validate_id
 from transport.credentials import MQTT_HEADROOM, CredentialsError, payload_limit
 from transport.hosts import is_loopback
@@ -52,9 +54,12 @@ __all__ = [
     "RESERVE_FILES",
     "BrokerConfig",
     "BrokerConfigError",
+    "ensure_open_files",
     "is_loopback",
     "payload_limit",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = Path(".flayer/broker")
 DEFAULT_PORT = 1883
@@ -65,6 +70,16 @@ DEFAULT_MAX_CONNECTIONS = 5_000  # per listener; larger fleets raise it (the emu
 RESERVE_FILES = 64  # the broker's own descriptors beside its clients: listening sockets, log, persistence, reloads
 MAX_PACKET_SIZE = 256 * 1024 * 1024  # MQTT's remaining-length field tops out just above this
 _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def hard_open_files() -> int:
+    """This process's hard open-file limit (a large number when unlimited or not POSIX)."""
+    try:
+        import resource
+    except ImportError:
+        return 1 << 20
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return 1 << 30 if hard == resource.RLIM_INFINITY else int(hard)
 
 
 class BrokerConfigError(CredentialsError):
@@ -120,7 +135,7 @@ class BrokerConfig:
     max_inflight_messages: int = 20
     max_queued_messages: int = 10_000
     max_queued_bytes: int = 1 << 30
-    max_connections: int = DEFAULT_MAX_CONNECTIONS  # per listener (module docstring)
+    max_connections: int = 0  # per listener; 0: 5,000, fewer when the open-file limit is lower (module docstring)
     persistence: bool = True
     coordinator_user: str = "coordinator"
     plain: bool = True  # the plain (password only) listener; off only with TLS
@@ -155,16 +170,29 @@ class BrokerConfig:
         _check_int(self.max_inflight_messages, "max_inflight_messages", 1, 65535)
         _check_int(self.max_queued_messages, "max_queued_messages", 1, 10_000_000)
         _check_int(self.max_queued_bytes, "max_queued_bytes", 0, 1 << 40)
-        _check_int(self.max_connections, "max_connections", 1, 1_000_000)
+        _check_int(self.max_connections, "max_connections", 0, 1_000_000)
 
     @property
     def listeners(self) -> int:
         return int(self.plain) + int(self.tls)
 
     @property
+    def connection_limit(self) -> int:
+        """``max_connections`` in force: the one set, else 5,000 or what this host's hard open-file limit allows."""
+        if self.max_connections:
+            return self.max_connections
+        fit = (hard_open_files() - RESERVE_FILES) // max(1, self.listeners)
+        return max(1, min(DEFAULT_MAX_CONNECTIONS, fit))
+
+    @property
     def open_files_needed(self) -> int:
         """The open files the broker process must be allowed: every listener full, plus its own."""
-        return self.listeners * self.max_connections + RESERVE_FILES
+        return self.listeners * self.connection_limit + RESERVE_FILES
+
+    @property
+    def open_files_wanted(self) -> int:
+        """What a service unit allows it (``LimitNOFILE``): the limit set, or 5,000 per listener, plus its own."""
+        return self.listeners * (self.max_connections or DEFAULT_MAX_CONNECTIONS) + RESERVE_FILES
 
     @property
     def max_payload(self) -> int:
@@ -231,3 +259,19 @@ class BrokerConfig:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BrokerConfigError(f"{path}: unreadable broker config: {exc}") from exc
         return cls.from_dict(data, str(path))
+
+
+def ensure_open_files(cfg: BrokerConfig) -> None:
+    """Before Mosquitto starts: raise this process's soft open-file limit (which Mosquitto inherits) to
+    ``cfg.open_files_needed``; BrokerConfigError naming both numbers when the hard limit is lower. A warning when the
+    automatic limit is below 5,000 connections per listener (module docstring)."""
+    need = cfg.open_files_needed
+    soft, hard = open_files_limit(need)
+    if not cfg.max_connections and cfg.connection_limit < DEFAULT_MAX_CONNECTIONS:
+        log.warning("the open-file limit (hard %d) allows %d connections per listener, not %d: raise it (LimitNOFILE, "
+                    "ulimit -Hn) for a larger fleet", hard, cfg.connection_limit, DEFAULT_MAX_CONNECTIONS)
+    if soft < need:
+        raise BrokerConfigError(f"the broker needs {need} open files (max_connections {cfg.connection_limit} on each "
+                                f"of its {cfg.listeners} listener(s), plus {RESERVE_FILES} of its own) but may open "
+                                f"only {soft} (hard limit {hard}): raise the limit (LimitNOFILE={need} in a service "
+                                f"unit, 'ulimit -n {need}') or lower --max-connections")

@@ -85,14 +85,14 @@ def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl:
     ]
     if cfg.plain:  # with TLS on: loopback unless insecure_plain (BrokerConfig.plain_host)
         lines += ["", f"listener {cfg.port} {cfg.plain_host}", "protocol mqtt",
-                  *_listener_auth(passwd, acl, cfg.max_connections)]
+                  *_listener_auth(passwd, acl, cfg.connection_limit)]
     if tls is not None:
         ca, cert, key = tls
         lines += [
             "",
             f"listener {cfg.tls_port} {cfg.tls_host or cfg.host}",
             "protocol mqtt",
-            *_listener_auth(passwd, acl, cfg.max_connections),
+            *_listener_auth(passwd, acl, cfg.connection_limit),
             f"cafile {ca}",
             f"certfile {cert}",
             f"keyfile {key}",

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the annotations are never evaluated
     from typing_extensions import Self
 
-from mqtt_broker.config import RESERVE_FILES, BrokerConfig, BrokerConfigError, is_loopback
-from mqtt_broker.fsutil import atomic_write, find_executable, open_files_limit, port_in_use
+from mqtt_broker.config import BrokerConfig, BrokerConfigError, ensure_open_files, is_loopback
+from mqtt_broker.fsutil import atomic_write, find_executable, port_in_use
 from mqtt_broker.state import BrokerFiles, write_broker_files
 
 __all__ = [
@@ -325,15 +325,7 @@ class BrokerProcess(ManagedBroker):
         return [str(self.executable), "-c", str(self.files.mosquitto_conf)]
 
     def check_limits(self, cfg: BrokerConfig) -> None:
-        """Every listener full (``max_connections``) must leave Mosquitto descriptors of its own: the soft
-        open-file limit it inherits is raised that far, or it is not started (mqtt_broker.config)."""
-        need = cfg.open_files_needed
-        soft, hard = open_files_limit(need)
-        if soft < need:
-            raise BrokerError(f"the broker needs {need} open files (max_connections {cfg.max_connections} on each of "
-                              f"its {cfg.listeners} listener(s), plus {RESERVE_FILES} of its own) but may open only "
-                              f"{soft} (hard limit {hard}): raise the limit (LimitNOFILE={need} in a service unit, "
-                              f"'ulimit -n {need}') or lower --max-connections")
+        ensure_open_files(cfg)  # every listener full still leaves Mosquitto descriptors of its own
 
 
 class EmbeddedBroker(ManagedBroker):
