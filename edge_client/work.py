@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import math
-import secrets
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ from flayer.registry import (
     fingerprint,
     model_entry_point,
 )
+from flayer.secagg.prg import KeystreamRandom
 from flayer.spec import ModelSpec
 from flayer.state import save_model
 from flayer.strategies import make_strategy
@@ -261,7 +261,7 @@ def private_upload(plan: Plan, result: LocalResult, private: RoundPrivacy) -> tu
                     plan.round, exc)
         raw, kept = neutral_update(raw), False
     # a private round's noise share is drawn from the operating system's entropy: nobody can replay it
-    out = privatize(raw, private, np.random.default_rng(secrets.randbits(128)))
+    out = privatize(raw, private, KeystreamRandom())  # type: ignore[arg-type]  # a CSPRNG with numpy's normal()
     bits = {k: v for k, v in out.info.items() if k == UNCLIPPED_KEY}
     return Update(out.deltas, 1, bits), kept
 

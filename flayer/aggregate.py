@@ -37,7 +37,6 @@ value elsewhere. One device changes that sum by at most its clip bound C, whoeve
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +44,8 @@ import numpy as np
 
 if TYPE_CHECKING:  # torch is imported where it is used: protocol imports check_update, and a broker needs no torch
     import torch
+
+from flayer.secagg.prg import KeystreamRandom
 
 from .update import TensorDelta, Update
 
@@ -331,7 +332,8 @@ class DPSumAggregator:
     def _draw(self) -> tuple[dict[str, torch.Tensor], float]:
         import torch
 
-        rng = np.random.default_rng(secrets.randbits(256) if self.seed is None else self.seed)
+        # the operating system's entropy keys a ChaCha20 keystream (a CSPRNG: no output predicts another)
+        rng: Any = KeystreamRandom() if self.seed is None else np.random.default_rng(self.seed)
         # the clip bits centred at +-1/2 (Andrew et al. 2021; TF Privacy's QuantileEstimatorQuery); under zero-out
         # neighbours one device still moves the count by 1 (a zero upload reports bit 1), the sensitivity the
         # accountant's z_Delta assumes (flayer.engine.privacy); + m/2 puts the noised figure back on the count's scale

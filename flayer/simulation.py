@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from .engine.privacy import (
 from .engine.round import noise_seed
 from .engine.secure import drops_for, secure_sum
 from .links import LinkHooks
+from .secagg.prg import KeystreamRandom
 from .strategies.base import ClientState, LocalResult, RoundContext, Strategy, derive_seed
 from .train import ClientData, evaluate
 from .update import Update, neutral_update
@@ -229,7 +229,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
 
 def _noise_rng(seeded: bool, seed: int, round_: int, client: int) -> np.random.Generator:
     """A device's generator for its local noise share: keyed by the CSPRNG, or (``seeded``) by the run seed."""
-    return np.random.default_rng(derive_seed(seed, round_, client, "dp-local") if seeded else secrets.randbits(256))
+    return np.random.default_rng(derive_seed(seed, round_, client, "dp-local")) if seeded else KeystreamRandom()  # type: ignore[return-value]
 
 
 class _Private:

@@ -41,9 +41,10 @@ import torch
 
 from flayer.engine.adversaries import Accounts
 from flayer.engine.gate import Bounds, admit
-from flayer.engine.privacy import UNCLIPPED_KEY, RoundPrivacy, next_clip, privatize, server_bound, upload_norm
+from flayer.engine.privacy import RoundPrivacy, next_clip, privatize, server_bound, upload_norm
 from flayer.engine.round import OpenAggregate
 from flayer.privacy_config import PrivacySettings
+from flayer.secagg.prg import KeystreamRandom
 from flayer.update import TensorDelta, Update
 
 from .bounds import AuditBound, epsilon_lower_bound
@@ -128,7 +129,7 @@ def _known(m: int, clip: float) -> list[np.ndarray]:
 
 def _device(t: Trial, values: np.ndarray) -> Update:
     """What one device sends: privatize's clip, clip bit and (local mode) noise share from the CSPRNG."""
-    rng = np.random.default_rng(secrets.randbits(256)) if t.drawn.share_std > 0 else None
+    rng = KeystreamRandom() if t.drawn.share_std > 0 else None  # what devices draw their shares from
     return privatize(_vec(values), t.drawn, rng)
 
 

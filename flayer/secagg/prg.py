@@ -94,6 +94,18 @@ class KeystreamRandom:
         words = np.frombuffer(self._encryptor.update(bytes(8 * n)), dtype="<u8")
         return ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(size)
 
+    def normal(self, loc: float = 0.0, scale: float = 1.0, size: int | tuple[int, ...] | None = None
+               ) -> np.ndarray | float:
+        """Gaussian draws (numpy's ``Generator.normal`` signature), by the Box-Muller transform of keystream uniforms:
+        the privacy noise of central and local DP. A float when ``size`` is None."""
+        n = 1 if size is None else int(np.prod(size))
+        m = (n + 1) // 2
+        u1, u2 = 1.0 - self.random(m), self.random(m)  # u1 in (0, 1]: log never sees 0
+        r = np.sqrt(-2.0 * np.log(u1))
+        z = np.concatenate([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)])[:n]
+        out = loc + scale * z
+        return float(out[0]) if size is None else out.reshape(size)
+
     def geometric(self, p: float, size: int) -> np.ndarray:
         """Trials to the first success of probability ``p`` (>= 1), by inversion: ceil(ln(1-u) / ln(1-p))."""
         if not 0 < p <= 1:

@@ -334,3 +334,24 @@ def test_plans_that_name_no_countable_noise_or_odd_fields_are_refused():
         with pytest.raises(ValueError, match=f"{flag} must be true or false"):
             RoundPrivacy.from_plan({**base, flag: "false"})
     assert RoundPrivacy.from_plan(base) == RoundPrivacy("central", 1.0, 1.0, 1.0, 3)
+
+
+def test_privacy_noise_comes_from_the_chacha20_keystream(monkeypatch):
+    """The published noise is drawn from a CSPRNG (ChaCha20 keyed by the operating system), never from numpy's
+    PCG64, whose outputs would predict one another: a numpy generator made without a seed fails the draw."""
+    import flayer.aggregate as aggregate
+    from flayer.secagg.prg import KeystreamRandom
+
+    real = np.random.default_rng
+
+    def seeded_only(seed=None):
+        assert seed is not None, "privacy noise drawn from numpy's generator"
+        return real(seed)
+
+    monkeypatch.setattr(aggregate.np.random, "default_rng", seeded_only)
+    agg = DPSumAggregator({"w": torch.zeros(4)}, contributions=2, noise_std=1.0, bit_std=1.0)
+    agg.fold(_update({"w": np.ones(4)}, info={UNCLIPPED_KEY: 1.0}))
+    assert torch.isfinite(agg.result()["w"]).all() and math.isfinite(agg.noised_bits())
+    z = KeystreamRandom().normal(0.0, 2.0, 200_000)
+    assert abs(float(z.mean())) < 0.03 and abs(float(z.std()) - 2.0) < 0.03
+    assert isinstance(KeystreamRandom().normal(0.0, 1.0), float)
