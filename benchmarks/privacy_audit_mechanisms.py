@@ -29,7 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flayer.audit.mechanism import MECHANISMS, half_sensitivity_plan, mechanism_case, run_audit  # noqa: E402
+from flayer.audit.mechanism import (  # noqa: E402
+    MECHANISMS,
+    SECURE_DISTRIBUTED_M,
+    half_sensitivity_plan,
+    mechanism_case,
+    run_audit,
+)
 from flayer.engine.accountant import noise_for_target  # noqa: E402
 from flayer.engine.privacy import RoundPrivacy  # noqa: E402
 from flayer.privacy_config import PrivacySettings  # noqa: E402
@@ -88,7 +94,8 @@ def main() -> int:
         t0 = time.perf_counter()
         # the earlier rule's claim is what the earlier accountant composed: the plan's label z
         claim = noise_label_epsilon(z) if rule is not None else None
-        res = run_audit(mechanism_case(name, z, M, count_stddev=sb, noise_scale=scale, rp_of=rule), trials,
+        m = SECURE_DISTRIBUTED_M if name == "secure-distributed" else M
+        res = run_audit(mechanism_case(name, z, m, count_stddev=sb, noise_scale=scale, rp_of=rule), trials,
                         claimed=claim)
         d = {**res.as_dict(), "row": row, "wall_s": time.perf_counter() - t0}
         rows.append(d)

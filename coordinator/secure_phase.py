@@ -15,7 +15,7 @@ import logging
 import secrets
 from typing import Any
 
-from flayer.engine.secure import abandon_kind, plan_round, plan_secure
+from flayer.engine.secure import abandon_kind, central_noise, plan_round, plan_secure
 from flayer.engine.secure_fit import keep_layout
 from flayer.engine.secure_layout import round_layout
 from flayer.secagg import SecAggAbandoned
@@ -159,14 +159,14 @@ class SecurePhase:
             if sec.stage == 4:  # the consistency round: the unmask requests once the survivors signed
                 self._send(rnd, sec.advance(now))
             if sec.stage == 5 and sec.unmask_done(now):
-                self.close(rnd, sec.finish())
+                self.close(rnd, sec.finish(central_noise(rnd.aggregate.privacy)))
         except SecAggAbandoned as exc:
             self.close(rnd, sec.abandon_early(exc.reason))
 
     def close(self, rnd: Any, out: Any) -> None:
         """Fold the round's unmasked sum (or nothing: abandoned) and close the round."""
         if out.update is not None:
-            rnd.aggregate.fold_sum(out.update, len(out.survivors), out.bits)
+            rnd.aggregate.fold_sum(out.update, len(out.survivors), out.bits, out.noised)
         else:
             log.warning("round %d: secure round abandoned: %s; the model stays as it was", rnd.number, out.reason)
             self.coord.counters["secure_abandoned"] += 1

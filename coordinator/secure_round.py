@@ -161,8 +161,9 @@ class SecureRound:
         """The unmasking (stage 5) is over: every survivor answered, or its time is up."""
         return self.stage == 5 and (self.server.responded == self.server.survivors or now >= self.stage_end)
 
-    def finish(self) -> SecureSum:
-        """The round's sum, decoded and checked, or why it cannot be had (the model then stays as it was)."""
+    def finish(self, central: tuple[float, float] | None = None) -> SecureSum:
+        """The round's sum, decoded and checked, or why it cannot be had (the model then stays as it was);
+        ``central``: a central-DP round's noise, added before the checks (:func:`flayer.engine.secure.sum_update`)."""
         s = self.server
         survivors = tuple(sorted(s.survivors))
         dropped = tuple(sorted(set(self.participants) - s.survivors))
@@ -170,8 +171,8 @@ class SecureRound:
             ring_sum = s.result()
         except (SecAggAbandoned, SecAggError) as exc:
             return SecureSum(None, survivors, dropped, getattr(exc, "reason", None) or str(exc))
-        total, bits, why = sum_update(ring_sum, self.planned, self.layout, len(survivors))
-        return SecureSum(total, survivors, dropped, why, bits)
+        total, bits, why = sum_update(ring_sum, self.planned, self.layout, len(survivors), central)
+        return SecureSum(total, survivors, dropped, why, bits, noised=central is not None)
 
     def abandon_early(self, reason: str) -> SecureSum:
         return SecureSum(None, tuple(sorted(self.server.survivors)),

@@ -292,7 +292,7 @@ class DPSumAggregator:
         self.m, self.noise_std, self.seed, self.bit_std, self.bit_key = contributions, noise_std, seed, bit_std, bit_key
         self._sum: dict[str, np.ndarray] = {}
         self._sent: dict[str, np.ndarray] = {}  # bool per coordinate: some upload carried it
-        self.bits = 0
+        self.bits = 0.0  # clip bits folded (a noised secure sum's may be fractional)
         self.total_weight = 0.0
         self.contributors = 0
         self._out: tuple[dict[str, torch.Tensor], float] | None = None
@@ -316,14 +316,20 @@ class DPSumAggregator:
         self.contributors += 1
         self._out = None
 
-    def fold_sum(self, total: Update, count: int, bits: float = 0.0) -> None:
+    def fold_sum(self, total: Update, count: int, bits: float = 0.0, noised: bool = False) -> None:
         """Add the unmasked sum of ``count`` clipped uploads at once (a secure round: the coordinator never
-        sees one of them); ``bits``: the sum of their clip bits (adaptive clipping)."""
+        sees one of them); ``bits``: the sum of their clip bits (adaptive clipping). ``noised``: the sum and bits
+        carry the round's central noise already (drawn before the secure round's checks,
+        :func:`flayer.engine.secure.sum_update`), so none is added again."""
         if count < 1:
             raise ValueError(f"a secure sum folds >= 1 uploads, got {count}")
         self.fold(Update(total.deltas, max(1, total.num_samples), {}))
         self.contributors += count - 1
-        self.bits += int(round(bits))
+        if noised:
+            self.noise_std, self.bit_std = 0.0, 0.0
+            self.bits += float(bits)
+        else:
+            self.bits += int(round(bits))
 
     def unsent(self) -> int:
         return sum(int(np.prod(s, dtype=np.int64)) if n not in self._sent else int(np.count_nonzero(~self._sent[n]))

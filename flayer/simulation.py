@@ -44,7 +44,7 @@ from .engine.privacy import (
     server_bound,
 )
 from .engine.round import noise_seed
-from .engine.secure import drops_for, secure_sum
+from .engine.secure import abandon_kind, drops_for, secure_sum
 from .links import LinkHooks
 from .secagg.prg import KeystreamRandom
 from .strategies.base import ClientState, LocalResult, RoundContext, Strategy, derive_seed
@@ -188,8 +188,10 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
             dropped, abandoned = len(out.dropped), out.reason
             if out.update is None:
                 log.warning("round %d: secure round abandoned: %s; the model stays as it was", r, out.reason)
+                if private is not None and rp is not None and abandon_kind(out.reason) == "sum_check":
+                    private.accounts.unmasked_unfolded(rp)  # its noised sum decided the abandonment: published
             else:
-                agg.fold_sum(out.update, len(out.survivors), out.bits)
+                agg.fold_sum(out.update, len(out.survivors), out.bits, out.noised)
                 for dev in out.survivors:
                     agg.tally.add_eval(uploads[dev].info, dev)
             nbytes = sum(out.bytes_per_device.values())  # every protocol message, sent and received

@@ -43,13 +43,14 @@ from flayer.engine.adversaries import Accounts
 from flayer.engine.gate import Bounds, admit
 from flayer.engine.privacy import RoundPrivacy, next_clip, privatize, server_bound, upload_norm
 from flayer.engine.round import OpenAggregate
+from flayer.engine.secure_plan import round_degree
 from flayer.privacy_config import PrivacySettings
 from flayer.secagg.prg import KeystreamRandom
 from flayer.update import TensorDelta, Update
 
 from .bounds import AuditBound, epsilon_lower_bound
 
-__all__ = ["MECHANISMS", "MechanismAudit", "Trial", "ceiling", "claimed_epsilon", "gaussian_estimate", "gaussian_lower",
+__all__ = ["MECHANISMS", "SECURE_DISTRIBUTED_M", "MechanismAudit", "Trial", "ceiling", "claimed_epsilon", "gaussian_estimate", "gaussian_lower",
            "half_sensitivity_plan", "mechanism_case", "run_audit"]
 
 # every private mechanism the docs offer: name -> (mode, clipping, secure, asynchronous, adversary)
@@ -59,9 +60,13 @@ MECHANISMS: dict[str, tuple[str, str, bool, bool, str]] = {
     "local": ("local", "fixed", False, False, "public"),
     "local-coordinator": ("local", "fixed", False, False, "coordinator"),
     "async": ("central", "fixed", False, True, "public"),
+    "async-adaptive": ("central", "adaptive", False, True, "public"),
+    "async-local": ("local", "fixed", False, True, "public"),
     "secure-central": ("central", "fixed", True, False, "public"),
+    "secure-adaptive": ("central", "adaptive", True, False, "public"),
     "secure-distributed": ("local", "fixed", True, False, "public"),
 }
+SECURE_DISTRIBUTED_M = 6  # the cohort whose consistency threshold lets the audit drop to t survivors (m = 3 cannot)
 DIM = 4  # coordinates of the audited model: the canary's are on 0, the known uploads on the others too
 SCALE = 1e3  # the canary's upload norm before the device clips it (far above C)
 SESSION = "audit"
@@ -78,6 +83,7 @@ class Trial:
     secure: bool
     asynchronous: bool
     adversary: str
+    drops: int = 0  # distributed noise: known devices that drop after their shares, so t survivors carry the sum
 
     @property
     def m(self) -> int:
@@ -100,7 +106,16 @@ def mechanism_case(name: str, z: float, m: int = 3, clip: float = 1.0, delta: fl
     drawn = rp if noise_scale == 1.0 else dataclasses.replace(
         rp, noise_multiplier=rp.noise_multiplier * noise_scale, update_multiplier=rp.update_multiplier * noise_scale,
         bit_std=rp.bit_std * noise_scale)
-    return Trial(name, s, rp, drawn, secure, asynchronous, adversary)
+    trial = Trial(name, s, rp, drawn, secure, asynchronous, adversary)
+    if secure and mode == "local":  # distributed noise is sized for t survivors: the worst case drops the rest --
+        for drops in range(m - round_degree(m, 0.0, 0.0)[1], 0, -1):  # as many known devices as still unmask
+            candidate = dataclasses.replace(trial, drops=drops)
+            try:
+                _release(candidate, False, _known(m, clip))
+            except RuntimeError:
+                continue
+            return candidate
+    return trial
 
 
 def half_sensitivity_plan(s: PrivacySettings, bit_std: float) -> RoundPrivacy:
@@ -133,24 +148,29 @@ def _device(t: Trial, values: np.ndarray) -> Update:
     return privatize(_vec(values), t.drawn, rng)
 
 
-def _release(t: Trial, canary: bool, known: list[np.ndarray]) -> tuple[float, float | None]:
-    """One round; (what the adversary reads on coordinate 0, the clip-bit count it reads back or None)."""
+def _release(t: Trial, canary: bool, known: list[np.ndarray]) -> tuple[float, float | None, float]:
+    """One round; (what the adversary reads on coordinate 0, the clip-bit count it reads back or None, the known
+    uploads' share of coordinate 0 in the sum: every known upload but those that dropped)."""
     rp, g = t.drawn, {"w": torch.zeros(DIM)}
     values = np.zeros(DIM)
     if canary:
         values[0] = SCALE
     uploads = [_device(t, values)] + [_device(t, k) for k in known]
+    known0 = float(sum(k[0] for k in known))
     if t.adversary == "coordinator":  # it reads the canary's upload as it arrives
-        return float(uploads[0].deltas["w"].values[0]), None
+        return float(uploads[0].deltas["w"].values[0]), None, known0
     agg = OpenAggregate(None, g, rp, None)  # type: ignore[arg-type]  # a private round never asks the strategy
     if t.secure:
         from flayer.engine.secure import secure_sum
 
-        out = secure_sum(t.settings, SESSION, 1, secrets.randbits(31), {f"d{i:03d}": u for i, u in enumerate(uploads)},
-                         None, rp=rp)
+        names = [f"d{i:03d}" for i in range(len(uploads))]
+        dropped = names[len(names) - t.drops:] if t.drops else []  # known devices, never the canary (d000)
+        out = secure_sum(t.settings, SESSION, 1, secrets.randbits(31), dict(zip(names, uploads)), None,
+                         {d: "after_shares" for d in dropped}, rp=rp)  # type: ignore[arg-type]
         if out.update is None:
             raise RuntimeError(f"audit: the secure round was abandoned: {out.reason}")
-        agg.fold_sum(out.update, len(out.survivors), out.bits)
+        agg.fold_sum(out.update, len(out.survivors), out.bits, out.noised)
+        known0 -= float(sum(known[names.index(d) - 1][0] for d in dropped))
     else:
         staleness = 0  # the strongest canary: trained on the current version (a stale one is scaled down)
         bounds = Bounds(server_bound(rp, agg.coordinates), "clip", 2**32, 4 if t.asynchronous else 0)
@@ -163,16 +183,16 @@ def _release(t: Trial, canary: bool, known: list[np.ndarray]) -> tuple[float, fl
         s = t.settings
         c1 = next_clip(rp.clip, agg.noised_bits(), rp.contributions, s.target_quantile, s.clip_lr)
         bits = (s.target_quantile - math.log(c1 / rp.clip) / s.clip_lr) * rp.contributions
-    return x, bits
+    return x, bits, known0
 
 
-def _score(t: Trial, x: float, bits: float | None, known: list[np.ndarray]) -> float:
+def _score(t: Trial, x: float, bits: float | None, known0: float) -> float:
     """The likelihood-ratio statistic (module docstring), with the noise the mechanism draws. Without a clip-bit
     release it is the canary's coordinate alone (any positive scale of it is the same test)."""
     rp = t.drawn
     if t.adversary == "coordinator":
         return x
-    signal = x * rp.contributions - float(sum(k[0] for k in known))  # the canary's C (or 0) plus noise
+    signal = x * rp.contributions - known0  # the canary's C (or 0) plus noise
     if bits is None:
         return signal
     # adaptive (central mode): the update release and the bit release, each over its noise's variance
@@ -201,10 +221,13 @@ def gaussian_estimate(scores_in: np.ndarray, scores_out: np.ndarray, delta: floa
 
 def gaussian_lower(scores_in: np.ndarray, scores_out: np.ndarray, delta: float, sigmas: float = 4.0) -> float:
     """A parametric lower bound: the epsilon of the Gaussian mechanism whose shift over spread is the scores'
-    estimate less ``sigmas`` standard errors (Var(mu_hat) ~ 1/n_in + 1/n_out + mu^2 / (2 (n_in + n_out))). It
-    holds where the releases are Gaussian -- as every mechanism audited here draws them -- and needs far fewer
-    trials than a Clopper-Pearson bound (what the suite's short audit uses); at 4 sigma an honest mechanism
-    exceeds its accountant's epsilon by chance about 3 times in 100,000."""
+    estimate less ``sigmas`` standard errors (Var(mu_hat) ~ 1/n_in + 1/n_out + mu^2 / (2 (n_in + n_out))). It is a
+    bound only where the score is a linear function of Gaussian releases (the fixed, local and asynchronous
+    mechanisms); where it is not -- the adaptive score's clip-bit count read back from a clamped C, the secure
+    ring's discrete values -- it is an estimate that may overstate (a clamped score can shrink the spread more
+    than the shift), so it can raise a false alarm there, never hide a break: the Clopper-Pearson bound is the
+    one that holds for every mechanism. It needs far fewer trials (what the suite's short audit uses); at 4 sigma
+    an honest mechanism exceeds its accountant's epsilon by chance about 3 times in 100,000."""
     from flayer.engine.accountant import gaussian_epsilon
 
     n1, n0 = len(scores_in), len(scores_out)
@@ -252,7 +275,7 @@ def run_audit(t: Trial, trials: int, calibrate: float = 0.3, candidates: int = 4
     another ledger composed for the same plan."""
     known = _known(t.m, t.rp.clip)
     t0 = time.perf_counter()
-    scores = {w: np.array([_score(t, *_release(t, w, known), known) for _ in range(trials)]) for w in (True, False)}
+    scores = {w: np.array([_score(t, *_release(t, w, known)) for _ in range(trials)]) for w in (True, False)}
     assert t.settings.delta is not None
     delta = t.settings.delta
     bound = epsilon_lower_bound(scores[True], scores[False], delta, calibrate=calibrate, candidates=candidates)

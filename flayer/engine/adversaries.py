@@ -79,12 +79,15 @@ class Accounts:
         return z
 
     def unmasked_unfolded(self, rp: RoundPrivacy) -> None:
-        """A secure round whose sum the coordinator unmasked, then refused (it broke the round's bounds): the
-        models did not move, so nothing is composed for their readers, but the coordinator (and the broker
-        operator, who can unmask what it relays) saw the noised sum: composed against it. Central mode: no
-        figure against it anyway."""
+        """A secure round whose sum the coordinator unmasked, then refused (it broke the round's bounds). The
+        models did not move, but whether they moved is published and was decided on the noised sum -- a hostile
+        device masking a value at the edge of the bounds makes that decision a threshold on it -- so the round is
+        composed for the models' readers too, and against the coordinator (and the broker operator, who can
+        unmask what it relays), which saw the noised sum. Central mode: no figure against the coordinator."""
+        z = self.round_z(rp, rp.contributions)
+        self.public.compose(z, 1.0)
         if self.coordinator is not None and self.secure:
-            self.coordinator.compose(self.round_z(rp, rp.contributions), 1.0)
+            self.coordinator.compose(z, 1.0)
 
     def epsilons(self, delta: float) -> dict[str, float]:
         """``{"public": eps, "coordinator": eps}`` at ``delta`` (inf: no guarantee)."""

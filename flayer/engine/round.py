@@ -131,13 +131,14 @@ class OpenAggregate:
         self.aggregator.fold(verdict.update, weight=verdict.weight)
         self.tally.add(verdict, client)
 
-    def fold_sum(self, total: Update, count: int, bits: float = 0.0) -> None:
+    def fold_sum(self, total: Update, count: int, bits: float = 0.0, noised: bool = False) -> None:
         """Fold a secure round's unmasked sum of ``count`` uploads: into the private round's fixed-denominator
-        sum, or (no DP) as their unweighted mean over the ``count`` survivors."""
+        sum, or (no DP) as their unweighted mean over the ``count`` survivors; ``noised``: it carries the
+        central noise already (:attr:`flayer.engine.secure.SecureSum.noised`)."""
         if self.privacy is None:
             self.aggregator = DPSumAggregator(self._global, count, 0.0, self._seed)
         assert isinstance(self.aggregator, DPSumAggregator)
-        self.aggregator.fold_sum(total, count, bits)
+        self.aggregator.fold_sum(total, count, bits, noised)
         self.tally.add_sum(total, count)
 
     def withhold(self) -> int:

@@ -37,6 +37,7 @@ from flayer.strategies.base import derive_seed
 from flayer.update import Update
 
 from .privacy import UNCLIPPED_KEY, RoundPrivacy
+from .secure_check import allowances, central_noise, check_sum
 from .secure_fit import check_keep, keep_layout, restrict
 from .secure_layout import Layout, flatten, layout_of, unflatten
 from .secure_plan import check_noise, cohort_problem, plan_context, plan_floor_problem, round_degree
@@ -50,6 +51,7 @@ __all__ = [
     "SecureSum",
     "abandon_kind",
     "allowances",
+    "central_noise",
     "check_sum",
     "contribution_bounds",
     "corrupt_fraction",
@@ -82,6 +84,7 @@ class SecureSum:
     bits: float = 0.0  # adaptive clipping: the sum of the survivors' clip bits
     bytes_per_device: Mapping[str, int] = field(default_factory=dict)
     messages_per_device: Mapping[str, int] = field(default_factory=dict)
+    noised: bool = False  # central DP: the sum and bits carry the central noise already (drawn before the checks)
 
 
 def corrupt_fraction(s: PrivacySettings) -> float:
@@ -146,57 +149,42 @@ def device_vector(update: Update, layout: Layout, params: SecAggParams, rng: np.
     return ((q.astype(np.int64) + share) & np.int64(params.ring.modulus - 1)).astype(np.uint32)
 
 
-def allowances(count: int, n: int, scale: float, noise_std: float) -> tuple[float, float]:
-    """(per coordinate, L2): how far an honest sum of ``count`` inputs of ``n`` coordinates may stray past
-    ``count`` x its bounds -- stochastic rounding (below 1/s a coordinate and input) and, with distributed DP,
-    the noise shares' sum (std ``noise_std sqrt(count)`` a coordinate: 9 std per coordinate, its L2 norm
-    below ``sqrt(n) + 6`` std; each exceeded with probability below 1e-8)."""
-    sd = noise_std * math.sqrt(count)
-    return count / scale + 9.0 * sd, count * math.sqrt(n) / scale + sd * (math.sqrt(n) + 6.0)
-
-
-def check_sum(total: np.ndarray, count: int, bound: float | None, value_range: float | None = None,
-              slack: tuple[float, float] = (0.0, 0.0), bits: float | None = None) -> str | None:
-    """Why an unmasked sum cannot be ``count`` bounded uploads (None: it can). Each honest upload has L2 norm
-    at most ``bound`` and coordinates in ``[-value_range, value_range]``, so their sum has norm at most
-    ``count * bound`` and coordinates at most ``count * value_range``, plus ``slack`` (per coordinate, L2:
-    :func:`allowances`); the clip-bit sum ``bits`` (adaptive clipping) lies in ``[0, count]`` plus the
-    per-coordinate slack. A device that masked values outside its bounds shows here once it pushes the sum
-    past them: what it can still do inside them is the residual docs/explanation/secure-aggregation.md states.
-    The reason quotes no figure of the sum (it reaches the round record; the sum is un-noised in central mode)."""
-    if count == 0:
-        return None
-    per, l2 = slack
-    if bits is not None and not -per - 1e-9 <= bits <= count + per + 1e-9:
-        return (f"the clip-bit sum is outside [0, {count}] (+ {per:.3g} for rounding and noise): a device "
-                f"masked a clip bit other than 0 or 1")
-    if value_range is not None and total.size and float(np.abs(total).max()) > count * value_range + per + 1e-9:
-        return (f"a coordinate of the unmasked sum is beyond {count} x the range {value_range:g} (+ {per:.3g}): "
-                f"a device masked values outside its range")
-    if bound is None:
-        return None
-    norm = float(np.linalg.norm(total))
-    if norm > count * bound + l2 + 1e-9:
-        return (f"the unmasked sum's norm exceeds {count} x the bound {bound:g} (+ {l2:.3g}): a device "
-                f"masked values outside its bound")
-    return None
-
-
-def sum_update(ring_sum: np.ndarray, planned: PlannedSecure, layout: Layout, count: int
+def sum_update(ring_sum: np.ndarray, planned: PlannedSecure, layout: Layout, count: int,
+               central: tuple[float, float] | None = None, rng: Any = None
                ) -> tuple[Update | None, float, str | None]:
     """(the decoded sum as an update at the common layout, the clip-bit sum, why refused or None): decoded
-    and checked against the round's bounds (:func:`check_sum`)."""
+    and checked against the round's bounds (:func:`check_sum`).
+
+    ``central``: a central-DP round's noise (:func:`central_noise`). It is added **before** the checks, from
+    ``rng`` (default the CSPRNG), and the returned sum and bits carry it: whether a round is abandoned is
+    published, so deciding on the un-noised sum would publish a function of it -- a hostile device masking a
+    value at the edge of the bounds would learn from the abandonment whether an honest device's coordinate
+    passed a threshold. Decided on the noised sum, the outcome is post-processing of the release the
+    accountant composes."""
     params = planned.params
+    noised = central is not None and (central[0] > 0 or central[1] > 0)
     try:
-        total = decode_sum(ring_sum, params.ring, count)
+        total = decode_sum(ring_sum, params.ring, count, strict=not noised)
     except ValueError as exc:
         return None, 0.0, f"the unmasked sum is out of the ring's range ({exc})"
+    extra = (0.0, 0.0)
+    if noised:
+        assert central is not None
+        gen = csprng() if rng is None else rng
+        std = np.full(total.size, central[0])
+        if planned.adaptive:
+            std[-1] = central[1]
+        total = total + std * gen.normal(0.0, 1.0, total.size)
+        extra = (9.0 * central[0], central[0] * (math.sqrt(params.length) + 6.0))  # as allowances(): 1e-8 each
     bits = None
     if planned.adaptive:
         total, bits = total[:-1], float(total[-1])
     assert params.ring.scale is not None
-    slack = allowances(count, params.length, params.ring.scale, planned.noise_std)
-    why = check_sum(total, count, planned.bound, planned.value_range, slack, bits)
+    per, l2 = allowances(count, params.length, params.ring.scale, planned.noise_std)
+    # a noised clip-bit count is not range-checked: a count outside [0, count] moves C as one at its edge would
+    # (next_clip keeps b_bar in [0, 1]), which one device can reach inside the range too
+    why = check_sum(total, count, planned.bound, planned.value_range, (per + extra[0], l2 + extra[1]),
+                    None if noised else bits)
     if why is not None:
         return None, 0.0, why
     return unflatten(total, layout, count), bits or 0.0, None
@@ -287,11 +275,15 @@ def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads
     run_seed = hashlib.sha256(f"secagg-run:{seed}:{round_}".encode()).digest() if seeded else secrets.token_bytes(32)
     out = run_round(params, vectors, drop_after=dict(drops or {}), seed=run_seed)  # type: ignore[arg-type]
     survivors, dropped = tuple(sorted(out.survivors)), tuple(sorted(set(participants) - set(out.survivors)))
-    if out.ring_sum is None or out.abandoned_reason is not None:
+    # seeded runs (labelled not private) leave the noise to the aggregator's seeded draw, to reproduce a plain run
+    central = None if seeded else central_noise(rp)
+    decode_only = out.ring_sum is not None and out.sum is None  # the protocol's own range check of the plain sum
+    if out.ring_sum is None or (out.abandoned_reason is not None and not (decode_only and central is not None)):
         return SecureSum(None, survivors, dropped, out.abandoned_reason, 0.0, out.bytes_per_device,
                          out.messages_per_device)
-    total, bits, why = sum_update(out.ring_sum, planned, layout, len(survivors))
-    return SecureSum(total, survivors, dropped, why, bits, out.bytes_per_device, out.messages_per_device)
+    total, bits, why = sum_update(out.ring_sum, planned, layout, len(survivors), central)
+    return SecureSum(total, survivors, dropped, why, bits, out.bytes_per_device, out.messages_per_device,
+                     central is not None)
 
 
 def plan_secure(planned: PlannedSecure) -> dict[str, Any]:

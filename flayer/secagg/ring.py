@@ -169,12 +169,13 @@ def encode(values: np.ndarray, spec: RingSpec, rng: np.random.Generator | Keystr
     return (q.astype(np.int64) & mask).astype(np.uint32)
 
 
-def decode_sum(ring_sum: np.ndarray, spec: RingSpec, count: int) -> np.ndarray:
+def decode_sum(ring_sum: np.ndarray, spec: RingSpec, count: int, strict: bool = True) -> np.ndarray:
     """The float sum of ``count`` encoded vectors from their ring sum (signed reading, divided by s).
 
-    ValueError if ``count`` exceeds ``spec.max_summands`` (the sum could have wrapped) or if a
+    ValueError if ``count`` exceeds ``spec.max_summands`` (the sum could have wrapped) or, ``strict``, if a
     coordinate's magnitude exceeds ``count * q_max``, which no honest sum of ``count`` summands
-    reaches (a wrong count or masks that did not cancel).
+    reaches (a wrong count or masks that did not cancel). Not ``strict``: the caller checks the range itself,
+    after it has noised the sum (a check of the un-noised sum would publish a function of it).
     """
     arr = np.asarray(ring_sum)
     if arr.dtype != np.uint32 or arr.ndim != 1:
@@ -184,7 +185,7 @@ def decode_sum(ring_sum: np.ndarray, spec: RingSpec, count: int) -> np.ndarray:
     r = arr.astype(np.int64) & np.int64(spec.modulus - 1)
     signed = np.where(r > spec.sum_limit, r - np.int64(spec.modulus), r)
     bound = count * spec.q_max
-    if signed.size and int(np.abs(signed).max()) > bound:
+    if strict and signed.size and int(np.abs(signed).max()) > bound:
         # no value or position of the sum in the message: it reaches the round's record, and the sum is the
         # devices' data (un-noised in central mode)
         raise ValueError(f"a coordinate of the ring sum exceeds what {count} summands can reach ({bound}): "
