@@ -18,7 +18,16 @@ from protocol import Ack, Kind, Plan, chunk_blob, decode_envelope
 
 from .download import Pending
 from .store import StoredState, UploadRecord
-from .work import EdgeError, SkipRound, Upload, calibration_report, round_context, save_personal, train_and_encode
+from .work import (
+    EdgeError,
+    SkipRound,
+    Upload,
+    calibration_report,
+    plan_terms,
+    round_context,
+    save_personal,
+    train_and_encode,
+)
 
 __all__ = ["Job", "Jobs", "Stop"]
 
@@ -164,7 +173,7 @@ class Jobs:
                                   secure=bool(plan.secure))
         self._computed("train", t0, c0)
         if upload.update is not None:  # a secure round: masked and sent by the worker (edge_client.secure)
-            return upload
+            return replace(upload, trained_under=plan_terms(plan.privacy, plan.secure))
         self.store.save_upload(upload.blob)  # upload, then the state that names it: before publishing
         record = UploadRecord(plan.round, upload.digest, len(upload.blob))
         self._record_contribution(plan.privacy, False, plan.round)  # a private round: in its ledger, same file

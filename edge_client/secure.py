@@ -57,6 +57,7 @@ from protocol.signing import advert_signer, advert_verifier, survivor_signer, su
 
 from .download import Pending
 from .store import StoredState, UploadRecord
+from .work import plan_terms
 
 __all__ = ["SecureRounds", "SecureSession"]
 
@@ -73,6 +74,7 @@ class SecureSession:
         self.update: Update | None = None
         self.masked_sent = False
         self.privacy: dict[str, Any] = {}  # the plan's privacy parameters (a private round: counted when sent)
+        self.terms = ""  # edge_client.work.plan_terms of the plan the session was opened under
 
     @property
     def round(self) -> int:
@@ -150,6 +152,7 @@ class SecureRounds:
     _progress: Any
     _budget_refuses: Any  # edge_client.budget
     _record_contribution: Any
+    _secure_sat_out = -1  # a round whose terms changed under its secure session: sat out
 
     def _secure_plan(self, plan: Any) -> None:
         """A plan: open this device's session of a secure round it is selected for, and send its keys."""
@@ -165,7 +168,15 @@ class SecureRounds:
             if cur is not None and (planned is None or cur.round != plan.round):
                 self._secure = None  # that round is over
             return
+        terms = plan_terms(plan.privacy, plan.secure)
+        if plan.round == self._secure_sat_out:
+            return  # this round's terms changed under its session: this device sits it out
         if cur is not None and cur.session == planned.params.session:
+            if cur.terms != terms:  # the same session under other privacy or secure terms: neither is trusted
+                log.warning("%s: secure round %d: the plan's privacy or secure terms changed under its session; this "
+                            "device takes no part in the round (nothing of it is masked or counted)", self.id,
+                            plan.round)
+                self._secure, self._secure_sat_out = None, plan.round
             return  # the plan again (re-published, or the deadline extended)
         if not self.peers.available():  # edge_client.peer_keys logged where it looked
             log.warning("%s: secure round %d: no key registry to check the other devices' keys with: this device "
@@ -178,7 +189,7 @@ class SecureRounds:
                                         advert_signer(self.signer, fed, plan.round, self.id),
                                         advert_verifier(self.peers, fed, plan.round))
         self._secure = SecureSession(planned, self.id, consistency)
-        self._secure.privacy = dict(plan.privacy)
+        self._secure.privacy, self._secure.terms = dict(plan.privacy), terms
         self._secure_publish([self._secure.advert()], plan.round)
 
     def _secure_publish(self, bodies: list[bytes], round_: int) -> None:
@@ -214,6 +225,11 @@ class SecureRounds:
             log.warning("%s: round %d trained, but it has no secure session (the plan moved on, or no key registry); "
                         "nothing sent",
                         self.id, round_)
+            return
+        if up.trained_under != sec.terms:  # trained, clipped and noised under another plan than the session's
+            log.warning("%s: round %d was trained under other privacy or secure terms than its secure session; "
+                        "nothing sent", self.id, round_)
+            self._secure, self._secure_sat_out = None, round_
             return
         sec.update = up.update
         if not sec.privacy:  # a private round reports no evaluation: the counts and the loss are the device's data

@@ -17,6 +17,7 @@ trained nothing; measured on an H200: 0.36 accuracy after three rounds against 0
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -81,6 +82,7 @@ __all__ = [
     "check_finite_round",
     "decode_global",
     "neutral_update",
+    "plan_terms",
     "private_upload",
     "round_context",
     "save_personal",
@@ -127,6 +129,14 @@ class Upload:
     state: ClientState | None = None
     metrics: Mapping[str, float] | None = None
     update: Update | None = None  # a secure round's upload, before masking (edge_client.secure): no blob yet
+    trained_under: str = ""  # a secure round: plan_terms() of the plan it was trained, clipped and noised under
+
+
+def plan_terms(privacy: Mapping[str, Any] | None, secure: Mapping[str, Any] | None) -> str:
+    """A digest of a plan's privacy and secure-round terms (canonical JSON): a secure session masks only an upload
+    trained under the very terms it was opened with (edge_client.secure)."""
+    body = json.dumps({"privacy": dict(privacy or {}), "secure": dict(secure or {})}, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 class EntryPointRefused(EdgeError):
