@@ -166,6 +166,9 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         check_blowup(blowup)
     engine = training_runtime(runtime, strategy, device)
     private = cfg.privacy.enabled or cfg.privacy.secure_aggregation
+    if cfg.privacy.enabled and thin is not None and thin.value_codec != "fp32":
+        raise CliError(f"[privacy]: --value-codec {thin.value_codec}: a lossy codec moves an honest device's clipped "
+                       f"upload past C, and the count of updates clipped again would say whose; use fp32")
     if private and thin is not None and (thin.keep < 1 or thin.error_feedback):
         raise CliError("[privacy]: --keep < 1 and --error-feedback choose what a device sends from its own update "
                        "(its largest values, its residual); private rounds cannot honour them")

@@ -325,6 +325,10 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Mapping[st
         raise ConfigError(f"{path} [privacy] secure_stage_s = {run.privacy.secure_stage_s:g}: the key, share and "
                           f"unmask stages may each take it, which must fit in [federation] deadline_s = "
                           f"{fed.deadline_s:g} (3 x secure_stage_s <= deadline_s)")
+    if run.privacy.enabled and fed.value_codec != "fp32":
+        raise ConfigError(f"{path} [federation] value_codec = {fed.value_codec!r} with [privacy]: a lossy codec moves an "
+                          f"honest device's clipped upload past C, and the coordinator's count of the updates it "
+                          f"clips again (in the round records) would say whose; use \"fp32\"")
     if run.privacy.secure_aggregation and fed.quorum < MIN_COHORT:
         raise ConfigError(f"{path} [privacy] secure_aggregation needs [federation] quorum >= {MIN_COHORT}: devices "
                           f"refuse a smaller secure round (a sum of a device and one colluder is that device's "

@@ -278,3 +278,15 @@ def test_a_checkpoint_whose_coordinator_ledger_was_emptied_is_refused(digits):
         fp.restore({"ledger": [[1.0, 1.0, 3]], "coordinator_ledger": [], "clip": 0.3}, 3)
     fp.restore({"ledger": [[1.0, 1.0, 3]], "coordinator_ledger": [[0.316, 1.0, 3]], "clip": 0.3}, 3)
     assert fp.accounts.epsilons(1e-5)["coordinator"] > fp.epsilon()
+
+
+def test_a_lossy_value_codec_is_refused_with_privacy(tmp_path):
+    """A lossy codec moves an honest clipped upload just past C after decoding, and the coordinator's count of the
+    updates it clips again would then count honest devices (int8: 6 of 8 in one round): refused at load."""
+    from coordinator.config import ConfigError
+
+    _config(tmp_path)  # fp32: fine
+    text = (tmp_path / "federation.toml").read_text().replace("[federation]\n", '[federation]\nvalue_codec = "int8"\n')
+    (tmp_path / "federation.toml").write_text(text)
+    with pytest.raises(ConfigError, match="value_codec = 'int8' with \\[privacy\\]"):
+        load_coordinator_config(tmp_path / "federation.toml")
