@@ -24,9 +24,8 @@ import pytest
 from flayer.engine.accountant import epsilon_fixed_size, epsilon_for, noise_for_target
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["docs/explanation/privacy.md", "docs/explanation/guarantees.md", "docs/howto/privacy-budget.md",
-         "docs/results/privacy.md", "docs/results/secure-aggregation.md", "docs/results/privacy-audit.md",
-         "docs/results/index.md", "docs/explanation/secure-aggregation.md"]
+# every page of the site, the front page and the changelog
+PAGES = ["README.md", "CHANGELOG.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 
 
 def _eps(z: float, rounds: int, delta: float = 1e-5) -> float:
@@ -60,6 +59,11 @@ PRINTED: list[tuple[str, str, str, Callable[[], float]]] = [
      lambda: _eps(1.8985 / 2, 10)),
     ("docs/explanation/privacy.md", "printed epsilon 8.00 where the mechanism\n  spent 18.17", "18.17",
      lambda: _eps(((1.8985 ** -2 - 0.25) + 1.0) ** -0.5, 10)),  # the half-sensitivity rule at count_stddev 1
+    ("CHANGELOG.md", "printed epsilon 8.00 where the mechanism spent 18.17", "8.00", lambda: _eps(1.8985, 10)),
+    ("CHANGELOG.md", "printed epsilon 8.00 where the mechanism spent 18.17", "18.17",
+     lambda: _eps(((1.8985 ** -2 - 0.25) + 1.0) ** -0.5, 10)),
+    ("docs/results/privacy-audit.md", "printed 8.00 where the\n  mechanism spent 18.17", "18.17",
+     lambda: _eps(((1.8985 ** -2 - 0.25) + 1.0) ** -0.5, 10)),
     ("docs/results/privacy-audit.md", "true one-round epsilon is 4.45", "4.45",
      lambda: _eps(((1.8985 ** -2 - 0.25) + 1.0) ** -0.5, 1)),
     ("docs/howto/privacy-budget.md", "z = 1 spends 159.4 after 200 rounds", "159.4", lambda: _eps(1.0, 200)),
@@ -74,6 +78,21 @@ PRINTED: list[tuple[str, str, str, Callable[[], float]]] = [
      lambda: _eps(0.86, 9, 1e-3)),
     ("docs/results/secure-aggregation.md", "(epsilon 9.26 spent by then)", "9.26", lambda: _eps(0.86, 4, 1e-3)),
     ("docs/results/privacy.md", "is the accuracy at **epsilon 35.1**", "35.1", lambda: _eps(0.607, 10)),
+    # devices' own figures at z 1.8985: two participations (the median), six and seven (the most selected)
+    ("docs/results/privacy.md", "the median device has spent 3.12 and the", "3.12", lambda: _eps(1.8985, 2)),
+    ("docs/results/privacy.md", "most-selected 5.90 (6 rounds of 10)", "5.90", lambda: _eps(1.8985, 6)),
+    ("docs/results/privacy.md", "the most-selected 6.46 (7 rounds)", "6.46", lambda: _eps(1.8985, 7)),
+    ("docs/results/privacy.md", "A device in one round of the five spent 3.12", "3.12", lambda: _eps(1.8985, 2)),
+    ("docs/results/privacy.md", "rounds, the median device spent 3.12 of the 8.0", "3.12", lambda: _eps(1.8985, 2)),
+    ("docs/results/privacy.md", "(25.8, 15.3 and", "25.8", lambda: _eps(0.607, 10, 0.0063)),
+    ("docs/results/privacy.md", "(25.8, 15.3 and", "15.3", lambda: _eps(0.856, 10, 0.0063)),
+    ("docs/results/privacy.md", "5.1 at their delta 0.0063", "5.1", lambda: _eps(1.855, 10, 0.0063)),
+    ("docs/results/privacy.md", "spend 13.0, 7.2 and 2.3 at delta 1e-5", "13.0", lambda: _eps(1.280, 10)),
+    ("docs/results/privacy.md", "spend 13.0, 7.2 and 2.3 at delta 1e-5", "7.2", lambda: _eps(2.068, 10)),
+    ("docs/results/privacy.md", "spend 13.0, 7.2 and 2.3 at delta 1e-5", "2.3", lambda: _eps(5.527, 10)),
+    ("docs/results/privacy.md", "(6.7, 3.3 and 0.74 at 0.037, exact)", "6.7", lambda: _eps(1.280, 10, 0.037)),
+    ("docs/results/privacy.md", "(6.7, 3.3 and 0.74 at 0.037, exact)", "3.3", lambda: _eps(2.068, 10, 0.037)),
+    ("docs/results/privacy.md", "(6.7, 3.3 and 0.74 at 0.037, exact)", "0.74", lambda: _eps(5.527, 10, 0.037)),
     ("docs/results/privacy.md", "at z = 0.856 at epsilon 21.9", "21.9", lambda: _eps(0.856, 10)),
     ("docs/results/privacy.md", "(now epsilon 8.2)", "8.2", lambda: _eps(1.855, 10)),
     # the audit page: the accountant's figure for one round (many-run audit) and three (one-run estimate)
@@ -92,6 +111,11 @@ PRINTED: list[tuple[str, str, str, Callable[[], float]]] = [
 NOT_ACCOUNTANT: dict[tuple[str, str], str] = {
     ("docs/howto/privacy-budget.md", "8.0"): "target_epsilon = 8.0 in a config file: a setting",
     ("docs/results/secure-aggregation.md", "4.4"): "\"at the same epsilon: 4.4 points\": accuracy points",
+    ("docs/results/secure-aggregation.md", "0.009"): "\"spends 0.009 s\": CPU seconds",
+    ("docs/howto/install.md", "2.25"): "a training loss against another",
+    ("docs/results/thin-links.md", "0.96"): "an accuracy against another",
+    ("docs/results/thin-links.md", "0.95"): "an accuracy against another",
+    ("docs/results/secure-aggregation.md", "0.010"): "\"spends 0.010 s\": CPU seconds",
     **{("docs/results/privacy-audit.md", f): "an audit's measured lower bound or estimate, beside the accountant's"
        for f in ("0.73", "1.56", "1.20", "3.2", "7.3", "0.316", "4.55", "1.48")},
 }
@@ -166,7 +190,8 @@ def test_the_privacy_results_accountant_table_recomputes() -> None:
             assert cell == f"{value:.3f}", f"docs/results/privacy.md, z {z}: prints {cell}, recomputed {value:.4f}"
 
 
-FIGURE = re.compile(r"epsilons?\W{0,3}(?:of\W+|is\W+|at\W+)?\**(\d+\.\d+)|(\d+\.\d+)\**\s+against")
+FIGURE = re.compile(r"epsilons?\W{0,3}(?:of\W+|is\W+|at\W+)?\**(\d+\.\d+)|(\d+\.\d+)\**\s+against"
+                    r"|(?:spent|spends?)\s+(\d+\.\d+)")
 
 
 def test_every_decimal_epsilon_on_the_privacy_pages_is_accounted_for() -> None:
@@ -176,7 +201,7 @@ def test_every_decimal_epsilon_on_the_privacy_pages_is_accounted_for() -> None:
     missing = []
     for page in PAGES:
         for m in FIGURE.finditer(_text(page)):
-            figure = m.group(1) or m.group(2)
+            figure = m.group(1) or m.group(2) or m.group(3)
             if (page, figure) not in known and (page, figure) not in table:
                 line = _text(page)[:m.start()].count("\n") + 1
                 missing.append(f"{page}:{line}: {m.group(0)!r}")
