@@ -7,6 +7,7 @@ old public key leaves the registry, so what the old key signs is refused from th
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ def _close_identity(state_dir: Path, user: str, out: list[str]) -> bool:
     from mqtt_broker.evict import close_identity_session
 
     if close_identity_session(state_dir, user):
-        out.append(f"closed the open TLS connection of {user} (the broker now refuses its old certificate)")
+        out.append(f"closed any open TLS connection of {user} (the broker now refuses its old certificate)")
         return True
     return False
 
@@ -78,18 +79,32 @@ def _revoke(args: argparse.Namespace) -> int:
     from mqtt_broker.kit import revoke_device
     from mqtt_broker.state import BrokerFiles
 
+    from mqtt_broker.tls import client_cert_paths
+
     files = BrokerFiles.at(args.state_dir)
+    identity = identity_mode(BrokerConfig.load(files.config))
+    on_record = client_cert_paths(files.tls_dir, args.device_id)[0].exists()  # what the list can name
     first = revoke_device(files.state_dir, args.device_id)
     # the broker is told before anything is printed: a closed stdout must not leave the device connected
     out: list[str] = []
-    identity = identity_mode(BrokerConfig.load(files.config))
     running = _reload(files.state_dir, "" if identity else ": its connection is closed", out)
     if running and identity:
         _close_identity(files.state_dir, args.device_id, out)
+    listed = ", certificate on the revocation list" if identity and on_record else ""
     print(f"revoked device {args.device_id}{'' if first else ' (already revoked)'}: password, credentials and "
-          f"certificate removed{', certificate on the revocation list' if identity else ''}; listed in "
-          f"{files.state_dir / 'revoked.json'} for the coordinator")
-    print("\n".join(out) if running else "no running broker recorded: it refuses the device when it starts")
+          f"certificate removed{listed}; listed in {files.state_dir / 'revoked.json'} for the coordinator")
+    if identity and not on_record:
+        print(f"warning: no certificate of {args.device_id} is on record here, so none could be put on the revocation "
+              f"list: under --identity-as-username a kit holding its certificate still passes the TLS handshake "
+              f"(the coordinator refuses what it signs); re-create the federation's CA to shut it out at the broker",
+              file=sys.stderr)
+    if running:
+        print("\n".join(out))
+    elif identity:
+        print("no broker started by this CLI is recorded: if one runs (a system Mosquitto), reload it to refuse the "
+              "certificate at new connections and restart it to close an open one (a reload closes none)")
+    else:
+        print("no running broker recorded: it refuses the device when it starts")
     return 0
 
 

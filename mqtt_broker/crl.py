@@ -14,10 +14,12 @@ OpenSSL refuses every client once a CRL's next update has passed.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from cryptography import x509
@@ -93,25 +95,60 @@ def _write(tls_dir: Path, entries: dict[int, dt.datetime]) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    count = _count_file(tls_dir)
+    count.write_text(f"{len(entries)}\n")
+    os.chmod(count, 0o600)
     return path
 
 
+@contextmanager
+def _list_lock(tls_dir: Path) -> Iterator[None]:
+    """One writer of the list at a time, across processes: a read-modify-write of two ``revoke`` runs at once
+    would otherwise drop one's entry (and let that device's kit connect again)."""
+    fd = os.open(tls_dir / ".crl.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "r+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _count_file(tls_dir: Path) -> Path:
+    return tls_dir / "crl.count"  # how many certificates the list held when it was last written
+
+
 def ensure_crl(tls_dir: Path) -> Path:
-    """The list, created empty when missing (the listener needs one as soon as it names it), else signed
+    """The list, created empty when it never existed (the listener needs one as soon as it names it), else signed
     again with the same entries (a new next update at every start; a foreign or broken list is refused here,
-    not at the broker's handshakes)."""
-    return _write(tls_dir, revoked_serials(tls_dir))
+    not at the broker's handshakes). A list that is missing, or holds fewer certificates than it did when last
+    written (a file deleted, or restored from an older backup), is refused: an empty or shorter list would let
+    revoked kits connect again."""
+    with _list_lock(tls_dir):
+        entries = revoked_serials(tls_dir)
+        count = _count_file(tls_dir)
+        if count.exists():
+            try:
+                held = int(count.read_text().strip() or 0)
+            except ValueError:
+                held = 0
+            if len(entries) < held:
+                raise CrlError(f"{crl_path(tls_dir)} holds {len(entries)} revoked certificate(s) where it last held "
+                               f"{held} (missing, or restored from an older copy): revoked kits would connect again; "
+                               f"restore the current list")
+        return _write(tls_dir, entries)
 
 
 def revoke_serials(tls_dir: Path, serials: Iterable[int]) -> bool:
     """Put ``serials`` on the list (re-signed); False when all were on it already."""
-    entries = revoked_serials(tls_dir)
-    now = dt.datetime.now(dt.timezone.utc)
-    new = [s for s in serials if s not in entries]
-    if not new and crl_path(tls_dir).exists():
-        return False
-    entries.update((s, now) for s in new)
-    _write(tls_dir, entries)
+    with _list_lock(tls_dir):
+        entries = revoked_serials(tls_dir)
+        now = dt.datetime.now(dt.timezone.utc)
+        new = [s for s in serials if s not in entries]
+        if not new and crl_path(tls_dir).exists():
+            return False
+        entries.update((s, now) for s in new)
+        _write(tls_dir, entries)
     log.info("revocation list: %d certificate(s) added, %d in all", len(new), len(entries))
     return bool(new)
 

@@ -89,7 +89,7 @@ def test_a_revoked_identity_is_cut_off_and_its_kit_refused(tmp_path: Path) -> No
         rc, said = _cli("broker", "revoke", "dev-a", "--state-dir", str(rb.files.state_dir))
         assert rc == 0
         assert _closed(a), f"the revoked device's open TLS connection survived the revocation (CLI said: {said!r})"
-        assert "closed the open TLS connection of dev-a" in said
+        assert "closed any open TLS connection of dev-a" in said
         a.client.publish(T.status("dev-a"), b"after revoke", qos=1)  # whatever still goes out
         again, client = try_connect(mqtt_connect_settings(kit, use_tls=True))
         client.loop_stop()
