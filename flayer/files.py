@@ -4,7 +4,8 @@ The coordinator's journal holds each device's clipped update before any noise, a
 upload and personal model, the broker's folder its passwords: no other local user may read them. Every folder
 and file the project keeps state in is made here, so the rule holds in one place:
 
-- :func:`private_dir` creates a state folder 0700. An existing one that other users can enter (group or world
+- :func:`private_dir` creates a state folder 0700. An existing one another user owns is refused, whatever its mode
+  (its owner could swap what it holds), and files in it are opened without following links. An existing one that other users can enter (group or world
   bits set, as ``mkdir`` under umask 022 leaves it) is made 0700 with a warning when this user owns it and it
   is not a shared sticky folder such as ``/tmp``; otherwise it is refused (:class:`OpenFolderError`): changing
   the mode of a folder someone else owns, or of a shared one, is not this program's call.
@@ -51,7 +52,7 @@ class FolderLock:
 
         self.path = Path(folder) / self.NAME
         self._fd: int | None = None
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -79,6 +80,9 @@ def private_dir(path: str | Path, what: str = "state folder") -> Path:
     if not path.is_dir():
         path.mkdir(mode=0o700, parents=True, exist_ok=True)  # umask only removes bits: at most 0700
     st = path.stat()
+    if st.st_uid != os.geteuid():  # even at 0700: its owner may swap or plant what it holds (links included)
+        raise OpenFolderError(f"{what} {path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}): its "
+                              f"owner could replace what it holds; give it a folder of its own")
     if st.st_mode & _OTHERS:
         mode = stat.S_IMODE(st.st_mode)
         if st.st_uid != os.geteuid() or st.st_mode & stat.S_ISVTX:
@@ -125,7 +129,7 @@ def atomic_write(path: str | Path, data: bytes | str, mode: int = 0o600) -> Path
 
 def open_private(path: str | Path, mode: str = "ab", **kwargs: Any) -> IO[Any]:
     """``open(path, mode)`` for writing or appending, a new file created 0600 whatever the umask."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC) | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags, 0o600)
     try:
         return os.fdopen(fd, mode, **kwargs)

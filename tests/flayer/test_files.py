@@ -62,9 +62,30 @@ def test_someone_elses_open_folder_is_refused_and_left_alone(tmp_path: Path) -> 
     folder.mkdir()
     os.chown(folder, 65534, 65534)
     os.chmod(folder, 0o755)
-    with pytest.raises(OpenFolderError, match="owned by uid 65534"):
+    with pytest.raises(OpenFolderError, match="belongs to uid 65534"):
         private_dir(folder)
     assert _mode(folder) == 0o755
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_someone_elses_closed_folder_is_refused_too(tmp_path: Path) -> None:
+    """A local user who made the folder first (0700, its own) could swap its files or plant links to files of
+    this user: refused whatever its mode; and an append never follows a planted link."""
+    from flayer.files import open_private
+
+    folder = tmp_path / "planted"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 65534, 65534)
+    with pytest.raises(OpenFolderError, match="belongs to uid 65534"):
+        private_dir(folder)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    (mine / "journal.bin").symlink_to(target)
+    with pytest.raises(OSError):
+        open_private(mine / "journal.bin")
+    assert target.read_text() == "keep"
 
 
 def test_a_folder_lock_refuses_a_second_holder_until_released(tmp_path: Path) -> None:
