@@ -7,7 +7,13 @@ every journaled update, folded again -- and carries on with that round.
 
 File ``journal/round-<r:06d>.jnl``; records back to back, little-endian::
 
-    "FLJR"  u8 kind (1 plan, 2 update)  u32 payload length  u32 crc32(kind byte + payload)  payload
+    "FLJ2"  u8 kind (1 plan, 2 update)  u32 payload length  32-byte HMAC-SHA256(key, kind + length + payload)  payload
+
+The key is 32 random bytes in ``journal/.key`` (0600), made by the coordinator and never sent: a device controls
+the bytes of its own update, which lie inside a record, and could shape them as a whole record of its choosing
+(another device's update, a plan); without the key it cannot authenticate one, so nothing it planted is ever read
+as a record. (Records of an earlier release, ``"FLJR"`` with a CRC32, are still read in order from the start of a
+file, but never resynchronised onto.)
 
     plan payload    the plan's envelope payload (protocol.encode_message)
     update payload  u8 client length, client id (ASCII), u32 round, 32-byte sha256 of the blob, blob
@@ -24,9 +30,11 @@ acknowledged.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import os
 import re
+import secrets
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -39,6 +47,7 @@ __all__ = [
     "JournalError",
     "JournalRecord",
     "JournalReplay",
+    "journal_key",
     "journal_path",
     "prune_journals",
     "read_journal",
@@ -46,8 +55,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"FLJR"
-_HEAD = struct.Struct("<4sBII")
+MAGIC = b"FLJ2"
+LEGACY_MAGIC = b"FLJR"  # an earlier release's records: a CRC32, no key
+_HEAD = struct.Struct("<4sBI32s")
+_LEGACY_HEAD = struct.Struct("<4sBII")
+KEY_NAME = ".key"
 KIND_PLAN, KIND_UPDATE = 1, 2
 MAX_RECORD = 1 << 31
 _NAME = re.compile(r"round-(\d{6,})\.jnl(?:\.cut-\d+)?")
@@ -80,8 +92,26 @@ def journal_path(folder: Path, round_: int) -> Path:
     return folder / f"round-{round_:06d}.jnl"
 
 
-def _encode(kind: int, payload: bytes) -> bytes:
-    return _HEAD.pack(MAGIC, kind, len(payload), zlib.crc32(bytes([kind]) + payload)) + payload
+def journal_key(folder: Path) -> bytes:
+    """The folder's journal key (module docstring), made on first use."""
+    path = folder / KEY_NAME
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        private_dir(folder, "journal folder")
+        atomic_write(path, secrets.token_bytes(32))
+        key = path.read_bytes()
+    if len(key) != 32:
+        raise JournalError(f"{path}: a journal key is 32 bytes, found {len(key)}")
+    return key
+
+
+def _mac(key: bytes, kind: int, payload: bytes) -> bytes:
+    return hmac.new(key, struct.pack("<BI", kind, len(payload)) + payload, hashlib.sha256).digest()
+
+
+def _encode(kind: int, payload: bytes, key: bytes) -> bytes:
+    return _HEAD.pack(MAGIC, kind, len(payload), _mac(key, kind, payload)) + payload
 
 
 def _update_payload(client: str, round_: int, blob: bytes) -> tuple[bytes, str]:
@@ -101,37 +131,50 @@ def _parse_update(payload: bytes) -> JournalRecord:
     return JournalRecord(KIND_UPDATE, client, round_, digest.hex(), blob)
 
 
-def _intact(data: bytes, at: int) -> tuple[int, int, bytes] | None:
-    """(kind, end, payload) of the record at ``at`` when it is whole and its CRC matches, else None."""
-    if len(data) - at < _HEAD.size:
-        return None
-    magic, kind, length, crc = _HEAD.unpack_from(data, at)
-    end = at + _HEAD.size + length
-    if magic != MAGIC or kind not in (KIND_PLAN, KIND_UPDATE) or end > len(data):
-        return None
-    payload = data[at + _HEAD.size:end]
-    return (kind, end, payload) if zlib.crc32(bytes([kind]) + payload) == crc else None
+def _intact(data: bytes, at: int, key: bytes, legacy: bool = False) -> tuple[int, int, bytes] | None:
+    """(kind, end, payload) of the record at ``at`` when it is whole and authenticates under ``key``, else None;
+    ``legacy``: an earlier release's CRC record is taken too (in order only, never by resynchronising)."""
+    if len(data) - at >= _HEAD.size and data[at:at + 4] == MAGIC:
+        magic, kind, length, mac = _HEAD.unpack_from(data, at)
+        end = at + _HEAD.size + length
+        if kind not in (KIND_PLAN, KIND_UPDATE) or end > len(data):
+            return None
+        payload = data[at + _HEAD.size:end]
+        return (kind, end, payload) if hmac.compare_digest(mac, _mac(key, kind, payload)) else None
+    if legacy and len(data) - at >= _LEGACY_HEAD.size and data[at:at + 4] == LEGACY_MAGIC:
+        magic, kind, length, crc = _LEGACY_HEAD.unpack_from(data, at)
+        end = at + _LEGACY_HEAD.size + length
+        if kind not in (KIND_PLAN, KIND_UPDATE) or end > len(data):
+            return None
+        payload = data[at + _LEGACY_HEAD.size:end]
+        return (kind, end, payload) if zlib.crc32(bytes([kind]) + payload) == crc else None
+    return None
 
 
-def _next_intact(data: bytes, start: int) -> int | None:
-    """The offset of the first intact record at or after ``start`` (None: none, the rest is a torn tail)."""
+def _next_intact(data: bytes, start: int, key: bytes) -> int | None:
+    """The offset of the first record at or after ``start`` that authenticates under ``key`` (None: none, the rest
+    is a torn tail). Bytes a device shaped as a record inside its own upload do not authenticate."""
     at = data.find(MAGIC, start)
     while at >= 0:
-        if _intact(data, at) is not None:
+        if _intact(data, at, key) is not None:
             return at
         at = data.find(MAGIC, at + 1)
     return None
 
 
-def read_journal(path: Path) -> JournalReplay:
-    """Every intact record of ``path`` (see module docstring for torn and damaged records)."""
+def read_journal(path: Path, key: bytes | None = None) -> JournalReplay:
+    """Every intact record of ``path`` (see module docstring for torn and damaged records); ``key``: the journal
+    key (default: the one beside the file)."""
     data = path.read_bytes()
+    key = journal_key(path.parent) if key is None else key
     out = JournalReplay()
     at = 0
+    legacy = True  # an earlier release's records, in order from the start of the file
     while at < len(data):
-        rec = _intact(data, at)
+        rec = _intact(data, at, key, legacy)
         if rec is None:
-            nxt = _next_intact(data, at + 1)
+            legacy = False
+            nxt = _next_intact(data, at + 1, key)
             if nxt is None:
                 break  # a torn tail: no intact record after it
             out.corrupt += 1
@@ -176,9 +219,10 @@ class Journal:
         self.round = round_
         try:
             private_dir(folder, "journal folder")
+            self._key = journal_key(folder)
             created = not self.path.exists()
             if not created:
-                replay = read_journal(self.path)
+                replay = read_journal(self.path, self._key)
                 if replay.torn_bytes:  # kept aside first: nothing cut is lost for good (module docstring)
                     cut = self.path.with_name(f"{self.path.name}.cut-{replay.good_bytes}")
                     with open(self.path, "rb") as fh:
@@ -200,7 +244,7 @@ class Journal:
         fd = self._fh.fileno()
         start = os.fstat(fd).st_size
         try:
-            data = memoryview(_encode(kind, payload))
+            data = memoryview(_encode(kind, payload, self._key))
             while data:
                 data = data[os.write(fd, data):]
             os.fsync(fd)

@@ -54,7 +54,7 @@ def test_a_torn_tail_is_cut_but_kept_beside_the_journal(tmp_path: Path) -> None:
     j.close()
     path = journal_path(folder, 2)
     whole = path.read_bytes()
-    torn = b"FLJR\x02" + (500).to_bytes(4, "little") + b"\0" * 4 + b"partial"
+    torn = b"FLJ2\x02" + (500).to_bytes(4, "little") + b"\0" * 32 + b"partial"
     path.write_bytes(whole + torn)
     Journal(folder, 2).close()
     assert path.read_bytes() == whole

@@ -32,10 +32,13 @@ def test_round_trip(tmp_path: Path) -> None:
     assert replay.torn_bytes == 0 and replay.corrupt == 0 and replay.good_bytes == path.stat().st_size
 
 
+HEAD = 41  # magic, kind, length, HMAC-SHA256 (coordinator.journal)
+
+
 def test_torn_tail_at_every_byte_of_the_last_record(tmp_path: Path) -> None:
     path, updates = _fill(tmp_path)
     full = path.read_bytes()
-    last = len(updates[-1][1]) + 13 + len(updates[-1][0]) + 37  # header + payload of the last record
+    last = len(updates[-1][1]) + HEAD + len(updates[-1][0]) + 37  # header + payload of the last record
     start = len(full) - last
     for cut in range(start + 1, len(full)):
         path.write_bytes(full[:cut])
@@ -59,8 +62,8 @@ def test_corrupt_record_before_the_tail_is_skipped(tmp_path: Path) -> None:
     path, updates = _fill(tmp_path)
     data = bytearray(path.read_bytes())
     # flip a byte inside the second update's blob (after plan record and first update record)
-    first = 13 + len(b"plan-bytes") + 13 + 1 + 5 + 4 + 32 + len(updates[0][1])
-    data[first + 13 + 40] ^= 0xFF
+    first = HEAD + len(b"plan-bytes") + HEAD + 1 + 5 + 4 + 32 + len(updates[0][1])
+    data[first + HEAD + 40] ^= 0xFF
     path.write_bytes(bytes(data))
     replay = read_journal(path)
     assert replay.corrupt == 1
