@@ -40,7 +40,6 @@ import time
 from collections import Counter as TallyCounter
 from collections.abc import Iterable, Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,6 +53,7 @@ from transport.access import REQUEST_TIMEOUT_S, host_allows, served_names, token
 from transport.hosts import is_loopback
 
 from .device_privacy import device_privacy
+from .http_bounds import BoundedHandler, BoundedHTTPServer
 from .intake import REJECTION_COUNTERS
 
 __all__ = ["LABEL_RE", "MAX_LABELS", "REFUSAL_REASONS", "FleetMetrics", "MetricsServer", "device_label", "read_token"]
@@ -268,7 +268,7 @@ class FleetMetrics:
                 pass
 
 
-class MetricsServer(ThreadingHTTPServer):
+class MetricsServer(BoundedHTTPServer):
     """``GET /metrics``: the registry in Prometheus' text format; the access rule of :mod:`transport.access`
     (loopback: open; elsewhere a token, ``Authorization: Bearer``; a ``Host`` that is neither an address nor a name
     of this machine: 421). It reads nothing but the registry."""
@@ -304,7 +304,7 @@ class MetricsServer(ThreadingHTTPServer):
         self.server_close()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server: MetricsServer
 
     def setup(self) -> None:

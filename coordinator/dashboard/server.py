@@ -22,11 +22,11 @@ import logging
 import threading
 import time
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
+from coordinator.http_bounds import BoundedHandler, BoundedHTTPServer
 from transport.access import REQUEST_TIMEOUT_S, host_allows, served_names, token_allows, token_for
 from transport.hosts import is_loopback
 
@@ -52,7 +52,7 @@ def _asset(name: str) -> bytes:
     return resources.files("coordinator.dashboard").joinpath("static", name).read_bytes()
 
 
-class DashboardServer(ThreadingHTTPServer):
+class DashboardServer(BoundedHTTPServer):
     daemon_threads = True
 
     def __init__(self, watch: FleetWatch, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -83,7 +83,7 @@ class DashboardServer(ThreadingHTTPServer):
         self.server_close()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server: DashboardServer
     protocol_version = "HTTP/1.1"
 
