@@ -74,6 +74,7 @@ def main() -> int:
     ap.add_argument("--twin-target", type=float, default=2.0, help="the accountant's epsilon of the twin rows")
     ap.add_argument("--trials", type=int, default=100_000, help="rounds per world (with and without the canary)")
     ap.add_argument("--secure-trials", type=int, default=30_000, help="rounds per world of the secure mechanisms")
+    ap.add_argument("--rows", default="honest,twin,earlier rule", help="which rows to run (comma-separated)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     rows = []
@@ -89,7 +90,7 @@ def main() -> int:
         cases.append((name, "twin", z_for(name, a.twin_target), 0.5, None, None))
         if name == "adaptive":
             cases.append((name, "earlier rule", 1.8985, 1.0, None, earlier_rule))
-    for name, row, z, scale, sb, rule in cases:
+    for name, row, z, scale, sb, rule in [c for c in cases if c[1] in a.rows.split(",")]:
         trials = a.secure_trials if MECHANISMS[name][2] else a.trials
         t0 = time.perf_counter()
         # the earlier rule's claim is what the earlier accountant composed: the plan's label z

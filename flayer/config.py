@@ -225,6 +225,13 @@ def add_python_path(folders: Any, base: Path, where: str) -> None:
             raise ConfigError(f"{where} python_path: {path} can be written by other users (mode "
                               f"{stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}): a module put there would run "
                               f"as this user; keep the code (and a kit) in a folder of your own")
+        for up in path.parents:  # a folder above it that others may write could swap it for their own
+            ust = up.stat()
+            if (ust.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not ust.st_mode & stat.S_ISVTX) \
+                    or ust.st_uid not in (os.geteuid(), 0):
+                raise ConfigError(f"{where} python_path: {path} lies in {up}, which other users can write (mode "
+                                  f"{stat.S_IMODE(ust.st_mode):04o}, owner uid {ust.st_uid}): they could put a folder "
+                                  f"of their own in its place; keep the code (and a kit) in a folder of your own")
         if str(path) not in sys.path:
             sys.path.append(str(path))
 

@@ -14,6 +14,7 @@ counts (the member, not the unpacked copy the owner may edit afterwards: those e
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -115,9 +116,18 @@ def unpack_kit(kit: str | Path, folder: str | Path | None = None, *, allow_code:
     members = _read(kit)
     _check_code(kit, members["device.toml"], allow_code, allowed_entry_points)
     dest = Path(folder) if folder is not None else kit_folder(kit)
+    if dest.exists():
+        st = dest.lstat()
+        opened = stat.S_IMODE(st.st_mode) & 0o077 and any(dest.iterdir())  # an empty one of its own is closed below
+        if not dest.is_dir() or dest.is_symlink() or st.st_uid != os.geteuid() or opened:
+            raise KitError(f"{dest} exists and is not a private folder of this user (owner uid {st.st_uid}, mode "
+                           f"{stat.S_IMODE(st.st_mode):04o}): whoever can change it could change the kit's "
+                           f"device.toml; unpack {kit} elsewhere")
     if (dest / "credentials.toml").exists():
         if (dest / "credentials.toml").read_bytes() != members["credentials.toml"]:
             raise KitError(f"{dest} holds another device's kit; unpack {kit} elsewhere")
+        # a restart: the device.toml that will be loaded is the one checked (edited since, or not)
+        _check_code(kit, (dest / "device.toml").read_bytes(), allow_code, allowed_entry_points)
         return dest / "device.toml"
     if dest.exists() and any(dest.iterdir()):
         raise KitError(f"{dest} exists and is not empty; unpack {kit} elsewhere")
