@@ -1,9 +1,10 @@
 """A private federation over a real broker runs the private simulation's mechanism: one coordinator and 3 edge
 devices (threads of this process) run 3 central-DP rounds on Fashion-MNIST shards; the devices clip with the
 real edge code, the coordinator re-clips and folds a fixed-denominator sum. The coordinator's noise comes from
-the operating system's CSPRNG (nobody can replay it, tests/attacks/test_attack_dp_replay.py), so the two runs
-are compared without noise (z = 0): the final global model is ``flayer simulate``'s, and both spend an infinite
-epsilon."""
+the operating system's CSPRNG (nobody can replay it, tests/attacks/test_attack_dp_replay.py); to compare the two
+runs this test alone seeds it as ``flayer simulate --dp-seeded-noise`` does (the coordinator's ``noise_seed`` hook,
+tests only), so the final global model is the simulator's and both spend the same epsilon. (Devices refuse a plan
+without noise, so the runs cannot be compared at z = 0.)"""
 
 from __future__ import annotations
 
@@ -25,14 +26,25 @@ from mqtt_broker import mosquitto_available
 from protocol.metrics_schema import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # about 25 s beyond the shared fixture
-PRIVACY: dict[str, Any] = {"enabled": True, "clip": 0.5, "noise_multiplier": 0.0, "population": 3, "delta": 0.01}
+PRIVACY: dict[str, Any] = {"enabled": True, "clip": 0.5, "noise_multiplier": 0.5, "population": 3, "delta": 0.01}
 
 
-def test_private_rounds_over_the_broker_equal_the_simulator(tmp_path: Path, fmnist_run: Any) -> None:
+def test_private_rounds_over_the_broker_equal_the_simulator(tmp_path: Path, fmnist_run: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import coordinator.open_round as open_round
+    from flayer.engine.round import noise_seed
+
     run = fmnist_run
     devices = run.devices
     strategy = make_strategy(run.strategy, run.dataset.model_spec(), TrainConfig(lr=run.lr, batch_size=10), {})
-    reference = simulate(strategy, run.clients, run.rounds, run.seed, privacy=PrivacySettings(**PRIVACY))
+    reference = simulate(strategy, run.clients, run.rounds, run.seed, privacy=PrivacySettings(**PRIVACY),
+                         seeded_noise=True)
+    begin = open_round.OpenRound.begin.__func__  # type: ignore[attr-defined]
+
+    def seeded_begin(cls: Any, number: int, *args: Any, **kw: Any) -> Any:
+        return begin(cls, number, *args, **{**kw, "noise_seed": noise_seed(run.seed, number)})
+
+    monkeypatch.setattr(open_round.OpenRound, "begin", classmethod(seeded_begin))
     fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", devices)
     clients: list[EdgeClient] = []
     try:
@@ -57,8 +69,8 @@ def test_private_rounds_over_the_broker_equal_the_simulator(tmp_path: Path, fmni
         plain = simulate(strategy, run.clients, run.rounds, run.seed).global_state
         assert max(float((plain[k] - reference.global_state[k]).abs().max()) for k in plain) > 1e-3  # DP did act
         rounds = [r for r in read_metrics(tmp_path / "coord/metrics.jsonl") if r["kind"] == "round"]
-        assert [r["epsilon"] for r in rounds] == ["inf"] * run.rounds
-        assert all(r.epsilon == float("inf") for r in reference.rounds)
+        assert [r["epsilon"] for r in rounds] == pytest.approx([r.epsilon for r in reference.rounds], rel=1e-9)
+        assert all(0 < r.epsilon < float("inf") for r in reference.rounds)
         assert all(r["dp_clip"] == 0.5 and r["accepted"] == len(devices) for r in rounds)
     finally:
         for c in clients:
