@@ -24,10 +24,13 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["FolderBusyError", "FolderLock", "OpenFolderError", "atomic_write", "open_private", "private_dir"]
+__all__ = ["FolderBusyError", "FolderLock", "OpenFolderError", "atomic_write", "exclusive", "open_private",
+           "private_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,20 @@ class FolderLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+@contextmanager
+def exclusive(lock_file: str | Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_file`` (created 0600, no link followed) while the block runs: one
+    writer at a time across processes, waiting for the others."""
+    import fcntl
+
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor drops the lock
 
 
 def private_dir(path: str | Path, what: str = "state folder") -> Path:

@@ -14,18 +14,19 @@ OpenSSL refuses every client once a CRL's next update has passed.
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+
+from flayer.files import exclusive
 
 __all__ = ["CrlError", "crl_path", "ensure_crl", "load_ca", "revoke_certificate", "revoke_serials", "revoked_serials"]
 
@@ -101,17 +102,10 @@ def _write(tls_dir: Path, entries: dict[int, dt.datetime]) -> Path:
     return path
 
 
-@contextmanager
-def _list_lock(tls_dir: Path) -> Iterator[None]:
+def _list_lock(tls_dir: Path) -> Any:
     """One writer of the list at a time, across processes: a read-modify-write of two ``revoke`` runs at once
     would otherwise drop one's entry (and let that device's kit connect again)."""
-    fd = os.open(tls_dir / ".crl.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "r+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return exclusive(tls_dir / ".crl.lock")
 
 
 def _count_file(tls_dir: Path) -> Path:

@@ -22,7 +22,6 @@ Layout (default ``.flayer/broker``, mode 0700)::
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from flayer.files import exclusive
 from mqtt_broker.acl import render_acl
 from mqtt_broker.bridge import write_bridge_files
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
@@ -105,13 +105,8 @@ class BrokerFiles:
 def _locked(files: BrokerFiles) -> Iterator[None]:
     """Serialise changes to one state folder across processes (e.g. devices added in parallel)."""
     private_dir(files.state_dir)
-    fd = os.open(files.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "r+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with exclusive(files.lock):
+        yield
 
 
 def _resolve_ports(cfg: BrokerConfig, old: BrokerConfig | None) -> BrokerConfig:
