@@ -41,7 +41,7 @@ def selected_rates(registry: Any, selected: tuple[str, ...]) -> list[float]:
 def plain_ladder(layout: Layout, start: str, lowest: str, compress: bool, federation: str) -> list[int]:
     """The encoded sizes of a plain upload of ``layout``'s positions at each codec of the plan's ladder, highest
     first (values drawn at random: the sizes follow the count and the positions)."""
-    values = np.random.default_rng(0).normal(0.0, 0.01, layout.n)
+    values = np.random.default_rng(0).normal(0.0, 0.01, layout.n)  # protects nothing: stand-in values for a size
     update = unflatten(values, layout, 1)
     header = UpdateHeader(federation, 1, "sizing", "0" * 64)
     return [len(encode_update(update, header, UpdateOptions(codec, zstd=compress)))

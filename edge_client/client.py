@@ -104,7 +104,7 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
         self.clock, self.sleep, self.shaper = clock, sleep, shaper
         self.after_compute = after_compute
         self.limits = limits or WireLimits()
-        self.rng = rng or random.Random(f"{creds.federation}/{self.id}")
+        self.rng = rng or random.Random(f"{creds.federation}/{self.id}")  # protects nothing: re-send backoff jitter
         self.on_progress = on_progress  # on the worker thread: downloaded, trained, calibrated, ack, finished
         self.topics = Topics(creds.federation)
         self.device = pick_device("cpu" if settings.runtime == "executorch" else settings.device)

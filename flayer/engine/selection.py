@@ -31,7 +31,7 @@ def draw(pool: Sequence[T], k: int, *key: int | str) -> list[T]:
     generator seeded by ``key``; the whole pool when ``k >= len(pool)``. Sorted."""
     if k >= len(pool):
         return list(pool)
-    rng = np.random.default_rng(derive_seed(*key))
+    rng = np.random.default_rng(derive_seed(*key))  # public: the cohort is drawn from the plans' seed by design
     return sorted(pool[int(i)] for i in rng.choice(len(pool), size=k, replace=False))  # type: ignore[type-var]
 
 

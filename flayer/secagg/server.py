@@ -390,6 +390,6 @@ def _subsets(xs: list[int], t: int, tries: int = 256) -> Iterator[tuple[int, ...
     m = len(xs)
     for i in range(1, m if m > t else 0):
         yield tuple(sorted(xs[(i + j) % m] for j in range(t)))
-    pick = random.Random(m * 65537 + t)
+    pick = random.Random(m * 65537 + t)  # protects nothing: which subsets a connectivity check tries
     for _ in range(tries if m > t else 0):
         yield tuple(sorted(pick.sample(xs, t)))
