@@ -59,7 +59,7 @@ def contribution_multiplier(rp: RoundPrivacy, secure: bool) -> float:
     clip-bit noise at sensitivity 1), never more than its ``noise_multiplier`` label."""
     if rp.mode == "local" and not secure and not rp.ring:
         return rp.update_multiplier / math.sqrt(rp.contributions)
-    return min(rp.noise_multiplier, rp.named_multiplier)
+    return rp.counted_multiplier
 
 
 def plan_noise_problem(rp: RoundPrivacy, secure: bool) -> str | None:

@@ -56,7 +56,7 @@ class Accounts:
         named noises give (:attr:`flayer.engine.privacy.RoundPrivacy.named_multiplier`, never more than its label),
         which with adaptive clipping counts the clip-bit count's noise at sensitivity 1."""
         if rp.mode == "central" or rp.ring:
-            return min(rp.noise_multiplier, rp.named_multiplier)
+            return rp.counted_multiplier
         return rp.update_multiplier * math.sqrt(arrived / rp.contributions)
 
     def worst_z(self, rp: RoundPrivacy, fewest: int) -> float:

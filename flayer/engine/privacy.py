@@ -154,6 +154,11 @@ class RoundPrivacy:
             return combined_multiplier(self.update_multiplier, self.bit_std)
         return self.update_multiplier
 
+    @property
+    def counted_multiplier(self) -> float:
+        """What a ledger composes for a round's sum: the named multiplier, never more than the label."""
+        return min(self.noise_multiplier, self.named_multiplier)
+
     def noise_problem(self) -> str | None:
         """Why this plan's noise cannot be counted as it is labelled (None: it can): a named noise that is zero,
         or a ``noise_multiplier`` label that the named noises do not give (a plan labelled z = 1000 with update
