@@ -42,8 +42,11 @@ pytestmark = [
 ]
 DEVICES = ["dev-0", "dev-1", "dev-2"]
 # round-history fields that follow from the computation alone (not time, nor wire bytes such as heartbeats)
+# bytes_in is left out: it counts re-sent chunks too (coordinator/metrics.py), and a device re-sends a chunk
+# whose acknowledgement came late, which a loaded machine decides, not the broker; the models, the accepted
+# updates and the journals below are compared exactly
 HISTORY = ("round", "selected", "received", "accepted", "rejected", "late", "closed", "devices", "acc", "train_loss",
-           "model_bytes", "bytes_in")
+           "model_bytes")
 
 
 def start_cluster_fed(tmp: Path, devices: list[str], nodes: int = 3, **cfg: Any) -> FedBroker:
