@@ -71,6 +71,24 @@ def digits():
     return load_dataset("digits")
 
 
+@pytest.fixture(scope="session")
+def digits_shard(digits):
+    """``digits_shard(index, clients=2, seed=0)``: client ``index``'s shard of sklearn digits split iid across
+    ``clients`` (its ClientData), made once per worker: the tests read it and never change it."""
+    from flayer.partition import make_partition
+    from flayer.train import client_data
+
+    made: dict[tuple[int, int, int], object] = {}
+
+    def shard(index: int, clients: int = 2, seed: int = 0):
+        key = (index, clients, seed)
+        if key not in made:
+            made[key] = client_data(digits, make_partition(digits.y, digits.num_classes, clients, "iid", seed).clients[index])
+        return made[key]
+
+    return shard
+
+
 @pytest.fixture
 def faults_ledger(request):
     """Rows for the fault and security figures (tests/faultledger.py; tabulated by benchmarks/faults.py)."""

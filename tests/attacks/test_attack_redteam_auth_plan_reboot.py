@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, start_fed_broker
+from fedtestlib import Recorder
 
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
@@ -30,25 +30,6 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
 FED = "itest"
 T = Topics(FED)
-
-
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b", "mallory"], federation=FED)
-    with open(fb.state_dir / "acl", "a") as fh:  # the mistaken ACL
-        fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
-    fb.broker.reload()
-    time.sleep(0.3)
-    yield fb
-    fb.broker.stop()
-
-
-@pytest.fixture(scope="module")
-def shard(digits):  # type: ignore[no-untyped-def]
-    from flayer.partition import make_partition
-    from flayer.train import client_data
-
-    return client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[0])
 
 
 def _plan(round_: int, selected: tuple[str, ...]) -> Plan:
@@ -64,14 +45,16 @@ def _took(client: EdgeClient, round_: int, timeout: float) -> bool:
     return False
 
 
-def test_an_earlier_rounds_plan_replayed_after_a_reboot_is_refused(tmp_path: Path, fed: FedBroker,
-                                                                    shard: Any) -> None:
+def test_an_earlier_rounds_plan_replayed_after_a_reboot_is_refused(tmp_path: Path, attack_fed: Any,
+                                                                    digits_shard: Any) -> None:
+    fed = attack_fed(["dev-a", "dev-b"], federation=FED)  # mallory, the mistaken ACL
+    shard = digits_shard(0)
     key = fed.coordinator.signer()
     state = tmp_path / "dev-a"
     DeviceStore(state).save(StoredState(None, 3, None, False, {}))  # dev-a trained up to round 3
     settings = EdgeSettings(state_dir=str(state), client_index=0, device="cpu", heartbeat_s=2.0)
     coord = Recorder(fed.coordinator)
-    mallory = Recorder(fed.devices["mallory"], [T.round()])
+    mallory = fed.listen([T.round()])
     recorded = encode_message(_plan(4, ("dev-a",)), FED, "coordinator", key=key)  # what mallory kept of round 4
     client = EdgeClient(settings, fed.devices["dev-a"], shard)
     client.start()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, start_fed_broker
+from fedtestlib import Recorder
 
 from coordinator.publish import Publisher
 from edge_client.client import EdgeClient
@@ -30,25 +30,6 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
 FED = "itest"
 T = Topics(FED)
-
-
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b", "mallory"], federation=FED)
-    with open(fb.state_dir / "acl", "a") as fh:  # the mistaken ACL
-        fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
-    fb.broker.reload()
-    time.sleep(0.3)
-    yield fb
-    fb.broker.stop()
-
-
-@pytest.fixture(scope="module")
-def shard(digits):  # type: ignore[no-untyped-def]
-    from flayer.partition import make_partition
-    from flayer.train import client_data
-
-    return client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[0])
 
 
 def _plan(selected: tuple[str, ...]) -> Plan:
@@ -65,11 +46,13 @@ def _holds(client: EdgeClient, selected: tuple[str, ...], timeout: float) -> boo
     return False
 
 
-def test_an_earlier_plan_of_the_round_put_back_is_refused(tmp_path: Path, fed: FedBroker, shard: Any) -> None:
+def test_an_earlier_plan_of_the_round_put_back_is_refused(tmp_path: Path, attack_fed: Any, digits_shard: Any) -> None:
+    fed = attack_fed(["dev-a", "dev-b"], federation=FED)  # mallory, the mistaken ACL
+    shard = digits_shard(0)
     coord = Recorder(fed.coordinator)
     publisher = Publisher(coord.link, T, "coordinator", fed.coordinator.max_payload, tmp_path, 5.0,
                           lambda: False, key=fed.coordinator.signer())
-    mallory = Recorder(fed.devices["mallory"], [T.round()])
+    mallory = fed.listen([T.round()])
     settings = EdgeSettings(state_dir=str(tmp_path / "dev-a"), client_index=0, device="cpu", heartbeat_s=2.0)
     client = EdgeClient(settings, fed.devices["dev-a"], shard)
     client.start()

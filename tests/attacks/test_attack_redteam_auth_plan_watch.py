@@ -12,10 +12,10 @@ plan (the test plays the coordinator) still ends it.
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, start_fed_broker
+from fedtestlib import Recorder
 
 from emulator.plan_watch import PlanWatch
 from mqtt_broker import mosquitto_available
@@ -25,17 +25,6 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
 FED = "itest"
 T = Topics(FED)
-
-
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "emu-monitor-0", "mallory"], federation=FED)
-    with open(fb.state_dir / "acl", "a") as fh:  # the mistaken ACL
-        fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
-    fb.broker.reload()
-    time.sleep(0.3)
-    yield fb
-    fb.broker.stop()
 
 
 def _plan(round_: int, phase: str) -> Plan:
@@ -49,8 +38,9 @@ def _settle(watch: PlanWatch, until: float) -> None:
         time.sleep(0.05)
 
 
-def test_a_final_plan_the_coordinator_did_not_sign_does_not_wrap_the_fleet_up(fed: FedBroker) -> None:
-    mallory = Recorder(fed.devices["mallory"], [T.round()])
+def test_a_final_plan_the_coordinator_did_not_sign_does_not_wrap_the_fleet_up(attack_fed: Any) -> None:
+    fed = attack_fed(["dev-a", "emu-monitor-0"], federation=FED)  # mallory, the mistaken ACL
+    mallory = fed.listen([T.round()])
     watch = PlanWatch(fed.devices["emu-monitor-0"]).start()
     coord = Recorder(fed.coordinator)
     try:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from fedtestlib import FedBroker, Recorder, federation_toml, start_fed_broker
+from fedtestlib import Recorder, federation_toml
 
 from coordinator.config import load_coordinator_config
 from coordinator.journal import journal_path, read_journal
@@ -43,17 +44,6 @@ FED = "itest"
 T = Topics(FED)
 
 
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-b", "mallory"], federation=FED)
-    with open(fb.state_dir / "acl", "a") as fh:  # the mistaken ACL
-        fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
-    fb.broker.reload()
-    time.sleep(0.3)
-    yield fb
-    fb.broker.stop()
-
-
 def _update(plan: Plan, value: float) -> bytes:
     upd = Update({"fc.bias": TensorDelta((10,), np.float32([value, -value]), np.array([0, 7]))}, 50,
                  {"test_correct": 1.0, "test_total": 4.0})
@@ -66,7 +56,8 @@ def _send(rec: Recorder, plan: Plan, blob: bytes, key: object) -> None:
     assert rec.link.wait_published(infos, 5)
 
 
-def test_an_update_signed_with_a_devices_old_key_is_refused_after_rekey(tmp_path: Path, fed: FedBroker) -> None:
+def test_an_update_signed_with_a_devices_old_key_is_refused_after_rekey(tmp_path: Path, attack_fed: Any) -> None:
+    fed = attack_fed(["dev-b"], federation=FED)  # mallory, the mistaken ACL
     old_key = fed.devices["dev-b"].signer()  # what the adversary copied
     path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
                            tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", quorum=1,
@@ -74,7 +65,7 @@ def test_an_update_signed_with_a_devices_old_key_is_refused_after_rekey(tmp_path
     coord = Coordinator(load_coordinator_config(path), fed.coordinator)
     thread = coord.start()
     b = Recorder(fed.devices["dev-b"], [T.round(), T.ack("dev-b")])
-    mallory = Recorder(fed.devices["mallory"], [f"{T.prefix}/#"])
+    mallory = fed.listen([f"{T.prefix}/#"])
     try:
         assert b.link.wait_published([b.link.publish(
             T.status("dev-b"), encode_message(Status(0, "online", time.time()), FED, "dev-b", key=old_key),

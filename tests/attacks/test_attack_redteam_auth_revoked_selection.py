@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, federation_toml, start_fed_broker
+from attacklib import widen_acl
+from fedtestlib import Recorder, federation_toml
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
@@ -29,29 +31,14 @@ FED = "itest"
 T = Topics(FED)
 
 
-def _widen(fb: FedBroker) -> None:
-    """The mistaken ACL: mallory may read and write every topic of the federation."""
-    with open(fb.state_dir / "acl", "a") as fh:
-        fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
-    fb.broker.reload()
-    time.sleep(0.3)
-
-
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b", "dev-c", "mallory"], federation=FED)
-    _widen(fb)
-    yield fb
-    fb.broker.stop()
-
-
 def _online(rec: Recorder, device: str, key: object) -> bytes:
     payload = encode_message(Status(0, "online", time.time()), FED, device, key=key)
     assert rec.link.wait_published([rec.link.publish(T.status(device), payload)], 5)
     return payload
 
 
-def test_a_device_revoked_while_online_is_never_selected(tmp_path: Path, fed: FedBroker) -> None:
+def test_a_device_revoked_while_online_is_never_selected(tmp_path: Path, attack_fed: Any) -> None:
+    fed = attack_fed(["dev-a", "dev-b", "dev-c"], federation=FED)  # mallory, the mistaken ACL
     path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
                            tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", quorum=2,
                            min_devices=2, deadline_s=60.0)
@@ -66,8 +53,8 @@ def test_a_device_revoked_while_online_is_never_selected(tmp_path: Path, fed: Fe
             time.sleep(0.05)
         assert coord.registry.is_online("dev-c", time.time()), "the coordinator never saw dev-c online"
         assert revoke_device(fed.state_dir, "dev-c")  # the operator shuts dev-c out
-        _widen(fed)  # (revoking rewrites the ACL: the mistaken rule goes back in)
-        mallory = Recorder(fed.devices["mallory"], [T.status("dev-c")])
+        widen_acl(fed, "mallory")  # (revoking rewrites the ACL: the mistaken rule goes back in)
+        mallory = fed.listen([T.status("dev-c")])
         try:
             assert mallory.link.wait_published([mallory.link.publish(T.status("dev-c"), heartbeat)], 5)
             assert mallory.wait_message(lambda m: m.payload == heartbeat, 5) is not None, \

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, start_fed_broker
+from fedtestlib import FedBroker, Recorder
 
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
@@ -40,25 +40,6 @@ FED = "itest"
 T = Topics(FED)
 IDS = ("dev-a", "dev-b", "dev-c", "dev-d", "dev-e", "dev-f")
 RUN_SEED = 7
-
-
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", [*IDS, "mallory"], federation=FED)  # all in the key registry
-    with open(fb.state_dir / "acl", "a") as fh:  # the mistaken ACL
-        fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
-    fb.broker.reload()
-    time.sleep(0.3)
-    yield fb
-    fb.broker.stop()
-
-
-@pytest.fixture(scope="module")
-def shard(digits):  # type: ignore[no-untyped-def]
-    from flayer.partition import make_partition
-    from flayer.train import client_data
-
-    return client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[0])
 
 
 def _secure() -> dict[str, Any]:
@@ -87,8 +68,10 @@ def _from_dev_b(coord: Recorder, fb: FedBroker, kind: type, timeout: float) -> A
     return None if got is None else decode_message(decode_envelope(got.payload).body)
 
 
-def test_a_bundle_signed_for_another_device_does_not_end_this_devices_round(tmp_path: Path, fed: FedBroker,
-                                                                          shard: Any) -> None:
+def test_a_bundle_signed_for_another_device_does_not_end_this_devices_round(tmp_path: Path, attack_fed: Any,
+                                                                          digits_shard: Any) -> None:
+    fed = attack_fed(IDS, federation=FED)  # mallory, the mistaken ACL
+    shard = digits_shard(0)
     planned = secure_from_plan(_secure(), 1, IDS)
     assert planned is not None
     server = SecAggServer(planned.params)
@@ -101,7 +84,7 @@ def test_a_bundle_signed_for_another_device_does_not_end_this_devices_round(tmp_
 
     others = {d: SecAggClient(planned.params, d, consistency=keys_of(d)) for d in IDS if d != "dev-b"}
     coord = Recorder(fed.coordinator, [T.all_secagg()])
-    mallory = Recorder(fed.devices["mallory"], [f"{T.prefix}/secreq/#"])
+    mallory = fed.listen([f"{T.prefix}/secreq/#"])
     settings = EdgeSettings(state_dir=str(tmp_path / "dev-b"), client_index=1, device="cpu", heartbeat_s=2.0)
     client = EdgeClient(settings, fed.devices["dev-b"], shard)
     client.start()

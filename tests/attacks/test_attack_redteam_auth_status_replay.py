@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, federation_toml, start_fed_broker
+from fedtestlib import federation_toml
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
@@ -35,25 +35,6 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
 FED = "itest"
 T = Topics(FED)
-
-
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b", "mallory"], federation=FED)
-    with open(fb.state_dir / "acl", "a") as fh:  # the mistaken ACL
-        fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
-    fb.broker.reload()
-    time.sleep(0.3)
-    yield fb
-    fb.broker.stop()
-
-
-@pytest.fixture(scope="module")
-def shard(digits):  # type: ignore[no-untyped-def]
-    from flayer.partition import make_partition
-    from flayer.train import client_data
-
-    return client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[1])
 
 
 def _state(payload: bytes) -> str:
@@ -71,13 +52,15 @@ def _until(pred: Any, timeout: float) -> bool:
     return pred()
 
 
-def test_a_devices_earlier_statuses_put_back_are_refused(tmp_path: Path, fed: FedBroker, shard: Any) -> None:
+def test_a_devices_earlier_statuses_put_back_are_refused(tmp_path: Path, attack_fed: Any, digits_shard: Any) -> None:
+    fed = attack_fed(["dev-a", "dev-b"], federation=FED)  # mallory, the mistaken ACL
+    shard = digits_shard(1)
     path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
                            tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", min_devices=3,
                            quorum=2, deadline_s=60.0)  # no round opens: only dev-b is ever online
     coord = Coordinator(load_coordinator_config(path), fed.coordinator)
     coord.start()
-    mallory = Recorder(fed.devices["mallory"], [T.status("dev-b")])
+    mallory = fed.listen([T.status("dev-b")])
     settings = EdgeSettings(state_dir=str(tmp_path / "dev-b"), client_index=1, device="cpu", heartbeat_s=1.0)
     client = EdgeClient(settings, fed.devices["dev-b"], shard)
 

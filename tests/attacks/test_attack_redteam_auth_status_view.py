@@ -12,10 +12,10 @@ A real Mosquitto, the observer's own credentials.
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, start_fed_broker
+from fedtestlib import Recorder
 
 from coordinator.dashboard.watch import FleetWatch
 from mqtt_broker import load_credentials, mosquitto_available
@@ -25,17 +25,6 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
 FED = "itest"
 T = Topics(FED)
-
-
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "mallory"], federation=FED)
-    with open(fb.state_dir / "acl", "a") as fh:  # the mistaken ACL
-        fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
-    fb.broker.reload()
-    time.sleep(0.3)
-    yield fb
-    fb.broker.stop()
 
 
 def _plan(round_: int, phase: str) -> Plan:
@@ -54,9 +43,10 @@ def _until(pred, timeout: float) -> bool:  # type: ignore[no-untyped-def]
     return bool(pred())
 
 
-def test_a_final_plan_the_coordinator_did_not_sign_is_not_shown(fed: FedBroker) -> None:
+def test_a_final_plan_the_coordinator_did_not_sign_is_not_shown(attack_fed: Any) -> None:
+    fed = attack_fed(["dev-a"], federation=FED)  # mallory, the mistaken ACL
     coord = Recorder(fed.coordinator)
-    mallory = Recorder(fed.devices["mallory"], [T.round()])
+    mallory = fed.listen([T.round()])
     watch = FleetWatch(load_credentials(fed.state_dir, "observer"), None).start()
     try:
         train = encode_message(_plan(2, "train"), FED, "coordinator", key=fed.coordinator.signer())

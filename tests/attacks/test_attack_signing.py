@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedtestlib import FedBroker, Recorder, federation_toml, start_fed_broker
+from attacklib import widen_acl
+from fedtestlib import FedBroker, Recorder, federation_toml
 
 from coordinator.config import load_coordinator_config
 from coordinator.journal import journal_path, read_journal
@@ -51,23 +52,6 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
 FED = "itest"
 T = Topics(FED)
-
-
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """Mosquitto with dev-a, dev-b, dev-c and mallory, whose ACL lets it read and write every topic."""
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b", "dev-c", "mallory"], federation=FED)
-    _widen(fb)
-    yield fb
-    fb.broker.stop()
-
-
-def _widen(fb: FedBroker) -> None:
-    """The mistaken ACL: mallory may read and write every topic of the federation."""
-    with open(fb.state_dir / "acl", "a") as fh:
-        fh.write(f"\nuser mallory\ntopic readwrite fl/{FED}/#\n")
-    fb.broker.reload()
-    time.sleep(0.3)
 
 
 def _delivered(mallory: Recorder, topic: str, payload: bytes) -> None:
@@ -113,20 +97,14 @@ def _holds(client: EdgeClient, round_: int, digest: str, plan_round: int) -> Non
         f"dev-a took a plan of round {client.plan.round if client.plan else None}"
 
 
-@pytest.fixture(scope="module")
-def shard(digits):  # type: ignore[no-untyped-def]
-    from flayer.partition import make_partition
-    from flayer.train import client_data
-
-    return client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[0])
-
-
-def test_plan_ack_and_model_without_the_coordinators_key_are_refused(tmp_path: Path, fed: FedBroker,
-                                                                     shard: Any) -> None:
+def test_plan_ack_and_model_without_the_coordinators_key_are_refused(tmp_path: Path, attack_fed: Any,
+                                                                     digits_shard: Any) -> None:
+    fed = attack_fed(["dev-a", "dev-b", "dev-c"], federation=FED)  # mallory, the mistaken ACL
+    shard = digits_shard(0)
     coord_key = fed.coordinator.signer()  # the genuine coordinator (the test plays it)
     mallory_key = fed.devices["mallory"].signer()
     server = Recorder(fed.coordinator, [T.all_updates()])
-    mallory = Recorder(fed.devices["mallory"], [f"{T.prefix}/#"])
+    mallory = fed.listen([f"{T.prefix}/#"])
     client, digest = _device(tmp_path, fed, 1, shard)
     try:
         _publish(server, T.round(), encode_message(_plan(1), FED, "coordinator", key=coord_key), retain=True)
@@ -150,10 +128,12 @@ def test_plan_ack_and_model_without_the_coordinators_key_are_refused(tmp_path: P
         mallory.close()
 
 
-def test_replayed_and_foreign_plans_are_refused(tmp_path: Path, fed: FedBroker, shard: Any) -> None:
+def test_replayed_and_foreign_plans_are_refused(tmp_path: Path, attack_fed: Any, digits_shard: Any) -> None:
+    fed = attack_fed(["dev-a", "dev-b", "dev-c"], federation=FED)  # mallory, the mistaken ACL
+    shard = digits_shard(0)
     coord_key = fed.coordinator.signer()
     server = Recorder(fed.coordinator, [T.all_updates()])
-    mallory = Recorder(fed.devices["mallory"], [f"{T.prefix}/#"])
+    mallory = fed.listen([f"{T.prefix}/#"])
     # what mallory recorded earlier: the coordinator's signed plan of round 1
     old = encode_message(_plan(1), FED, "coordinator", key=coord_key)
     client, digest = _device(tmp_path, fed, 3, shard)
@@ -179,10 +159,11 @@ def _update(plan: Plan, sender: str, value: float) -> bytes:
     return encode_update(upd, UpdateHeader(FED, plan.round, sender, plan.model_digest))
 
 
-def test_updates_not_signed_by_their_device_are_refused_and_not_journaled(tmp_path: Path, fed: FedBroker) -> None:
+def test_updates_not_signed_by_their_device_are_refused_and_not_journaled(tmp_path: Path, attack_fed: Any) -> None:
+    fed = attack_fed(["dev-a", "dev-b", "dev-c"], federation=FED)  # mallory, the mistaken ACL
     revoked_key = fed.devices["dev-c"].signer()  # dev-c's key, before it is revoked
     assert revoke_device(fed.state_dir, "dev-c")  # (rewrites the ACL: mallory's mistaken rule goes back in)
-    _widen(fed)
+    widen_acl(fed, "mallory")
     path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
                            tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", quorum=1,
                            min_devices=1, deadline_s=60.0)
@@ -190,7 +171,7 @@ def test_updates_not_signed_by_their_device_are_refused_and_not_journaled(tmp_pa
     thread = coord.start()
     b_key = fed.devices["dev-b"].signer()
     b = Recorder(fed.devices["dev-b"], [T.round(), T.ack("dev-b")])
-    mallory = Recorder(fed.devices["mallory"], [f"{T.prefix}/#"])
+    mallory = fed.listen([f"{T.prefix}/#"])
     try:
         _publish(b, T.status("dev-b"), encode_message(Status(0, "online", time.time()), FED, "dev-b", key=b_key),
                  retain=True)

@@ -1,0 +1,132 @@
+"""The attack harness's parts (the fixtures that hand them out are in conftest.py): a federation on a real
+Mosquitto with the adversary's account and view, and the small waits every attack test needs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fedtestlib import FedBroker, Recorder, federation_toml
+
+from mqtt_broker import BrokerConfig, Credentials, add_device, load_credentials, write_broker_files
+from protocol import Topics
+
+log = logging.getLogger(__name__)
+
+# What the adversary holds (its credentials) and what the broker lets it read and send:
+#   "device"      a device's own account with the device ACL (its own topics; the federation's plan, model, acks)
+#   "wide"        a device account a mistaken ACL (a bridge, a broker defect) lets read and write fl/<fed>/#
+#   "observer"    the broker's read-only observer account (flayer status, the dashboard)
+#   "coordinator" the coordinator's own credentials: a coordinator acting as the adversary
+#   "foreign"     a device of another federation (its own CA and password, the same name)
+VIEWS = ("device", "wide", "observer", "coordinator", "foreign")
+
+
+def until(pred: Callable[[], Any], timeout: float, step: float = 0.05) -> bool:
+    """Whether ``pred()`` held within ``timeout`` seconds (polled every ``step``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return bool(pred())
+
+
+def widen_acl(fb: FedBroker, user: str) -> None:
+    """The mistaken ACL: ``user`` may read and write every topic of the federation (applied by a reload)."""
+    fed = fb.coordinator.federation
+    with open(fb.state_dir / "acl", "a") as fh:
+        fh.write(f"\nuser {user}\ntopic readwrite fl/{fed}/#\n")
+    fb.broker.reload()
+    time.sleep(0.3)  # the reload is applied asynchronously
+
+
+@dataclass
+class AttackFed(FedBroker):
+    """A federation on a real broker: ``devices`` (honest ones and, for the device views, the adversary's own
+    account), the coordinator's credentials, and the adversary (``adversary``: its credentials, ``view``: what
+    they let it do). What :meth:`listen` and :meth:`coordinator_in` start is stopped after the test."""
+
+    tmp: Path = Path()
+    view: str = "device"
+    adversary: Credentials | None = None
+    topics: Topics = field(default_factory=lambda: Topics("itest"))
+    _cleanups: list[Callable[[], Any]] = field(default_factory=list)
+
+    @property
+    def federation(self) -> str:
+        return self.coordinator.federation
+
+    def listen(self, subscribe: list[str] | None = None, creds: Credentials | None = None,
+               clean_session: bool = True) -> Recorder:
+        """A connection of the adversary (or of ``creds``) subscribed to ``subscribe``, closed after the test."""
+        creds = creds if creds is not None else self.adversary
+        assert creds is not None, f"the {self.view} view has no account of its own to connect with"
+        rec = Recorder(creds, subscribe, clean_session=clean_session)
+        self._cleanups.append(rec.close)
+        return rec
+
+    def send(self, rec: Recorder, topic: str, payload: bytes, retain: bool = False, delivered: bool = False) -> None:
+        """``rec`` publishes ``payload`` on ``topic``; with ``delivered`` (a reading view only), also that the
+        broker delivered it back (the positive control that the attack was made)."""
+        assert rec.link.wait_published([rec.link.publish(topic, payload, retain=retain)], 5)
+        if delivered:
+            assert rec.wait_message(lambda m: m.topic == topic and m.payload == payload, 5) is not None, \
+                f"the broker did not deliver the adversary's message on {topic}: the attack was not made"
+
+    def federation_config(self, name: str = "federation.toml", state: str = "coord", **settings: Any) -> Path:
+        """A coordinator's federation.toml over this broker (``federation_toml``'s keywords; strategy fedavg,
+        one round of digits unless given)."""
+        kw: dict[str, Any] = {"strategy": "fedavg", "rounds": 1, "dataset": "digits", **settings}
+        return federation_toml(self.tmp / name, self.state_dir / "credentials/coordinator.toml", self.tmp / state,
+                               **kw)
+
+    def coordinator_in(self, config: Path | None = None, **settings: Any) -> Any:
+        """A real Coordinator started over this broker (its config: ``config`` or :meth:`federation_config` of
+        ``settings``); stopped after the test. Its thread is ``coord.thread``."""
+        from coordinator.config import load_coordinator_config
+        from coordinator.server import Coordinator
+
+        coord = Coordinator(load_coordinator_config(config or self.federation_config(**settings)), self.coordinator)
+        thread = coord.start()
+        coord.thread = thread  # type: ignore[attr-defined]
+
+        def stop() -> None:
+            coord.stop()
+            thread.join(30)
+
+        self._cleanups.append(stop)
+        return coord
+
+    def on_teardown(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` after the test, before the broker stops (e.g. an edge client's ``stop``)."""
+        self._cleanups.append(fn)
+
+    def close(self) -> None:
+        for fn in reversed(self._cleanups):
+            try:
+                fn()
+            except Exception:  # teardown goes on: the broker must stop whatever failed before
+                log.warning("an attack harness teardown step failed", exc_info=True)
+        self._cleanups.clear()
+        self.broker.stop()
+
+
+def adversary_creds(fb: FedBroker, view: str, name: str, tmp: Path) -> Credentials | None:
+    """The adversary's credentials of ``view`` (VIEWS) in ``fb``'s federation; ``name`` is its account's name
+    for the device views (a device of ``fb`` already) and the foreign device's."""
+    if view in ("device", "wide"):
+        return fb.devices[name]
+    if view == "observer":
+        return load_credentials(fb.state_dir, "observer")
+    if view == "coordinator":
+        return fb.coordinator
+    if view == "foreign":
+        other = write_broker_files(BrokerConfig(federation="other", persistence=False), tmp / "other-broker")
+        own = add_device(other.state_dir, name)  # pointed at this federation's broker
+        return replace(own, host=fb.coordinator.host, port=fb.coordinator.port)
+    raise ValueError(f"unknown adversary view {view!r} (one of {', '.join(VIEWS)})")
