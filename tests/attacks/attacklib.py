@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 #   "observer"    the broker's read-only observer account (flayer status, the dashboard)
 #   "coordinator" the coordinator's own credentials: a coordinator acting as the adversary
 #   "foreign"     a device of another federation (its own CA and password, the same name)
-VIEWS = ("device", "wide", "observer", "coordinator", "foreign")
+#   "none"        no account on the broker (a local user of a host, whoever hands over a kit or a file)
+VIEWS = ("device", "wide", "observer", "coordinator", "foreign", "none")
 
 
 def until(pred: Callable[[], Any], timeout: float, step: float = 0.05) -> bool:
@@ -125,6 +126,8 @@ def adversary_creds(fb: FedBroker, view: str, name: str, tmp: Path) -> Credentia
         return load_credentials(fb.state_dir, "observer")
     if view == "coordinator":
         return fb.coordinator
+    if view == "none":
+        return None
     if view == "foreign":
         other = write_broker_files(BrokerConfig(federation="other", persistence=False), tmp / "other-broker")
         own = add_device(other.state_dir, name)  # pointed at this federation's broker

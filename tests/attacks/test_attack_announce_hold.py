@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from fedtestlib import FedBroker, Recorder, federation_toml, finished, iid_shards, mosquitto_fed
+from fedtestlib import FedBroker, Recorder, federation_toml, finished, iid_shards
 from test_federation_announce import clients_for
 
 from coordinator.config import load_coordinator_config
@@ -26,8 +26,8 @@ DEVICES = ["dev-a", "dev-b", "dev-slow"]
 
 
 @pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    yield from mosquitto_fed(tmp_path, DEVICES)
+def fed(attack_fed):  # type: ignore[no-untyped-def]
+    return attack_fed(DEVICES[:-1], adversary="dev-slow", view="device")  # dev-slow: its own account only
 
 
 @pytest.fixture(scope="module")

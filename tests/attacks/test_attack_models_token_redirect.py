@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, start_fed_broker
+from fedtestlib import FedBroker
 
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
@@ -51,21 +51,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a"], federation=FED)
-    yield fb
-    fb.broker.stop()
-
-
-@pytest.fixture(scope="module")
-def shard(digits):  # type: ignore[no-untyped-def]
-    from flayer.partition import make_partition
-    from flayer.train import client_data
-
-    return client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[0])
-
-
 def _plan(round_: int, url: str) -> Plan:
     return Plan(round_, ("dev-a",), time.time() + 600, "fedavg", {}, {"name": "mlp"}, f"{round_:02d}" * 32, 1, 100,
                 models_url=url)
@@ -74,7 +59,7 @@ def _plan(round_: int, url: str) -> Plan:
 def _requests_after_plan(fed: FedBroker, shard: Any, tmp_path: Path, host: str, round_: int) -> list[tuple[str, str]]:
     server = _Recording(host)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    coord = Recorder(fed.coordinator)
+    coord = fed.listen()
     client = EdgeClient(EdgeSettings(state_dir=str(tmp_path / f"dev-a-{round_}"), device="cpu", heartbeat_s=2.0),
                         fed.devices["dev-a"], shard)
     client.start()
@@ -95,7 +80,10 @@ def _requests_after_plan(fed: FedBroker, shard: Any, tmp_path: Path, host: str, 
         server.server_close()
 
 
-def test_a_plan_naming_another_host_gets_no_models_token(tmp_path: Path, fed: FedBroker, shard: Any) -> None:
+def test_a_plan_naming_another_host_gets_no_models_token(tmp_path: Path, attack_fed: Any,
+                                                         digits_shard: Any) -> None:
+    fed = attack_fed(["dev-a"], view="coordinator", federation=FED)
+    shard = digits_shard(0)
     seen = _requests_after_plan(fed, shard, tmp_path, "127.0.0.2", 1)
     assert seen == [], f"the device sent {len(seen)} request(s) to the host the plan named: {seen[:2]}"
     # the control: the broker's own host (named by the device's credentials) is sent the token

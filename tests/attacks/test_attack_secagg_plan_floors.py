@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, start_fed_broker
 
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
@@ -77,29 +76,17 @@ def test_a_lower_threshold_than_the_plans_k_gives_is_still_refused() -> None:
         secure_from_plan(_plan(COHORT, 36, 18), 1, COHORT)  # a larger k is more holders, t must follow it
 
 
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-000", "dev-001", "dev-002"], federation=FED)
-    yield fb
-    fb.broker.stop()
-
-
-@pytest.fixture(scope="module")
-def shard(digits):  # type: ignore[no-untyped-def]
-    from flayer.partition import make_partition
-    from flayer.train import client_data
-
-    return client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[0])
-
-
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")
 @pytest.mark.timeout(120)
-def test_a_real_device_sends_no_keys_on_a_plan_below_its_floors(tmp_path: Path, fed: FedBroker, shard: Any) -> None:
+def test_a_real_device_sends_no_keys_on_a_plan_below_its_floors(tmp_path: Path, attack_fed: Any,
+                                                                digits_shard: Any) -> None:
     """The coordinator signs and publishes each plan on the round topic; dev-000 answers a plan it accepts with its key
     advert on ``secagg/dev-000``, and sends nothing on one below its floors."""
-    coord = Recorder(fed.coordinator, [T.all_secagg()])
+    fed = attack_fed(["dev-000", "dev-001", "dev-002"], view="coordinator", federation=FED)
+    shard = digits_shard(0)
+    coord = fed.listen([T.all_secagg()])
     client = EdgeClient(EdgeSettings(state_dir=str(tmp_path / "dev-000"), client_index=0, device="cpu",
                                      heartbeat_s=2.0), fed.devices["dev-000"], shard)
     client.start()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import FedBroker, Recorder, start_fed_broker
+from fedtestlib import FedBroker, Recorder
 
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
@@ -50,21 +50,6 @@ IDS = ("dev-a", "dev-b", "dev-c", "dev-d", "dev-e", "dev-f")
 RUN_SEED = 7
 
 
-@pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fb = start_fed_broker(tmp_path, "mosquitto", list(IDS), federation=FED)  # every device in the key registry
-    yield fb
-    fb.broker.stop()
-
-
-@pytest.fixture(scope="module")
-def shard(digits):  # type: ignore[no-untyped-def]
-    from flayer.partition import make_partition
-    from flayer.train import client_data
-
-    return client_data(digits, make_partition(digits.y, digits.num_classes, 2, "iid", 0).clients[0])
-
-
 def _secure() -> dict[str, Any]:
     seed = hashlib.sha256(f"secagg-graph:{RUN_SEED}:1".encode()).digest()
     return {"session": f"{FED}.1.ab", "threshold": 6, "degree": 5, "graph_seed": seed.hex(), "length": 8,
@@ -87,8 +72,11 @@ def _from_dev_b(coord: Recorder, kind: type, timeout: float) -> Any:
 
 
 @pytest.mark.timeout(120)
-def test_a_real_device_refuses_a_bundle_with_the_coordinators_keys(tmp_path: Path, fed: FedBroker, shard: Any,
+def test_a_real_device_refuses_a_bundle_with_the_coordinators_keys(tmp_path: Path, attack_fed: Any,
+                                                                   digits_shard: Any,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    fed = attack_fed(IDS, view="coordinator", federation=FED)
+    shard = digits_shard(0)
     planned = secure_from_plan(_secure(), 1, IDS)
     assert planned is not None
     peers = PeerKeys(FED, fed.devices["dev-a"].registry)
@@ -101,7 +89,7 @@ def test_a_real_device_refuses_a_bundle_with_the_coordinators_keys(tmp_path: Pat
                                  advert_signer(key, FED, 1, d), verify)
 
     others = {d: SecAggClient(planned.params, d, consistency=keys_of(d)) for d in IDS if d != "dev-b"}
-    coord = Recorder(fed.coordinator, [T.all_secagg()])
+    coord = fed.listen([T.all_secagg()])
     settings = EdgeSettings(state_dir=str(tmp_path / "dev-b"), client_index=1, device="cpu", heartbeat_s=2.0)
     client = EdgeClient(settings, fed.devices["dev-b"], shard)
     client.start()
