@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from fedtestlib import Recorder, start_fed_broker
 
 from coordinator.publish import model_blob
 from edge_client.client import EdgeClient
@@ -29,9 +28,6 @@ from edge_client.work import StrategyCache
 from flayer.engine import initial_global_state
 from flayer.engine.accountant import epsilon_for
 from flayer.engine.privacy import RoundPrivacy
-from flayer.partition import make_partition
-from flayer.train import client_data
-from mqtt_broker import mosquitto_available
 from protocol import Ack, Kind, Plan, Status, chunk_blob, decode_envelope, decode_message, encode_message
 from transport.link import Received
 
@@ -53,16 +49,15 @@ def _plans(digits: Any) -> tuple[Any, list[Plan], bytes]:
     return strategy, plans, blob.blob
 
 
-def test_a_coordinator_cannot_draw_more_contributions_than_the_device_budget(tmp_path: Path, digits: Any) -> None:
-    if not mosquitto_available():
-        pytest.skip("mosquitto is not installed")
+def test_a_coordinator_cannot_draw_more_contributions_than_the_device_budget(tmp_path: Path, digits: Any, attack_fed: Any,
+                                                                             digits_shard: Any) -> None:
     two, three = (epsilon_for([(Z, 1.0, n)], DELTA) for n in (2, 3))
     budget = (two + three) / 2  # two contributions fit, a third would pass it
     _, plans, blob = _plans(digits)
-    shard = client_data(digits, make_partition(digits.y, 10, 3, "iid", 0).clients[0])
-    fb = start_fed_broker(tmp_path, "mosquitto", [DEVICE])
+    shard = digits_shard(0, 3)
+    fb = attack_fed([DEVICE], view="coordinator")  # the adversary: the coordinator's own account
     t = fb.coordinator
-    adversary = Recorder(t, [f"fl/{t.federation}/update/{DEVICE}/#", f"fl/{t.federation}/status/{DEVICE}"])
+    adversary = fb.listen([f"fl/{t.federation}/update/{DEVICE}/#", f"fl/{t.federation}/status/{DEVICE}"])
     settings = EdgeSettings(state_dir=str(tmp_path / DEVICE), device="cpu", threads=1, heartbeat_s=1.0,
                             ack_timeout_s=30.0, device_budget=budget, device_delta=DELTA)
     device: EdgeClient | None = None
@@ -119,4 +114,3 @@ def test_a_coordinator_cannot_draw_more_contributions_than_the_device_budget(tmp
         if device is not None:
             device.stop()
         adversary.close()
-        fb.broker.stop()

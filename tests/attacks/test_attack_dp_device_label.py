@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from fedtestlib import Recorder, start_fed_broker
 
 from coordinator.publish import model_blob
 from edge_client.client import EdgeClient
@@ -35,10 +34,17 @@ from edge_client.work import StrategyCache
 from flayer.engine import initial_global_state
 from flayer.engine.accountant import epsilon_for
 from flayer.engine.privacy import RoundPrivacy
-from flayer.partition import make_partition
-from flayer.train import client_data
-from mqtt_broker import mosquitto_available
-from protocol import Ack, Kind, Plan, Status, Topics, chunk_blob, decode_envelope, decode_message, encode_message
+from protocol import (
+    Ack,
+    Kind,
+    Plan,
+    Status,
+    Topics,
+    chunk_blob,
+    decode_envelope,
+    decode_message,
+    encode_message,
+)
 from transport.link import Received
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # about 20 s
@@ -55,15 +61,14 @@ def _base(digits: Any, round_: int) -> dict[str, Any]:
             "train": {"lr": 0.05, "batch_size": 10, "local_epochs": 1}}
 
 
-def test_a_device_books_the_noise_a_plan_names_not_its_label(tmp_path: Path, digits: Any) -> None:
-    if not mosquitto_available():
-        pytest.skip("mosquitto is not installed")
+def test_a_device_books_the_noise_a_plan_names_not_its_label(tmp_path: Path, digits: Any, attack_fed: Any,
+                                                             digits_shard: Any) -> None:
     two, three = (epsilon_for([(1.0, 1.0, n)], DELTA) for n in (2, 3))
-    shard = client_data(digits, make_partition(digits.y, 10, 3, "iid", 0).clients[0])
-    fb = start_fed_broker(tmp_path, "mosquitto", [DEVICE])
+    shard = digits_shard(0, 3)
+    fb = attack_fed([DEVICE], view="coordinator")  # the adversary: the coordinator's own account
     t = fb.coordinator
     topics = Topics(t.federation)
-    adversary = Recorder(t, [f"fl/{t.federation}/update/{DEVICE}/#", f"fl/{t.federation}/status/{DEVICE}"])
+    adversary = fb.listen([f"fl/{t.federation}/update/{DEVICE}/#", f"fl/{t.federation}/status/{DEVICE}"])
     settings = EdgeSettings(state_dir=str(tmp_path / DEVICE), device="cpu", threads=1, heartbeat_s=1.0,
                             ack_timeout_s=30.0, device_budget=(two + three) / 2)
     device = EdgeClient(settings, fb.devices[DEVICE], shard)
@@ -114,7 +119,6 @@ def test_a_device_books_the_noise_a_plan_names_not_its_label(tmp_path: Path, dig
     finally:
         device.stop()
         adversary.close()
-        fb.broker.stop()
     assert [outcomes[r] for r in (1, 2, 3)] == ["refused: round skipped"] * 3, \
         f"a mislabelled plan got a contribution: {outcomes}"
     assert [outcomes[r] for r in (4, 5, 6)] == ["update", "update", "refused: budget spent"], outcomes

@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedtestlib import ROOT, FedBroker, federation_toml, start_fed_broker
+from fedtestlib import ROOT, FedBroker
 
-from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
 from mqtt_broker import mosquitto_available
 from mqtt_broker.kit import write_kit
@@ -42,19 +41,11 @@ NOBODY = 65534
 
 
 @pytest.fixture
-def fed(tmp_path: Path) -> Iterator[tuple[FedBroker, Coordinator]]:
-    """A real Mosquitto with dev-a and a coordinator of one round on digits, waiting for dev-a."""
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a"])
-    cfg = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
-                          tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits")
-    coord = Coordinator(load_coordinator_config(cfg), fb.coordinator)
-    thread = coord.start()
-    try:
-        yield fb, coord
-    finally:
-        coord.stop()
-        thread.join(30)
-        fb.broker.stop()
+def fed(attack_fed: Any) -> tuple[FedBroker, Coordinator]:
+    """A real Mosquitto with dev-a and a coordinator of one round on digits, waiting for dev-a (both stopped after
+    the test). The adversaries hold no broker account."""
+    fb = attack_fed(["dev-a"], view="none")
+    return fb, fb.coordinator_in()
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from fedtestlib import Recorder, start_fed_broker
 
 from coordinator.publish import model_blob
 from edge_client.client import EdgeClient
@@ -37,9 +36,6 @@ from edge_client.work import StrategyCache
 from flayer.engine import initial_global_state
 from flayer.engine.accountant import epsilon_for
 from flayer.engine.privacy import RoundPrivacy
-from flayer.partition import make_partition
-from flayer.train import client_data
-from mqtt_broker import mosquitto_available
 from protocol import (
     Ack,
     Kind,
@@ -69,16 +65,15 @@ def _blob(digits: Any, strategy: str) -> Any:
         Plan(**_base(digits, strategy, 1, "train"))), 5))
 
 
-def test_a_coordinator_cannot_go_around_the_device_budget(tmp_path: Path, digits: Any) -> None:
-    if not mosquitto_available():
-        pytest.skip("mosquitto is not installed")
+def test_a_coordinator_cannot_go_around_the_device_budget(tmp_path: Path, digits: Any, attack_fed: Any,
+                                                          digits_shard: Any) -> None:
     two, three = (epsilon_for([(Z, 1.0, n)], DEVICE_DELTA) for n in (2, 3))
     budget = (two + three) / 2
-    shard = client_data(digits, make_partition(digits.y, 10, 3, "iid", 0).clients[0])
-    fb = start_fed_broker(tmp_path, "mosquitto", [DEVICE])
+    shard = digits_shard(0, 3)
+    fb = attack_fed([DEVICE], view="coordinator")  # the adversary: the coordinator's own account
     t = fb.coordinator
     topics = Topics(t.federation)
-    adversary = Recorder(t, [f"fl/{t.federation}/update/{DEVICE}/#", f"fl/{t.federation}/status/{DEVICE}",
+    adversary = fb.listen([f"fl/{t.federation}/update/{DEVICE}/#", f"fl/{t.federation}/status/{DEVICE}",
                              f"fl/{t.federation}/metrics/{DEVICE}"])
     settings = EdgeSettings(state_dir=str(tmp_path / DEVICE), device="cpu", threads=1, heartbeat_s=1.0,
                             ack_timeout_s=30.0, device_budget=budget)  # no delta of its own
@@ -130,7 +125,6 @@ def test_a_coordinator_cannot_go_around_the_device_budget(tmp_path: Path, digits
     finally:
         device.stop()
         adversary.close()
-        fb.broker.stop()
     assert outcomes[0].startswith("refused"), f"the device sent its calibration report: {outcomes}"
     assert outcomes[1].startswith("refused"), f"the device sent an update in a round without privacy: {outcomes}"
     private = [r for r in range(2, PRIVATE_ROUNDS + 2) if outcomes[r] == "update"]
