@@ -14,6 +14,7 @@ from fedtestlib import FedBroker, Recorder, federation_toml
 
 from mqtt_broker import BrokerConfig, Credentials, add_device, load_credentials, write_broker_files
 from protocol import Topics
+from protocol.topics import OBSERVER_USER
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,10 @@ class AttackFed(FedBroker):
             except Exception:  # teardown goes on: the broker must stop whatever failed before
                 log.warning("an attack harness teardown step failed", exc_info=True)
         self._cleanups.clear()
+        pid = self.broker.pid
         self.broker.stop()
+        stat = Path(f"/proc/{pid}/stat")  # stopped by its PID: gone, or a zombie not yet reaped
+        assert not stat.exists() or "Z" in stat.read_text().split(")")[-1][:3], f"the broker (PID {pid}) still runs"
 
 
 def adversary_creds(fb: FedBroker, view: str, name: str, tmp: Path) -> Credentials | None:
@@ -123,7 +127,7 @@ def adversary_creds(fb: FedBroker, view: str, name: str, tmp: Path) -> Credentia
     if view in ("device", "wide"):
         return fb.devices[name]
     if view == "observer":
-        return load_credentials(fb.state_dir, "observer")
+        return load_credentials(fb.state_dir, OBSERVER_USER)
     if view == "coordinator":
         return fb.coordinator
     if view == "none":

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from mqtt_broker import add_observer, load_credentials
 from protocol.topics import Topics
 from tests.mqtt_broker.broker_testlib import (
+    DEVICES,
     FEDERATION,
     NEGATIVE_WINDOW_S,
     connect_probe,
     needs_mosquitto,
-    start_test_broker,
-    stop_test_broker,
     try_connect,
 )
 from transport.credentials import mqtt_connect_settings
@@ -40,14 +40,14 @@ T = Topics(FEDERATION)
 DIGEST = "ab" * 32
 
 
-def test_strangers_devices_and_observers_read_and_write_only_what_they_may(tmp_path: Path) -> None:
-    rb = start_test_broker(tmp_path / "broker", "mosquitto")
+def test_strangers_devices_and_observers_read_and_write_only_what_they_may(tmp_path: Path, attack_fed: Any) -> None:
+    rb = attack_fed(DEVICES, adversary="dev-a", view="device", federation=FEDERATION)
     probes = []
     try:
-        add_observer(rb.files.state_dir)
+        add_observer(rb.state_dir)
         rb.broker.reload()
-        observer_creds = load_credentials(rb.files.state_dir, "observer")
-        dev_a = mqtt_connect_settings(rb.creds["dev-a"])
+        observer_creds = load_credentials(rb.state_dir, "observer")
+        dev_a = mqtt_connect_settings(rb.devices["dev-a"])
         time.sleep(0.3)  # the reload is applied asynchronously
 
         # strangers
@@ -55,9 +55,9 @@ def test_strangers_devices_and_observers_read_and_write_only_what_they_may(tmp_p
         assert try_connect(dev_a, password="guessed-password")[0] not in (0,)
         assert try_connect(dev_a, username="nobody", password="x")[0] not in (0,)
 
-        coord = connect_probe(rb.creds["coordinator"])
-        a = connect_probe(rb.creds["dev-a"])
-        b = connect_probe(rb.creds["dev-b"])
+        coord = connect_probe(rb.coordinator)
+        a = connect_probe(rb.devices["dev-a"])
+        b = connect_probe(rb.devices["dev-b"])
         obs = connect_probe(observer_creds)
         probes += [coord, a, b, obs]
         coord.subscribe("fl/#")
@@ -104,4 +104,3 @@ def test_strangers_devices_and_observers_read_and_write_only_what_they_may(tmp_p
     finally:
         for p in probes:
             p.close()
-        stop_test_broker(rb)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from fedtestlib import Recorder, device_toml, federation_toml, finished, start_fed_broker
+from fedtestlib import device_toml, federation_toml, finished
 
 from coordinator.config import load_coordinator_config
 from coordinator.device_privacy import device_privacy
@@ -31,11 +31,10 @@ from edge_client.config import load_device_config
 from flayer.partition import make_partition, save_partition
 from flayer.secagg import decode_message as decode_secagg
 from flayer.train import client_data
-from mqtt_broker import load_credentials, mosquitto_available
 from protocol import Kind, Metrics, Status, decode_envelope, decode_message, decode_update
 from protocol.chunks import Reassembler
 from protocol.metrics_schema import read_metrics
-from protocol.topics import OBSERVER_USER, Topics
+from protocol.topics import Topics
 from transport.link import Received
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # about 7 s a federation
@@ -114,15 +113,14 @@ def _fields(payloads: list[tuple[str, bytes]], topics: Topics) -> tuple[set[tupl
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_a_private_round_sends_only_the_documented_fields(tmp_path: Path, digits: Any, mode: str) -> None:
-    if not mosquitto_available():
-        pytest.skip("mosquitto is not installed")
+def test_a_private_round_sends_only_the_documented_fields(tmp_path: Path, digits: Any, mode: str,
+                                                           attack_fed: Any) -> None:
     part = make_partition(digits.y, digits.num_classes, 4, "dir0.5", seed=0, samples=400,
                           meta={"dataset": digits.name, "dataset_fingerprint": digits.fingerprint()})
     pfile = save_partition(part, tmp_path / "digits-4.npz")
-    fb = start_fed_broker(tmp_path, "mosquitto", DEVICES)
+    fb = attack_fed(DEVICES, view="observer")  # the adversary: the broker's read-only observer
     topics = Topics(fb.coordinator.federation)
-    observer = Recorder(load_credentials(fb.state_dir, OBSERVER_USER), [f"{topics.prefix}/#"])
+    observer = fb.listen([f"{topics.prefix}/#"])
     coordinator_view: list[Received] = []
     devices: list[EdgeClient] = []
     try:
@@ -156,7 +154,6 @@ def test_a_private_round_sends_only_the_documented_fields(tmp_path: Path, digits
         for dev in devices:
             dev.stop()
         observer.close()
-        fb.broker.stop()
     allowed = documented()
     for who, messages in (("the coordinator", coordinator_view), ("an observer", observed)):
         seen, problems = _fields([(m.topic, bytes(m.payload)) for m in messages], topics)
