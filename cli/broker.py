@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cli.broker_flags import add_broker_parser
-from cli.broker_users import _add_observer, _close_identity, _rekey, _reload, _revoke
+from cli.broker_users import _add_observer, _close_identity, _published, _rekey, _reload, _revoke
 from cli.common import CliError
 
 if TYPE_CHECKING:
@@ -114,6 +114,8 @@ def _start(args: argparse.Namespace) -> int:
              f"state folder:            {files.state_dir}",
              f"coordinator credentials: {files.credentials(cfg.coordinator_user)}",
              f"log:                     {files.state_dir / 'cluster/node-*.log' if args.cluster else files.log}"]
+    if (files.state_dir / "revocation_list.json").exists():  # retained: a broker without persistence forgot it
+        lines.append(_published(files.state_dir))
     if cfg.warning:
         lines.append(f"WARNING: {cfg.warning}")
     if broker.kind == "embedded":
@@ -258,6 +260,10 @@ def _add_device(args: argparse.Namespace) -> int:
             raise CliError(f"--allow-entry-point {bad[0]!r} is not an entry point \"package.module:function\" (the "
                            f"built-in models are always allowed)")
     creds = add_device(files.state_dir, args.device_id, rotate=args.rotate)
+    if args.rotate:  # a new key: a new certificate, the old one on the authority's revocation list
+        from mqtt_broker.rekey import recertify
+
+        recertify(files.state_dir, creds.username)
     from mqtt_broker.cluster import ClusterFiles, sync_cluster_files
 
     if ClusterFiles.at(files.state_dir).layout.exists():  # its node and the failover nodes, before the kit
@@ -272,6 +278,8 @@ def _add_device(args: argparse.Namespace) -> int:
         kit = write_kit(files.state_dir, creds.username, args.kit, args.allow_entry_point)
         print(f"startup kit: {kit} (mode 0600, holds the password: copy it to the device privately, then run "
               f"'flayer edge --kit {kit.name} --data FOLDER' there)")
+    if args.rotate:
+        out.append(_published(files.state_dir))
     if out:
         print("\n".join(out))
     return 0

@@ -1,7 +1,10 @@
 """``flayer broker add-observer|revoke|rekey`` and the reload they make (the user actions of :mod:`cli.broker`).
 
 ``rekey`` gives a device (``--kit``: and its new kit) or the coordinator a new Ed25519 signing key pair; the
-old public key leaves the registry, so what the old key signs is refused from then on (docs/howto/devices.md).
+old public key leaves the registry, so what the old key signs is refused from then on (docs/howto/devices.md). A
+device's new certificate has a higher serial and its old one goes on the authority's signed revocation list;
+``revoke`` lists the device's certificate too. Both publish the list retained to the running broker
+(:mod:`mqtt_broker.publish_list`), so the other devices refuse the old key with no file copied to them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ def add_rekey_parser(actions: Any, state_dir_flag: Callable[[argparse.ArgumentPa
     state_dir_flag(k)
     k.add_argument("device_id", metavar="ID", nargs="?", help="the device to re-key")
     k.add_argument("--coordinator", action="store_true", help="re-key the coordinator instead of a device")
-    k.add_argument("--kit", metavar="FILE.tar.gz", help="also write the device's new startup kit")
+    k.add_argument("--kit", metavar="FILE.tar.gz", help="also write the device's new startup kit (replaces FILE when "
+                   "it is a kit of the same device; any other existing file is refused)")
     k.set_defaults(func=run)
 
 
@@ -73,6 +77,16 @@ def _add_observer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _published(state_dir: Path) -> str:
+    """Publish the authority's revocation list to the running broker (adding the admin user first to a state folder
+    made before it existed)."""
+    from mqtt_broker.publish_list import ensure_admin, publish_revocations
+
+    if ensure_admin(state_dir):
+        _reload(state_dir, out=[])
+    return publish_revocations(state_dir)
+
+
 def _revoke(args: argparse.Namespace) -> int:
     from mqtt_broker.config import BrokerConfig
     from mqtt_broker.evict import identity_mode
@@ -99,6 +113,7 @@ def _revoke(args: argparse.Namespace) -> int:
               f"(the coordinator refuses what it signs); re-create the federation's CA to shut it out at the broker",
               file=sys.stderr)
     if running:
+        out.append(_published(files.state_dir))
         print("\n".join(out))
     elif identity:
         print("no broker started by this CLI is recorded: if one runs (a system Mosquitto), reload it to refuse the "
@@ -117,6 +132,11 @@ def _rekey(args: argparse.Namespace) -> int:
     if args.coordinator == bool(args.device_id) or (args.coordinator and args.kit):
         raise CliError("name a device to re-key (ID, optionally --kit FILE), or pass --coordinator alone")
     user = BrokerConfig.load(files.config).coordinator_user if args.coordinator else args.device_id
+    if args.kit and Path(args.kit).exists():  # checked first: nothing is re-keyed for a kit that cannot be written
+        from mqtt_broker.kit import kit_identity
+
+        if kit_identity(Path(args.kit)) != (BrokerConfig.load(files.config).federation, user):
+            raise CliError(f"{args.kit} exists and is not a kit of {user}: remove it or name another file with --kit")
     creds = rekey(files.state_dir, user)
     print(f"new signing key of {creds.role} {user} in {files.credentials(user)} (mode 0600); its old key is refused "
           f"from now on")
@@ -126,6 +146,10 @@ def _rekey(args: argparse.Namespace) -> int:
     elif args.kit:
         from mqtt_broker.kit import write_kit
 
-        print(f"startup kit: {write_kit(files.state_dir, user, args.kit)} (mode 0600, holds the key: copy it to the "
-              f"device privately)")
+        kit = write_kit(files.state_dir, user, args.kit, replace=True)
+        print(f"startup kit: {kit} (mode 0600, holds the key: copy it to the device privately and restart it there "
+              f"with 'flayer edge --kit {kit.name}' in the same folder as before: its state is kept)")
+    if not args.coordinator:
+        _reload(files.state_dir)
+        print(_published(files.state_dir))
     return 0

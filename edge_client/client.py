@@ -37,6 +37,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from protocol import (
     Ack,
     Kind,
     PeerTrust,
+    SignatureError,
     Plan,
     TopicError,
     Topics,
@@ -59,13 +61,14 @@ from transport.credentials import Credentials, CredentialsError, mqtt_connect_se
 from transport.link import Connected, Disconnected, MqttLink, NetworkDriver, Received
 
 from .budget import DeviceBudgets
+from .certified_keys import CertifiedKeys
 from .config import EdgeSettings
 from .delta_fetch import HeldModel
 from .device_status import DeviceStatus
 from .download import ModelDownload, Pending
 from .fetch import HttpDone, HttpDownload, ModelFetch
 from .jobs import Job, Jobs, Stop
-from .peer_keys import PeerKeys
+from .peer_keys import peer_keys_for
 from .runtime import TrainingRuntime
 from .secure import SecureRounds, SecureSession
 from .slots import HeldSlots, ModelSlots, SlotFree
@@ -120,8 +123,12 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
             self.signer, coordinator = creds.signer(), creds.coordinator()
         except CredentialsError as exc:
             raise EdgeError(str(exc)) from None
-        self.trust = PeerTrust(creds.federation, coordinator)
-        self.peers = PeerKeys(creds.federation, creds.registry)  # the other devices' keys: secure rounds' signatures
+        try:
+            self.trust = PeerTrust(creds.federation, coordinator)
+            # the other devices' keys (secure rounds' signatures): certified by the kit's authority, or a registry
+            self.peers = peer_keys_for(creds, Path(settings.state_dir))
+        except SignatureError as exc:
+            raise EdgeError(f"{creds.username}: {exc}") from None
         self._plan_round = max(self.stored.done_round, self.stored.upload.round if self.stored.upload else 0,
                                self.store.plan_round())  # the newest plan taken, across reboots
         self._issued = 0.0  # when the newest plan taken was issued (a later one of its round comes later)
@@ -242,6 +249,9 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
                                 f"credentials file")
             self.link.subscribe([self.topics.round(), self.topics.ack(self.id),  # the retained plan comes again
                                  self.topics.secreq(self.id)])
+            if isinstance(self.peers, CertifiedKeys):  # the others' certificates and the authority's revocations
+                self.link.subscribe([self.topics.all_certs(), self.topics.revocations()])
+                self.link.publish(self.topics.cert(self.id), self.peers.own.to_text().encode(), retain=True)
             if self._download is not None:  # resume: from the session's queue, or the missing chunks
                 self._download.resume(self.clock(), ev.session_present)
             self._heartbeat_at = 0.0
@@ -275,6 +285,10 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
                 _, ack = decode_message(ev.payload, self.limits, Kind.ACK, self.trust)
                 assert isinstance(ack, Ack)
                 self._on_ack(ack)
+            elif parsed.kind == "cert" and isinstance(self.peers, CertifiedKeys):
+                self.peers.offer_cert(ev.payload)  # checked against the kit's authority key (edge_client.certified_keys)
+            elif parsed.kind == "revocations" and isinstance(self.peers, CertifiedKeys):
+                self.peers.offer_revocations(ev.payload)
             elif parsed.kind == "secreq" and parsed.client == self.id:
                 self._on_secreq(ev.payload)  # edge_client.secure
         except (WireError, TopicError) as exc:

@@ -1,4 +1,6 @@
-"""The other devices' public keys, as the federation's admin wrote them: the key registry ``signing_keys.json``.
+"""The other devices' public keys: through certificates (:mod:`edge_client.certified_keys`) when the device's
+kit carries one, else (a kit of an earlier release, a device on the broker's machine, the emulator) the key registry
+``signing_keys.json`` as the federation's admin wrote it (:func:`peer_keys_for` picks).
 
 A device checks the signatures of a secure round's consistency round (each survivor signs the survivor set it
 was shown, :mod:`flayer.secagg.consistency`) against these keys, never against keys the coordinator relays: a
@@ -17,8 +19,12 @@ from pathlib import Path
 
 from protocol import SignatureError, VerifyKey
 from protocol.signing import parse_key_registry
+from transport.credentials import Credentials
+from transport.kit import KIT_AUTHORITY, KIT_CERT, KIT_REVOCATIONS
 
-__all__ = ["PeerKeys"]
+from .certified_keys import CertifiedKeys
+
+__all__ = ["PeerKeys", "peer_keys_for"]
 
 log = logging.getLogger(__name__)
 MAX_FILE_BYTES = 32 << 20
@@ -71,3 +77,19 @@ class PeerKeys:
         if key is None:
             raise SignatureError(f"no key in the registry for {sender!r}")
         return key
+
+
+def peer_keys_for(creds: Credentials, state_dir: Path) -> PeerKeys | CertifiedKeys:
+    """Certificates when the credentials' folder holds the device's certificate and the authority's key (a kit),
+    the registry otherwise. SignatureError for a kit whose certificate or authority key is not valid."""
+    folder = creds.folder
+    if folder is not None and (folder / KIT_CERT).is_file() and (folder / KIT_AUTHORITY).is_file():
+        authority = VerifyKey.from_text((folder / KIT_AUTHORITY).read_text().strip(), "the kit's authority key")
+        revs = folder / KIT_REVOCATIONS
+        keys = CertifiedKeys(creds.federation, authority, state_dir, (folder / KIT_CERT).read_bytes(),
+                             revs.read_bytes() if revs.is_file() else None)
+        if keys.own.device != creds.username or keys.own.key != creds.signer().public:
+            raise SignatureError(f"the kit's certificate is of {keys.own.device!r} (serial {keys.own.serial}), not of "
+                                 f"this device's key: ask the admin for a new kit")
+        return keys
+    return PeerKeys(creds.federation, creds.registry)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from protocol.topics import OBSERVER_USER, acl_rules
+from protocol.topics import ADMIN_USER, OBSERVER_USER, acl_rules
 
 __all__ = ["ACCESS_BITS", "Acl", "AclError", "parse_acl", "render_acl", "topic_matches"]
 
@@ -46,12 +46,13 @@ def render_acl(federation: str, coordinator_user: str, observers: Sequence[str] 
         "# users whose name is their device id. 'topic' lines apply to the user above them.",
         "",
     ]
-    blocks: list[tuple[str, str]] = [("coordinator", coordinator_user)] + [("observer", o) for o in observers]
+    blocks: list[tuple[str, str]] = [("coordinator", coordinator_user), ("admin", ADMIN_USER)] + \
+        [("observer", o) for o in observers]
     for i, (role, user) in enumerate(blocks):
         merged: dict[tuple[str, str], int] = {}
         for who, access, pattern in acl_rules(federation, coordinator_user, user if role == "observer"
                                               else OBSERVER_USER):
-            if who not in ("coordinator", "observer", "device") or access not in ("read", "write", "deny"):
+            if who not in ("coordinator", "admin", "observer", "device") or access not in ("read", "write", "deny"):
                 raise AclError(f"acl_rules returned an unknown rule {(who, access, pattern)!r}")
             if access == "deny" and who == "device":
                 raise AclError(f"a deny pattern would apply to every user: {pattern!r}")

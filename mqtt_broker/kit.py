@@ -7,12 +7,16 @@ A kit is a gzip'd tar (mode 0600) holding, with paths relative to the folder it 
     tls/ca.crt           the federation CA (TLS only)
     tls/client.crt       the device's client certificate and key (TLS only)
     tls/client.key
-    signing_keys.json    the federation's public keys (the coordinator's and every device's) when the kit was
-                         made: the device checks the other devices' signatures of a secure round against it
+    device.cert          the device's certificate: the federation's authority vouches for its signing key
+                         (mqtt_broker.authority; the device publishes it retained on cert/<id> for the others)
+    authority.pub        the authority's public key, pinned: the device believes another device's key only through
+                         a certificate this key signed and the revocation list does not name
+    revocations.json     the authority's signed revocation list when the kit was made (newer ones arrive over MQTT)
     device.toml          to complete: [data] (or pass --data), [edge]
     START                the one-line start command
 
-and nothing else. ``flayer edge --kit KIT.tar.gz --data FOLDER`` unpacks it (checked first: no other
+and nothing else (a kit made by an earlier release may also hold ``signing_keys.json``, a copy of the public
+keys, which a device without a certificate falls back on). ``flayer edge --kit KIT.tar.gz --data FOLDER`` unpacks it (checked first: no other
 member, no link, no path outside) into a folder beside it and runs from there.
 
 The kit's ``device.toml`` names the model code the device accepts: ``[edge] allow_entry_points``, the
@@ -21,7 +25,11 @@ ENTRY``: the federation's own model), empty otherwise (the built-in models only)
 says where an allowed module is found (the kit's folder and the one it sits in); a plan naming any other
 entry point is refused on the device (docs/explanation/security.md).
 
-Revocation (:func:`revoke_device`) removes the device's password entry, credentials file, client
+A device added, re-keyed or revoked later needs no file copied to any other device: its certificate (or the new
+revocation list) reaches them over MQTT. Writing the kit certifies the device's current key (a re-keyed device's
+new certificate has a higher serial, and the old one is on the revocation list).
+
+Revocation (:func:`revoke_device`) puts the device's certificate on the authority's revocation list, removes the device's password entry, credentials file, client
 certificate and public signing key (:mod:`mqtt_broker.keys`: the coordinator refuses what it signs), regenerates the ACL, and records the device in ``revoked.json`` (which the coordinator
 reads: it stops selecting the device and drops what it sends); its client certificate goes on the CA's
 revocation list first (:mod:`mqtt_broker.crl`: the kit's copy then fails the TLS handshake). The caller
@@ -40,6 +48,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from mqtt_broker.authority import (
+    AUTHORITY_PUB,
+    REVOCATION_LIST,
+    certify,
+    current_cert,
+    read_revocations,
+    revoke_serial,
+)
 from mqtt_broker.bridge import drop_gateway_device
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
 from mqtt_broker.crl import revoke_certificate
@@ -57,9 +73,14 @@ from mqtt_broker.state import (
 from mqtt_broker.tls import client_cert_paths
 from protocol.topics import TopicError, validate_id
 from transport.credentials import Credentials, TlsSettings
-from transport.kit import KIT_REGISTRY, KIT_TLS_FILES
 
-__all__ = ["revoke_device", "write_kit"]
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+from transport.kit import KIT_AUTHORITY, KIT_CERT, KIT_REVOCATIONS, KIT_TLS_FILES
+
+__all__ = ["kit_identity", "revoke_device", "write_kit"]
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +106,23 @@ allow_entry_points = [{allow}]   # model code a plan may name besides the built-
 """
 
 
-def write_kit(state_dir: str | Path, device_id: str, out: str | Path, allow_entry_points: Sequence[str] = ()) -> Path:
-    """Write ``device_id``'s kit to ``out`` (0600; refuses to overwrite). The device must exist.
+def kit_identity(path: Path) -> tuple[str, str] | None:
+    """(federation, device) of the kit at ``path``; None when it is not a readable kit."""
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            fh = tar.extractfile("credentials.toml")
+            if fh is None:
+                return None
+            creds = Credentials._from_dict(tomllib.loads(fh.read(1 << 20).decode()), path.parent)
+    except (tarfile.TarError, OSError, KeyError, ValueError, EOFError):
+        return None
+    return creds.federation, creds.username
+
+
+def write_kit(state_dir: str | Path, device_id: str, out: str | Path, allow_entry_points: Sequence[str] = (),
+              replace: bool = False) -> Path:
+    """Write ``device_id``'s kit to ``out`` (0600). An existing ``out`` is refused, unless ``replace`` and it is a
+    kit of the same device (a re-keyed device's new kit takes the old one's place). The device must exist.
     ``allow_entry_points``: the model entry points its ``device.toml`` accepts besides the built-ins
     (written as TOML strings; the device's loader checks that each is ``"package.module:function"``)."""
     files = BrokerFiles.at(state_dir)
@@ -94,8 +130,9 @@ def write_kit(state_dir: str | Path, device_id: str, out: str | Path, allow_entr
     if creds.role != "device":
         raise BrokerConfigError(f"{device_id!r} is a {creds.role}, not a device: no kit")
     out = Path(out)
-    if out.exists():
-        raise BrokerConfigError(f"{out} already exists; remove it or name another kit file")
+    if out.exists() and not (replace and kit_identity(out) == (creds.federation, device_id)):
+        same = " (not a kit of this device, so it is not replaced)" if replace else ""
+        raise BrokerConfigError(f"{out} already exists{same}; remove it or name another kit file")
     members: dict[str, bytes] = {}
     tls = None
     if creds.tls is not None:
@@ -108,14 +145,18 @@ def write_kit(state_dir: str | Path, device_id: str, out: str | Path, allow_entr
     kit_creds = Credentials(creds.federation, creds.role, creds.username, creds.password, creds.host, creds.port,
                             creds.max_packet_size, tls, creds.failover, creds.signing_key, creds.coordinator_key)
     members["credentials.toml"] = kit_creds.to_toml().encode()
-    registry = files.state_dir / KIT_REGISTRY
-    if registry.is_file():  # public keys only; devices added later are believed once the kit's copy is refreshed
-        members[KIT_REGISTRY] = registry.read_bytes()
+    with _locked(files):  # the authority certifies the device's current key (a new serial after a re-key)
+        cert = certify(files.state_dir, creds.federation, device_id, creds.signer().public)
+    members[KIT_CERT] = (cert.to_text() + "\n").encode()
+    members[KIT_AUTHORITY] = (files.state_dir / AUTHORITY_PUB).read_bytes()
+    if (files.state_dir / REVOCATION_LIST).is_file():
+        members[KIT_REVOCATIONS] = (files.state_dir / REVOCATION_LIST).read_bytes()
     members["device.toml"] = _device_toml(creds, list(dict.fromkeys(allow_entry_points))).encode()
     allow = "".join(f" --allow-entry-point {e}" for e in dict.fromkeys(allow_entry_points))  # the owner's consent
     members["START"] = f"flayer edge --kit {out.name} --data ./data{allow}\n".encode()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # complete before it takes the name (or replaces a kit)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz") as tar:
             now = int(time.time())
@@ -123,8 +164,13 @@ def write_kit(state_dir: str | Path, device_id: str, out: str | Path, allow_entr
                 info = tarfile.TarInfo(name)
                 info.size, info.mode, info.mtime = len(data), 0o600, now
                 tar.addfile(info, io.BytesIO(data))
+        if replace:
+            os.replace(tmp, out)
+        else:
+            os.link(tmp, out)  # fails if out appeared meanwhile: never overwritten
+            tmp.unlink()
     except BaseException:
-        out.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     os.chmod(out, 0o600)
     log.info("kit of %s written to %s", device_id, out)
@@ -151,6 +197,11 @@ def revoke_device(state_dir: str | Path, device_id: str) -> bool:
         if path.exists() and Credentials.load(path).role != "device":
             raise BrokerConfigError(f"{device_id!r} is not a device")
         removed = remove_passwd_entry(files.passwd, device_id)
+        cert = current_cert(files.state_dir, cfg.federation, device_id)
+        listed = read_revocations(files.state_dir, cfg.federation)
+        if cert is not None and not (listed and listed.revokes(device_id, cert.serial)):
+            # on the authority's signed list: the devices refuse this certificate once the list arrives
+            revoke_serial(files.state_dir, cfg.federation, device_id, cert.serial)
         set_device_key(files.state_dir, device_id, None)  # what its key signs is refused from now on
         path.unlink(missing_ok=True)
         cert, _ = client_cert_paths(files.tls_dir, device_id)

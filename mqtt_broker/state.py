@@ -14,6 +14,8 @@ Layout (default ``.flayer/broker``, mode 0700)::
                            the password; a device's and the coordinator's also their Ed25519 signing key,
                            and every other user's the coordinator's public key)
     signing_keys.json      the public keys of the coordinator and every device (mqtt_broker.keys)
+    authority.key, authority.pub, certs/, revocation_list.json
+                           the federation's authority and what it signs (mqtt_broker.authority)
     tls/                   CA, server and client certificates (keys 0600), when TLS is on
     data/                  Mosquitto persistence
     broker.log             the broker's log (no secrets)
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from flayer.files import exclusive
 from mqtt_broker.acl import render_acl
+from mqtt_broker.authority import ensure_authority
 from mqtt_broker.bridge import write_bridge_files
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
 from mqtt_broker.crl import ensure_crl
@@ -49,7 +52,7 @@ from mqtt_broker.mosquitto_conf import render_mosquitto_conf
 from mqtt_broker.passwords import hash_password, new_password, set_passwd_entry
 from mqtt_broker.tls import client_cert_paths, ensure_ca_and_server, make_client_cert
 from protocol.signing import SigningKey, VerifyKey
-from protocol.topics import OBSERVER_USER, TopicError, validate_id
+from protocol.topics import ADMIN_USER, OBSERVER_USER, TopicError, validate_id
 from transport.credentials import Credentials, TlsSettings
 from transport.models_auth import HTPASSWD_NAME, htpasswd_line
 
@@ -166,6 +169,9 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
             _add_user(files, cfg, cfg.coordinator_user, "coordinator", coord)
         if not files.credentials(OBSERVER_USER).exists():
             _add_user(files, cfg, OBSERVER_USER, "observer", coord)
+        ensure_authority(files.state_dir)  # a folder made before the authority existed gets one now (logged)
+        if not files.credentials(ADMIN_USER).exists():  # publishes the authority's revocation list
+            _add_user(files, cfg, ADMIN_USER, "admin", coord)
         write_models_htpasswd(files)
     log.info("broker files for federation %s written to %s", cfg.federation, files.state_dir)
     return files
@@ -242,6 +248,9 @@ def _add(state_dir: str | Path, user: str, role: str, rotate: bool, exist_ok: bo
         raise BrokerConfigError(f"{user!r} is the coordinator's user name; a device cannot use it")
     if role == "device" and user == OBSERVER_USER:
         raise BrokerConfigError(f"{user!r} is the read-only observer's user name; a device cannot use it")
+    if role != "admin" and user == ADMIN_USER:
+        raise BrokerConfigError(f"{user!r} is the admin's user name (it publishes the revocation list); a {role} "
+                                "cannot use it")
     with _locked(files):
         path = files.credentials(user)
         if path.exists() and not rotate:

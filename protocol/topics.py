@@ -13,7 +13,14 @@ topic                                       written by                 read by
 ``metrics/<client>``                        that client                coordinator
 ``secagg/<client>``                         that client                coordinator
 ``secreq/<client>``                         coordinator                that client
+``cert/<client>``         (retained)        that client                devices, coordinator
+``revocations``           (retained)        the admin user             devices, coordinator
 ==========================================  ========================  ================================
+
+``cert/<client>`` carries the client's device certificate (:mod:`protocol.certs`: the federation's authority
+vouches for its signing key) and ``revocations`` the authority's signed, versioned revocation list, which only the
+admin user (:data:`ADMIN_USER`, the admin's tooling ``flayer broker revoke|rekey``) may publish. Both are checked
+against the authority key a device's kit pins, so whoever relays them cannot forge them.
 
 ``secagg/<client>`` and ``secreq/<client>`` carry a secure round's protocol messages (keys, encrypted
 shares, unmasking: :mod:`flayer.secagg`): a device writes only its own ``secagg/`` and reads only its own
@@ -36,6 +43,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
+    "ADMIN_USER",
     "OBSERVER_USER",
     "ROOT",
     "ParsedTopic",
@@ -47,6 +55,7 @@ __all__ = [
 
 ROOT = "fl"
 OBSERVER_USER = "observer"  # the read-only user of status and dashboard; no device may take this name
+ADMIN_USER = "flayer-admin"  # the admin's tooling: publishes the signed revocation list; no device may take this name
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _DIGEST = re.compile(r"[0-9a-f]{8,128}")
 
@@ -63,7 +72,7 @@ def validate_id(value: str, what: str = "id") -> str:
 
 @dataclass(frozen=True)
 class ParsedTopic:
-    kind: str  # round | model | update | ack | status | metrics | secagg | secreq
+    kind: str  # round | revocations | model | update | ack | status | metrics | secagg | secreq | cert
     client: str | None = None
     digest: str | None = None
     round: int | None = None
@@ -127,6 +136,17 @@ class Topics:
     def all_updates(self) -> str:
         return f"{self.prefix}/update/+/+/+"
 
+    def cert(self, client: str) -> str:
+        """Retained: ``client``'s device certificate (written by that client)."""
+        return f"{self.prefix}/cert/{validate_id(client, 'client id')}"
+
+    def all_certs(self) -> str:
+        return f"{self.prefix}/cert/+"
+
+    def revocations(self) -> str:
+        """Retained: the authority's signed revocation list (written by the admin user only)."""
+        return f"{self.prefix}/revocations"
+
     def all_status(self) -> str:
         return f"{self.prefix}/status/+"
 
@@ -140,14 +160,14 @@ class Topics:
             raise TopicError(f"topic {topic!r} is not under {head}")
         parts = topic[len(head):].split("/")
         try:
-            if parts == ["round"]:
-                return ParsedTopic("round")
+            if parts == ["round"] or parts == ["revocations"]:
+                return ParsedTopic(parts[0])
             if parts[0] == "model" and len(parts) == 3 and _DIGEST.fullmatch(parts[1]):
                 return ParsedTopic("model", digest=parts[1], chunk=_nonneg(parts[2]))
             if parts[0] == "update" and len(parts) == 4:
                 return ParsedTopic("update", client=validate_id(parts[1], "client id"), round=_nonneg(parts[2]),
                                    chunk=_nonneg(parts[3]))
-            if parts[0] in ("ack", "status", "metrics", "secagg", "secreq") and len(parts) == 2:
+            if parts[0] in ("ack", "status", "metrics", "secagg", "secreq", "cert") and len(parts) == 2:
                 return ParsedTopic(parts[0], client=validate_id(parts[1], "client id"))
         except ValueError as exc:
             raise TopicError(f"malformed topic {topic!r}: {exc}") from exc
@@ -193,7 +213,12 @@ def acl_rules(federation: str, coordinator_user: str,
         ("observer", "deny", f"{p}/secreq/#"),
         ("observer", "deny", f"{p}/status/{observer_user}"),
         ("observer", "deny", f"{p}/metrics/{observer_user}"),
+        ("admin", "write", f"{p}/revocations"),
+        ("admin", "read", f"{p}/revocations"),
         ("device", "read", f"{p}/round"),
+        ("device", "read", f"{p}/revocations"),
+        ("device", "read", f"{p}/cert/+"),
+        ("device", "write", f"{p}/cert/%u"),
         ("device", "read", f"{p}/model/#"),
         ("device", "read", f"{p}/ack/%u"),
         ("device", "read", f"{p}/secreq/%u"),

@@ -56,7 +56,8 @@ __all__ = [
     "payload_limit",
 ]
 
-ROLES = ("device", "coordinator", "observer", "gateway")  # gateway: a site broker's bridge (mqtt_broker.bridge)
+ROLES = ("device", "coordinator", "observer", "gateway", "admin")  # gateway: a site broker's bridge
+# (mqtt_broker.bridge); admin: the admin's tooling, which publishes the signed revocation list (protocol.certs)
 # Bytes of each packet reserved for MQTT framing: fixed header (<= 5), topic length + topic
 # (the longest topic of protocol.topics is ~220 bytes), packet id (2), MQTT 5 properties.
 MQTT_HEADROOM = 1024
@@ -100,6 +101,7 @@ class Credentials:
     # the federation's key registry (signing_keys.json): beside the file (a kit's copy) if there, else in the broker's
     # state folder above it; not written: a device checks the other devices' signatures of a secure round against it
     registry: Path | None = field(default=None, compare=False)
+    folder: Path | None = field(default=None, compare=False, repr=False)  # where the file was read (a kit's folder)
 
     def __post_init__(self) -> None:
         try:
@@ -223,7 +225,7 @@ class Credentials:
         registry = base / REGISTRY_FILE if (base / REGISTRY_FILE).is_file() else base.parent / REGISTRY_FILE
         creds = cls(data["federation"], data["role"], data["username"], data["password"], data["host"], data["port"],
                     data["max_packet_size"], tls, tuple(parse_address(a) for a in failover),
-                    data.get("signing_key", ""), data.get("coordinator_key", ""), registry)
+                    data.get("signing_key", ""), data.get("coordinator_key", ""), registry, base)
         if "max_payload" in data and data["max_payload"] != creds.max_payload:
             raise CredentialsError(f"max_payload {data['max_payload']!r} does not match max_packet_size "
                                     f"{creds.max_packet_size} (expected {creds.max_payload})")

@@ -1,8 +1,14 @@
 """A device's startup kit, as the device reads it: check every member, then unpack it.
 
 Layout (written by ``flayer broker add-device ID --kit KIT.tar.gz``, see ``mqtt_broker.kit``):
-``credentials.toml``, ``device.toml``, ``START`` and, with TLS, ``tls/ca.crt``, ``tls/client.crt``,
-``tls/client.key``. Nothing else is accepted: no other name, no link, no folder outside.
+``credentials.toml``, ``device.toml``, ``START``, the device's certificate ``device.cert``, the federation
+authority's public key ``authority.pub``, its signed revocation list ``revocations.json`` and, with TLS,
+``tls/ca.crt``, ``tls/client.crt``, ``tls/client.key`` (a kit of an earlier release: ``signing_keys.json`` instead of
+the certificate). Nothing else is accepted: no other name, no link, no folder outside.
+
+Restarting from a new kit of the same device (``flayer broker rekey ID --kit``: a new key, a new certificate) in
+the folder of its old kit keeps the device's state and its ``device.toml``; the kit's other files are replaced.
+A kit of another device (another federation or id) is refused there.
 
 A kit comes from elsewhere, so the code its ``device.toml`` names is not run on the kit's word: a ``[data] entry``
 (a python data source) or ``[edge] allow_entry_points`` (model code a plan may name) is refused unless the
@@ -26,12 +32,16 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-__all__ = ["KIT_FILES", "KIT_REGISTRY", "KIT_TLS_FILES", "MAX_KIT_MEMBER", "KitError", "kit_code", "kit_folder",
+__all__ = ["KIT_AUTHORITY", "KIT_CERT", "KIT_FILES", "KIT_REGISTRY", "KIT_REVOCATIONS", "KIT_TLS_FILES", "MAX_KIT_MEMBER", "KitError", "kit_code", "kit_folder",
            "unpack_kit"]
 
 KIT_FILES = ("credentials.toml", "device.toml", "START")
 KIT_TLS_FILES = ("tls/ca.crt", "tls/client.crt", "tls/client.key")
-KIT_REGISTRY = "signing_keys.json"  # optional: the federation's public keys when the kit was made (secure rounds)
+KIT_REGISTRY = "signing_keys.json"  # an earlier release's kits: the federation's public keys when the kit was made
+KIT_CERT = "device.cert"  # the device's certificate (protocol.certs), signed by the federation's authority
+KIT_AUTHORITY = "authority.pub"  # the authority's public key: pinned
+KIT_REVOCATIONS = "revocations.json"  # the authority's signed revocation list when the kit was made
+KIT_OPTIONAL = (KIT_REGISTRY, KIT_CERT, KIT_AUTHORITY, KIT_REVOCATIONS)
 MAX_KIT_MEMBER = 1 << 20  # a kit holds small text files
 
 
@@ -55,7 +65,7 @@ def _read(kit: Path) -> dict[str, bytes]:
     try:
         with tarfile.open(kit, "r:gz") as tar:
             for info in tar.getmembers():
-                if info.name not in KIT_FILES + KIT_TLS_FILES + (KIT_REGISTRY,) or not info.isfile():
+                if info.name not in KIT_FILES + KIT_TLS_FILES + KIT_OPTIONAL or not info.isfile():
                     raise KitError(f"kit {kit}: unexpected member {info.name!r} (a kit holds only "
                                    f"{', '.join(KIT_FILES + KIT_TLS_FILES)})")
                 if info.size > MAX_KIT_MEMBER or info.name in members:
@@ -105,6 +115,44 @@ def _check_code(kit: Path, device_toml: bytes, allow_code: bool, allowed_entry_p
                        f"entry point)")
 
 
+def _identity(text: bytes, where: str) -> tuple[str, str]:
+    try:
+        data = tomllib.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise KitError(f"{where}: unreadable credentials ({exc})") from None
+    fed, user = data.get("federation"), data.get("username")
+    if not isinstance(fed, str) or not isinstance(user, str):
+        raise KitError(f"{where}: credentials name no federation or username")
+    return fed, user
+
+
+def _renew(kit: Path, dest: Path, members: dict[str, bytes]) -> None:
+    """Replace the kit files in ``dest`` by ``members`` when both kits are of one device (its ``device.toml`` and
+    its state stay); KitError naming both devices otherwise."""
+    old = _identity((dest / "credentials.toml").read_bytes(), str(dest / "credentials.toml"))
+    new = _identity(members["credentials.toml"], f"kit {kit}")
+    if old != new:
+        raise KitError(f"{dest} holds another device's kit ({old[1]} of federation {old[0]}, not {new[1]} of "
+                       f"{new[0]}); unpack {kit} elsewhere")
+    for name, data in members.items():
+        if name == "device.toml":  # the owner's (completed, perhaps edited): kept
+            continue
+        path = dest / name
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.new")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    for name in KIT_OPTIONAL:  # a member the new kit no longer carries (an earlier release's key registry copy)
+        if name not in members:
+            (dest / name).unlink(missing_ok=True)
+    try:
+        Credentials.load(dest / "credentials.toml")
+    except CredentialsError as exc:
+        raise KitError(f"kit {kit}: {exc}") from None
+
+
 def unpack_kit(kit: str | Path, folder: str | Path | None = None, *, allow_code: bool = False,
                allowed_entry_points: Iterable[str] = ()) -> Path:
     """Check ``kit`` completely, unpack it into ``folder`` (default :func:`kit_folder`; 0700, files 0600)
@@ -125,7 +173,7 @@ def unpack_kit(kit: str | Path, folder: str | Path | None = None, *, allow_code:
                            f"device.toml; unpack {kit} elsewhere")
     if (dest / "credentials.toml").exists():
         if (dest / "credentials.toml").read_bytes() != members["credentials.toml"]:
-            raise KitError(f"{dest} holds another device's kit; unpack {kit} elsewhere")
+            _renew(kit, dest, members)  # the same device's new kit (re-keyed): KitError for another device's
         # a restart: the device.toml that will be loaded is the one checked (edited since, or not)
         _check_code(kit, (dest / "device.toml").read_bytes(), allow_code, allowed_entry_points)
         return dest / "device.toml"

@@ -1,5 +1,6 @@
-"""Where a device gets the other devices' public keys (edge_client.peer_keys): the federation's registry from its
-kit or the broker's state folder, re-read when it changes; never anything else."""
+"""Where a device gets the other devices' public keys (edge_client.peer_keys): certificates when its kit carries
+one (edge_client.certified_keys), else the federation's registry in the broker's state folder, re-read when it
+changes; never anything else."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_client.peer_keys import PeerKeys
+from edge_client.certified_keys import CertifiedKeys
+from edge_client.peer_keys import PeerKeys, peer_keys_for
 from mqtt_broker import BrokerConfig, add_device, write_broker_files
 from mqtt_broker.kit import write_kit
 from protocol import SignatureError, SigningKey
@@ -17,17 +19,21 @@ from transport.credentials import Credentials
 from transport.kit import unpack_kit
 
 
-def test_a_kit_carries_the_registry_and_its_device_checks_the_others_signatures(tmp_path: Path) -> None:
+def test_a_kit_device_checks_the_others_signatures_through_their_certificates(tmp_path: Path) -> None:
     state = tmp_path / "broker"
     write_broker_files(BrokerConfig(federation="f1", port=1883), state)
     add_device(state, "dev-1")
-    add_device(state, "dev-2")
     toml = unpack_kit(write_kit(state, "dev-1", tmp_path / "dev-1.tar.gz"))
+    add_device(state, "dev-2")  # added after dev-1's kit was made
+    write_kit(state, "dev-2", tmp_path / "dev-2.tar.gz")
     creds = Credentials.load(toml.parent / "credentials.toml")
-    assert creds.registry == toml.parent / "signing_keys.json" and creds.registry.is_file()  # the kit's copy
-    peers = PeerKeys("f1", creds.registry)
+    assert not (toml.parent / "signing_keys.json").exists()  # no copy of the registry in a kit
+    peers = peer_keys_for(creds, tmp_path / "dev-1-state")
+    assert isinstance(peers, CertifiedKeys)
+    assert peers.offer_cert((state / "certs/dev-2.json").read_bytes()) is not None  # as cert/dev-2 brings it
     other = Credentials.load(state / "credentials" / "dev-2.toml")
     assert other.registry == state / "signing_keys.json"  # in place, in the broker's state folder
+    assert isinstance(peer_keys_for(other, tmp_path / "dev-2-state"), PeerKeys)  # no kit: the registry in place
     sig = survivor_signer(other.signer(), "f1", 3, "dev-2")(b"the set")
     verify = survivor_verifier(peers, "f1", 3)
     assert verify("dev-2", b"the set", sig)

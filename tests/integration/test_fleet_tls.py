@@ -55,8 +55,8 @@ def test_three_devices_from_kits_over_tls_with_their_own_images_and_model(tmp_pa
             assert stat.S_IMODE(kit.stat().st_mode) == 0o600
             with tarfile.open(kit) as tar:
                 names = sorted(tar.getnames())
-                assert names == ["START", "credentials.toml", "device.toml", "signing_keys.json", "tls/ca.crt",
-                                 "tls/client.crt", "tls/client.key"]
+                assert names == ["START", "authority.pub", "credentials.toml", "device.cert", "device.toml",
+                                 "tls/ca.crt", "tls/client.crt", "tls/client.key"]
                 creds = tar.extractfile("credentials.toml").read().decode()  # type: ignore[union-attr]
                 assert str(state) not in creds and 'ca_file = "tls/ca.crt"' in creds
             shutil.copy(MODEL_FILE, machine / "fleetmodel.py")  # the federation's model, beside the kit

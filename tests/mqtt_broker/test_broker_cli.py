@@ -149,5 +149,5 @@ def test_bad_device_ids_are_refused(tmp_path: Path, capsys) -> None:  # type: ig
     for bad in ("x/y", "a+b", "coordinator", "observer", "#", "x" * 65):
         rc, _, err = in_process(capsys, "add-device", bad, "--state-dir", str(tmp_path))
         assert rc == 2 and len(err.strip().splitlines()) == 1, (bad, err)
-    assert sorted(p.name for p in (tmp_path / "credentials").iterdir()) == ["coordinator.toml", "observer.toml"]
+    assert sorted(p.name for p in (tmp_path / "credentials").iterdir()) == ["coordinator.toml", "flayer-admin.toml", "observer.toml"]
     assert os.stat(tmp_path / "passwd").st_mode & 0o777 == 0o600

@@ -67,7 +67,11 @@ def test_acl_text_uses_patterns_for_devices_and_a_user_block_for_the_coordinator
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     user_at, observer_at = lines.index("user boss"), lines.index("user observer")
     assert all(ln.startswith("pattern ") for ln in lines[:user_at])
-    assert all(ln.startswith("topic ") for ln in lines[user_at + 1:observer_at] + lines[observer_at + 1:])
+    assert all(ln.startswith("topic ") for ln in lines[user_at + 1:observer_at] + lines[observer_at + 1:]
+               if ln != "user flayer-admin")
+    admin_at = lines.index("user flayer-admin")  # only the admin writes the authority's revocation list
+    assert lines[admin_at + 1:observer_at] == ["topic readwrite fl/f1/revocations"]
+    assert "pattern read fl/f1/revocations" in lines and "pattern write fl/f1/cert/%u" in lines
     assert "topic deny fl/f1/model/#" in lines[observer_at:] and "topic deny fl/f1/status/observer" in lines
     assert "pattern write fl/f1/update/%u/#" in lines and "pattern read fl/f1/ack/%u" in lines
     assert "topic readwrite fl/f1/update/#" in lines and "topic write fl/f1/round" in lines
@@ -177,7 +181,7 @@ def test_credentials_round_trip_hide_the_password_and_validate(tmp_path: Path) -
     assert path.stat().st_mode & 0o777 == 0o600
     assert "pw-xyz" not in repr(creds) and "pw-xyz" not in repr(mqtt_connect_settings(creds, use_tls=False))
     text = path.read_text()
-    for bad, message in [(text.replace('role = "device"', 'role = "admin"'), "role"),
+    for bad, message in [(text.replace('role = "device"', 'role = "root"'), "role"),
                          (text.replace("port = 1883", "port = 0"), "port"),
                          (text.replace("max_payload = ", "max_payload = 1 #"), "max_payload"),
                          (text + "colour = 1\n", "unknown key"),

@@ -1,0 +1,136 @@
+"""The other devices' keys, as the federation's authority certified them (:mod:`protocol.certs`).
+
+A device started from a kit pins the authority's public key (``authority.pub``) and holds its own certificate
+(``device.cert``), which it publishes retained on ``cert/<id>``; it reads every other device's certificate from
+``cert/+``. A neighbour's key adverts and survivor signatures (:mod:`flayer.secagg.signed_adverts`,
+:mod:`flayer.secagg.consistency`) are checked against the key of that neighbour's certificate: one the pinned
+authority signed, of this federation, with the highest serial seen for the device, and not on the revocation list.
+No file is copied between devices: a device added later is believed once its certificate arrives; a re-keyed
+device's new certificate (a higher serial) replaces the old one, which the revocation list names.
+
+The revocation list arrives retained on ``revocations`` (only the admin user may publish there; it is signed, so any
+relay would do) and with each kit. The device keeps the highest version it has seen in its state folder
+(``revocations.json``), refuses a lower one (a rollback that would make a revoked key believed again), and refuses
+any certificate the list revokes. A coordinator holds no authority key, so it can mint no certificate: a device it
+invents is refused, and so is the round whose key bundle names it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from protocol import SignatureError, VerifyKey
+from protocol.certs import DeviceCert, Revocations, parse_cert, parse_revocations
+
+__all__ = ["CertifiedKeys", "REVOCATIONS_FILE"]
+
+log = logging.getLogger(__name__)
+REVOCATIONS_FILE = "revocations.json"
+MAX_DEVICES = 1_000_000
+
+
+class CertifiedKeys:
+    """``key_for(federation, device)`` through certificates signed by the pinned ``authority`` (a
+    :class:`protocol.Trust`); ``state_dir`` keeps the highest revocation list seen."""
+
+    def __init__(self, federation: str, authority: VerifyKey, state_dir: Path, own: str | bytes,
+                 kit_revocations: bytes | None = None) -> None:
+        self.federation, self.authority, self.state_dir = federation, authority, Path(state_dir)
+        self._lock = threading.Lock()
+        self.certs: dict[str, DeviceCert] = {}
+        self.revocations: Revocations | None = None
+        self.own = parse_cert(own, authority, federation)  # SignatureError: a kit whose certificate is not its own
+        stored = self.state_dir / REVOCATIONS_FILE
+        if stored.is_file():
+            try:
+                self.revocations = parse_revocations(stored.read_bytes(), authority, federation)
+            except (OSError, SignatureError) as exc:
+                log.error("stored revocation list %s unreadable (%s): waiting for the authority's", stored, exc)
+        if kit_revocations:
+            self.offer_revocations(kit_revocations)
+        if self.revocations is not None and self.revocations.revokes(self.own.device, self.own.serial):
+            log.error("this device's own certificate (serial %d) is revoked: ask the admin for a new kit",
+                      self.own.serial)
+        self.offer_cert(own)
+
+    # ---- what arrives -----------------------------------------------------------------------------
+    def offer_cert(self, payload: str | bytes) -> DeviceCert | None:
+        """A certificate from ``cert/<id>`` (or the kit): kept when valid and newer; None (logged) otherwise."""
+        try:
+            cert = parse_cert(payload, self.authority, self.federation)
+        except SignatureError as exc:
+            log.warning("refused a device certificate: %s", exc)
+            return None
+        with self._lock:
+            if self.revocations is not None and self.revocations.revokes(cert.device, cert.serial):
+                log.warning("refused certificate %d of %s: the authority's revocation list (version %d) revokes it",
+                            cert.serial, cert.device, self.revocations.version)
+                return None
+            held = self.certs.get(cert.device)
+            if held is not None and held.serial >= cert.serial:
+                if held.serial > cert.serial:
+                    log.info("ignored certificate %d of %s: %d is newer", cert.serial, cert.device, held.serial)
+                return held
+            if held is None and len(self.certs) >= MAX_DEVICES:
+                log.warning("refused certificate of %s: %d devices known already", cert.device, len(self.certs))
+                return None
+            self.certs[cert.device] = cert
+        return cert
+
+    def offer_revocations(self, payload: str | bytes) -> Revocations | None:
+        """A revocation list: kept (and stored) when the authority signed it and its version is higher than any seen;
+        a lower version is refused (a rollback), an equal one changes nothing. None when refused."""
+        try:
+            revs = parse_revocations(payload, self.authority, self.federation)
+        except SignatureError as exc:
+            log.warning("refused a revocation list: %s", exc)
+            return None
+        with self._lock:
+            held = self.revocations
+            if held is not None and revs.version < held.version:
+                log.warning("refused revocation list version %d: version %d is held (a rollback)", revs.version,
+                            held.version)
+                return None
+            if held is not None and revs.version == held.version:
+                return held
+            self.revocations = revs
+            self._store(revs)
+            dropped = [d for d, c in self.certs.items() if revs.revokes(d, c.serial)]
+            for d in dropped:
+                del self.certs[d]
+        if dropped:
+            log.warning("revocation list version %d: certificates of %s no longer believed", revs.version,
+                        ", ".join(sorted(dropped)[:10]))
+        return revs
+
+    def _store(self, revs: Revocations) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self.state_dir / REVOCATIONS_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(revs.to_text())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    # ---- what the secure round asks -------------------------------------------------------------
+    def available(self) -> bool:
+        """Always: the authority's key is pinned (the neighbours' certificates are checked as they are needed)."""
+        return True
+
+    def key_for(self, federation: str, sender: str) -> VerifyKey:
+        if federation != self.federation:
+            raise SignatureError(f"signed for federation {federation!r}, not {self.federation!r}")
+        with self._lock:
+            cert = self.certs.get(sender)
+            revs = self.revocations
+        if cert is None:
+            raise SignatureError(f"no certificate of {sender!r} signed by this federation's authority (not a device "
+                                 "of the federation, revoked, or its certificate has not arrived)")
+        if revs is not None and revs.revokes(sender, cert.serial):
+            raise SignatureError(f"certificate {cert.serial} of {sender!r} is revoked")
+        return cert.key
