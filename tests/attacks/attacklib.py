@@ -38,6 +38,29 @@ def until(pred: Callable[[], Any], timeout: float, step: float = 0.05) -> bool:
     return bool(pred())
 
 
+def brokerless_coordinator(cfg: Any, creds: Credentials, clock: Callable[[], float], keys: dict[str, Any] | None = None,
+                           drop_acks: bool = True, **kw: Any) -> tuple[Any, list[Any]]:
+    """A real Coordinator (``cfg``, its own ``creds``) whose loop the test drives (``_tick``, ``events``) with no
+    broker: the plans it would publish are recorded in the list returned beside it, models are not published and
+    (``drop_acks``) acks are dropped. ``keys``: the devices' signing keys, as the broker's key registry holds them.
+    For the attacks on what the coordinator does with what it receives."""
+    from coordinator.server import Coordinator
+
+    plans: list[Any] = []
+    c = Coordinator(cfg, creds, clock=clock, **kw)
+    setattr(c, "_publish_model", lambda round_: setattr(c, "_chunks", 1))  # noqa: B010 -- no broker
+    setattr(c, "_publish_plan", lambda phase="train": plans.append(c._plan(phase)))  # noqa: B010
+    setattr(c.publisher, "clear_old_models", lambda: 0)  # noqa: B010
+    setattr(c.publisher, "plan", lambda plan: plans.append(plan) or 0)  # noqa: B010
+    if drop_acks:
+        setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
+    c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    c._restore()
+    if keys is not None:
+        c.device_keys.keys = {d: k.public for d, k in keys.items()}
+    return c, plans
+
+
 def widen_acl(fb: FedBroker, user: str) -> None:
     """The mistaken ACL: ``user`` may read and write every topic of the federation (applied by a reload)."""
     fed = fb.coordinator.federation

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from attacklib import brokerless_coordinator
 
 from coordinator.config import load_coordinator_config
-from coordinator.server import Coordinator
 from edge_client.work import StrategyCache, round_context, train_and_encode
 from flayer.engine.privacy import RoundPrivacy, clip_upload
 from flayer.engine.round import noise_seed
@@ -60,16 +60,7 @@ def _run_round(tmp: Path, datas: list[Any], clipping: str, mode: str = "sync"
     broker): (the plan's wire payload, the model published before, the model published after, the true sum of
     the clipped uploads per tensor)."""
     now = [1000.0]
-    plans: list[Any] = []
-    c = Coordinator(_config(tmp, clipping, mode), CREDS, clock=lambda: now[0])
-    setattr(c, "_publish_model", lambda round_: setattr(c, "_chunks", 1))  # noqa: B010 -- no broker
-    setattr(c, "_publish_plan", lambda phase="train": plans.append(c._plan(phase)))  # noqa: B010
-    setattr(c.publisher, "clear_old_models", lambda: 0)  # noqa: B010
-    setattr(c.publisher, "plan", lambda plan: plans.append(plan) or 0)  # noqa: B010
-    setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
-    c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    c._restore()
-    c.device_keys.keys = {d: k.public for d, k in KEYS.items()}
+    c, plans = brokerless_coordinator(_config(tmp, clipping, mode), CREDS, lambda: now[0], KEYS)
     for d in DEVICES:
         c.registry.observe(d, Status(0, "online", now[0]), now[0])
     try:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from attacklib import brokerless_coordinator
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
@@ -40,17 +41,9 @@ def _coordinator(tmp: Path, policy: str, now: list[float]) -> tuple[Coordinator,
              f'norm_policy = "{policy}"', "[run]", 'strategy = "fedavg"', "rounds = 2", "seed = 3",
              "[data]", 'dataset = "digits"']
     (tmp / "federation.toml").write_text("\n".join(lines) + "\n")
-    plans: list[Any] = []
-    c = Coordinator(load_coordinator_config(tmp / "federation.toml"), CREDS, clock=lambda: now[0])
     # no broker: what the coordinator publishes is recorded (the loop under test is the receiving side)
-    setattr(c, "_publish_model", lambda round_: setattr(c, "_chunks", 1))  # noqa: B010
-    setattr(c, "_publish_plan", lambda phase="train": plans.append(c._plan(phase)))  # noqa: B010
-    setattr(c.publisher, "clear_old_models", lambda: 0)  # noqa: B010
-    setattr(c.publisher, "plan", lambda plan: plans.append(plan) or 0)  # noqa: B010
-    setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
-    c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    c._restore()
-    c.device_keys.path, c.device_keys.keys = None, {d: k.public for d, k in KEYS.items()}
+    c, plans = brokerless_coordinator(load_coordinator_config(tmp / "federation.toml"), CREDS, lambda: now[0], KEYS)
+    c.device_keys.path = None
     return c, plans
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import torch
+from attacklib import brokerless_coordinator
 
 from coordinator.config import load_coordinator_config
-from coordinator.server import Coordinator
 from edge_client.work import StrategyCache, round_context, train_and_encode
 from flayer.engine.accountant import epsilon_for
 from flayer.engine.privacy import RoundPrivacy
@@ -53,17 +53,8 @@ def datas(digits: Any) -> list[Any]:
 
 def test_uploads_received_after_an_empty_close_are_in_the_coordinators_epsilon(tmp_path: Path, datas: Any) -> None:
     now = [1000.0]
-    plans: list[Any] = []
     records: list[dict[str, Any]] = []
-    c = Coordinator(_config(tmp_path), CREDS, clock=lambda: now[0], on_round=records.append)
-    setattr(c, "_publish_model", lambda round_: setattr(c, "_chunks", 1))  # noqa: B010 -- no broker
-    setattr(c, "_publish_plan", lambda phase="train": plans.append(c._plan(phase)))  # noqa: B010
-    setattr(c.publisher, "clear_old_models", lambda: 0)  # noqa: B010
-    setattr(c.publisher, "plan", lambda plan: plans.append(plan) or 0)  # noqa: B010
-    setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
-    c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    c._restore()
-    c.device_keys.keys = {d: k.public for d, k in KEYS.items()}
+    c, plans = brokerless_coordinator(_config(tmp_path), CREDS, lambda: now[0], KEYS, on_round=records.append)
     for d in DEVICES:
         c.registry.observe(d, Status(0, "online", now[0]), now[0])
     try:

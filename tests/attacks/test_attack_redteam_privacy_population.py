@@ -15,8 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from attacklib import brokerless_coordinator
+
 from coordinator.config import load_coordinator_config
-from coordinator.server import Coordinator
 from protocol import SigningKey, Status
 from transport.credentials import Credentials
 
@@ -36,14 +37,7 @@ def _config(tmp: Path) -> Any:
 
 def test_no_private_plan_states_a_delta_of_one_over_the_devices_that_reported(tmp_path: Path) -> None:
     now = [1000.0]
-    plans: list[Any] = []
-    c = Coordinator(_config(tmp_path), CREDS, clock=lambda: now[0])
-    setattr(c, "_publish_model", lambda round_: setattr(c, "_chunks", 1))  # noqa: B010 -- no broker
-    setattr(c, "_publish_plan", lambda phase="train": plans.append(c._plan(phase)))  # noqa: B010
-    setattr(c.publisher, "clear_old_models", lambda: 0)  # noqa: B010
-    setattr(c.publisher, "plan", lambda plan: plans.append(plan) or 0)  # noqa: B010
-    c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    c._restore()
+    c, plans = brokerless_coordinator(_config(tmp_path), CREDS, lambda: now[0], drop_acks=False)
     reported: set[str] = set()
     try:
         for d in DEVICES:  # what the observer reads on the status topics
