@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attacklib import until
 from fedtestlib import Recorder
 
 from edge_client.client import EdgeClient
@@ -37,12 +38,7 @@ def _plan(round_: int, selected: tuple[str, ...]) -> Plan:
 
 
 def _took(client: EdgeClient, round_: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.plan is not None and client.plan.round == round_:
-            return True
-        time.sleep(0.05)
-    return False
+    return until(lambda: client.plan is not None and client.plan.round == round_, timeout)
 
 
 def test_an_earlier_rounds_plan_replayed_after_a_reboot_is_refused(tmp_path: Path, attack_fed: Any,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attacklib import until
 from fedtestlib import Recorder
 
 from coordinator.publish import Publisher
@@ -38,12 +39,7 @@ def _plan(selected: tuple[str, ...]) -> Plan:
 
 
 def _holds(client: EdgeClient, selected: tuple[str, ...], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.plan is not None and client.plan.selected == selected:
-            return True
-        time.sleep(0.05)
-    return False
+    return until(lambda: client.plan is not None and client.plan.selected == selected, timeout)
 
 
 def test_an_earlier_plan_of_the_round_put_back_is_refused(tmp_path: Path, attack_fed: Any, digits_shard: Any) -> None:

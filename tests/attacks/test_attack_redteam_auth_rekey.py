@@ -17,11 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedtestlib import Recorder, federation_toml
+from fedtestlib import Recorder
 
-from coordinator.config import load_coordinator_config
 from coordinator.journal import journal_path, read_journal
-from coordinator.server import Coordinator
 from flayer.update import TensorDelta, Update
 from mqtt_broker import mosquitto_available
 from mqtt_broker.rekey import rekey
@@ -59,11 +57,9 @@ def _send(rec: Recorder, plan: Plan, blob: bytes, key: object) -> None:
 def test_an_update_signed_with_a_devices_old_key_is_refused_after_rekey(tmp_path: Path, attack_fed: Any) -> None:
     fed = attack_fed(["dev-b"], federation=FED)  # mallory, the mistaken ACL
     old_key = fed.devices["dev-b"].signer()  # what the adversary copied
-    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
-                           tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", quorum=1,
-                           min_devices=1, deadline_s=60.0)
-    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
-    thread = coord.start()
+    coord = fed.coordinator_in(strategy="fedavg", rounds=1, dataset="digits", quorum=1, min_devices=1,
+                               deadline_s=60.0)
+    thread = coord.thread
     b = Recorder(fed.devices["dev-b"], [T.round(), T.ack("dev-b")])
     mallory = fed.listen([f"{T.prefix}/#"])
     try:

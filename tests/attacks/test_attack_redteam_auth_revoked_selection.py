@@ -17,10 +17,8 @@ from typing import Any
 
 import pytest
 from attacklib import widen_acl
-from fedtestlib import Recorder, federation_toml
+from fedtestlib import Recorder
 
-from coordinator.config import load_coordinator_config
-from coordinator.server import Coordinator
 from mqtt_broker import mosquitto_available
 from mqtt_broker.kit import revoke_device
 from protocol import Plan, Status, Topics, decode_message, encode_message
@@ -39,11 +37,8 @@ def _online(rec: Recorder, device: str, key: object) -> bytes:
 
 def test_a_device_revoked_while_online_is_never_selected(tmp_path: Path, attack_fed: Any) -> None:
     fed = attack_fed(["dev-a", "dev-b", "dev-c"], federation=FED)  # mallory, the mistaken ACL
-    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
-                           tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", quorum=2,
-                           min_devices=2, deadline_s=60.0)
-    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
-    coord.start()
+    coord = fed.coordinator_in(strategy="fedavg", rounds=1, dataset="digits", quorum=2, min_devices=2,
+                               deadline_s=60.0)
     c = Recorder(fed.devices["dev-c"])
     watcher = Recorder(fed.devices["dev-b"], [T.round()])
     try:

@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import federation_toml
+from attacklib import until
 
-from coordinator.config import load_coordinator_config
-from coordinator.server import Coordinator
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
 from mqtt_broker import mosquitto_available
@@ -43,23 +41,12 @@ def _state(payload: bytes) -> str:
     return msg.state
 
 
-def _until(pred: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
-
 
 def test_a_devices_earlier_statuses_put_back_are_refused(tmp_path: Path, attack_fed: Any, digits_shard: Any) -> None:
     fed = attack_fed(["dev-a", "dev-b"], federation=FED)  # mallory, the mistaken ACL
     shard = digits_shard(1)
-    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
-                           tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", min_devices=3,
-                           quorum=2, deadline_s=60.0)  # no round opens: only dev-b is ever online
-    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
-    coord.start()
+    coord = fed.coordinator_in(strategy="fedavg", rounds=1, dataset="digits", min_devices=3, quorum=2,
+                               deadline_s=60.0)  # no round opens: only dev-b is ever online
     mallory = fed.listen([T.status("dev-b")])
     settings = EdgeSettings(state_dir=str(tmp_path / "dev-b"), client_index=1, device="cpu", heartbeat_s=1.0)
     client = EdgeClient(settings, fed.devices["dev-b"], shard)
@@ -78,13 +65,13 @@ def test_a_devices_earlier_statuses_put_back_are_refused(tmp_path: Path, attack_
 
     try:
         client.start()
-        assert _until(online, 20), "the coordinator never saw dev-b online"
+        assert until(online, 20), "the coordinator never saw dev-b online"
         heartbeat = mallory.wait_message(lambda m: bool(m.payload) and _state(m.payload) != "offline", 10)
         assert heartbeat is not None
         client.crash()  # a power loss: the broker publishes dev-b's will
         will = mallory.wait_message(lambda m: bool(m.payload) and _state(m.payload) == "offline", 20)
         assert will is not None, "dev-b's will never came"
-        assert _until(lambda: not online(), 10), "the coordinator did not take dev-b's will"
+        assert until(lambda: not online(), 10), "the coordinator did not take dev-b's will"
         refused = coord.counters["replayed"]
         put_back(heartbeat.payload)
         assert not online(), "an old heartbeat put back made the coordinator take the dead dev-b for online"
@@ -92,14 +79,14 @@ def test_a_devices_earlier_statuses_put_back_are_refused(tmp_path: Path, attack_
         # dev-b reboots (a new instance over the same state folder): online again
         client = EdgeClient(settings, fed.devices["dev-b"], shard)
         client.start()
-        assert _until(online, 20), "the coordinator did not take the rebooted dev-b's heartbeat"
+        assert until(online, 20), "the coordinator did not take the rebooted dev-b's heartbeat"
         refused = coord.counters["replayed"]
         put_back(will.payload)
         assert online(), "the will of dev-b's earlier life put back made the coordinator take it for offline"
         assert coord.counters["replayed"] >= refused + 3
         # positive control: dev-b's own offline status (a clean stop) still counts
         client.stop()
-        assert _until(lambda: not online(), 10), "dev-b's own offline status was not taken"
+        assert until(lambda: not online(), 10), "dev-b's own offline status was not taken"
     finally:
         client.stop()
         mallory.close()

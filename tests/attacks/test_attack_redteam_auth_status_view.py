@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import pytest
+from attacklib import until
 from fedtestlib import Recorder
 
 from coordinator.dashboard.watch import FleetWatch
@@ -36,12 +37,6 @@ def _phase(watch: FleetWatch) -> str | None:
     return watch.snapshot()["progress"]["phase"]
 
 
-def _until(pred, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not pred():
-        time.sleep(0.05)
-    return bool(pred())
-
 
 def test_a_final_plan_the_coordinator_did_not_sign_is_not_shown(attack_fed: Any) -> None:
     fed = attack_fed(["dev-a"], federation=FED)  # mallory, the mistaken ACL
@@ -51,21 +46,21 @@ def test_a_final_plan_the_coordinator_did_not_sign_is_not_shown(attack_fed: Any)
     try:
         train = encode_message(_plan(2, "train"), FED, "coordinator", key=fed.coordinator.signer())
         assert coord.link.wait_published([coord.link.publish(T.round(), train, retain=True)], 5)
-        assert _until(lambda: _phase(watch) == "train", 15), "the observer did not show the coordinator's plan"
+        assert until(lambda: _phase(watch) == "train", 15), "the observer did not show the coordinator's plan"
         for key in (None, fed.devices["mallory"].signer()):
             forged = encode_message(_plan(3, "final"), FED, "coordinator", key=key)
             refused = watch.refused
             assert mallory.link.wait_published([mallory.link.publish(T.round(), forged, retain=True)], 5)
             assert mallory.wait_message(lambda m, f=forged: m.payload == f, 5) is not None, \
                 "the broker did not deliver mallory's plan: the attack was not made"
-            _until(lambda r=refused: watch.refused > r or _phase(watch) != "train", 5)
+            until(lambda r=refused: watch.refused > r or _phase(watch) != "train", 5)
             assert _phase(watch) == "train", \
                 f"a final plan {'signed by mallory' if key else 'unsigned'} was shown as the federation's end"
             assert watch.refused > refused, "the observer never received mallory's plan"
         # positive control: the coordinator's own final plan is shown
         final = encode_message(_plan(3, "final"), FED, "coordinator", key=fed.coordinator.signer())
         assert coord.link.wait_published([coord.link.publish(T.round(), final, retain=True)], 5)
-        assert _until(lambda: _phase(watch) == "final", 15), "the coordinator's final plan was not shown"
+        assert until(lambda: _phase(watch) == "final", 15), "the coordinator's final plan was not shown"
     finally:
         watch.stop()
         coord.close()

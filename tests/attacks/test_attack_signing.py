@@ -22,11 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 from attacklib import widen_acl
-from fedtestlib import FedBroker, Recorder, federation_toml
+from fedtestlib import FedBroker, Recorder
 
-from coordinator.config import load_coordinator_config
 from coordinator.journal import journal_path, read_journal
-from coordinator.server import Coordinator
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
 from edge_client.store import DeviceStore, StoredState, UploadRecord
@@ -164,11 +162,9 @@ def test_updates_not_signed_by_their_device_are_refused_and_not_journaled(tmp_pa
     revoked_key = fed.devices["dev-c"].signer()  # dev-c's key, before it is revoked
     assert revoke_device(fed.state_dir, "dev-c")  # (rewrites the ACL: mallory's mistaken rule goes back in)
     widen_acl(fed, "mallory")
-    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
-                           tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", quorum=1,
-                           min_devices=1, deadline_s=60.0)
-    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
-    thread = coord.start()
+    coord = fed.coordinator_in(strategy="fedavg", rounds=1, dataset="digits", quorum=1, min_devices=1,
+                               deadline_s=60.0)
+    thread = coord.thread
     b_key = fed.devices["dev-b"].signer()
     b = Recorder(fed.devices["dev-b"], [T.round(), T.ack("dev-b")])
     mallory = fed.listen([f"{T.prefix}/#"])

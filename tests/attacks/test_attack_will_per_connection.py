@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import federation_toml
+from attacklib import until
 
-from coordinator.config import load_coordinator_config
-from coordinator.server import Coordinator
 from edge_client.client import EdgeClient
 from edge_client.config import EdgeSettings
 from mqtt_broker import mosquitto_available
@@ -43,23 +41,12 @@ def _status(payload: bytes) -> Status | None:
     return msg if isinstance(msg, Status) else None
 
 
-def _until(pred: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
-
 
 def test_the_will_of_an_earlier_connection_is_refused(tmp_path: Path, attack_fed: Any, digits_shard: Any) -> None:
     fed = attack_fed(["dev-a", "dev-b"], federation=FED)  # mallory, the mistaken ACL
     shard = digits_shard(1)
-    path = federation_toml(tmp_path / "federation.toml", fed.state_dir / "credentials/coordinator.toml",
-                           tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits", min_devices=3,
-                           quorum=2, deadline_s=60.0)  # no round opens: only dev-b is ever online
-    coord = Coordinator(load_coordinator_config(path), fed.coordinator)
-    coord.start()
+    coord = fed.coordinator_in(strategy="fedavg", rounds=1, dataset="digits", min_devices=3, quorum=2,
+                               deadline_s=60.0)  # no round opens: only dev-b is ever online
     mallory = fed.listen([T.status("dev-b")])
     settings = EdgeSettings(state_dir=str(tmp_path / "dev-b"), client_index=1, device="cpu", heartbeat_s=1.0)
     client = EdgeClient(settings, fed.devices["dev-b"], shard)
@@ -80,14 +67,14 @@ def test_the_will_of_an_earlier_connection_is_refused(tmp_path: Path, attack_fed
 
     try:
         client.start()
-        assert _until(online, 20), "the coordinator never saw dev-b online"
+        assert until(online, 20), "the coordinator never saw dev-b online"
         sock = client.link.client.socket()
         assert sock is not None
         sock.shutdown(socket.SHUT_RDWR)  # the link is cut; the process lives on and paho reconnects
         assert mallory.wait_message(lambda m: (s := _status(m.payload)) is not None and s.state == "offline", 20), \
             "dev-b's will never came"
         will = states("offline")[-1]
-        assert _until(lambda: client.link.connected.is_set() and online(), 20), "dev-b did not come back online"
+        assert until(lambda: client.link.connected.is_set() and online(), 20), "dev-b did not come back online"
         refused = coord.counters["replayed"]
         samples = []
         for _ in range(PUT_BACKS):
@@ -104,7 +91,7 @@ def test_the_will_of_an_earlier_connection_is_refused(tmp_path: Path, attack_fed
         assert all(samples), f"dev-b shown offline after {samples.count(False)} of {PUT_BACKS} put-backs"
         # positive control: dev-b's own offline status (a clean stop) still counts
         client.stop()
-        assert _until(lambda: not online(), 10), "dev-b's own offline status was not taken"
+        assert until(lambda: not online(), 10), "dev-b's own offline status was not taken"
     finally:
         client.stop()
         mallory.close()
