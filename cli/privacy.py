@@ -34,6 +34,11 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--secure-keep", type=float, metavar="FRACTION",
                    help="secure rounds: the most of the round's common positions a masked input keeps, a subset drawn "
                         "from the run seed (1.0; the coordinator fits it to the devices' uplinks below this)")
+    g.add_argument("--max-participations", type=int, metavar="K",
+                   help="participation schema: each device selected in at most K rounds; epsilon is then K-fold "
+                        "composition, not R-fold (docs/explanation/privacy.md)")
+    g.add_argument("--min-separation", type=int, metavar="B",
+                   help="participation schema: a device selected again only B rounds after its last (0)")
     g.add_argument("--dp-plan", action="store_true",
                    help="print epsilon against each adversary for these settings, and z / rounds for "
                         "--target-epsilon, then exit")
@@ -45,7 +50,8 @@ def privacy_overrides(a: dict[str, Any]) -> dict[str, Any]:
             "noise_multiplier": a.get("dp_noise"), "delta": a.get("dp_delta"),
             "target_epsilon": a.get("target_epsilon"), "clipping": a.get("dp_clipping"),
             "secure_aggregation": a.get("secure_agg"), "secure_dropout": a.get("secure_dropout"),
-            "secure_keep": a.get("secure_keep")}
+            "secure_keep": a.get("secure_keep"), "max_participations": a.get("max_participations"),
+            "min_separation": a.get("min_separation")}
 
 
 def _eps(eps: Any) -> str:
@@ -55,12 +61,30 @@ def _eps(eps: Any) -> str:
     return "infinite" if math.isinf(eps) else f"{eps:.4g}"
 
 
+def schema_text(most: Any, separation: Any = 0) -> str:
+    """The schema a printed epsilon assumes (:meth:`flayer.privacy_config.ParticipationSchema.describe`)."""
+    from flayer.privacy_config import ParticipationSchema
+
+    try:
+        return ParticipationSchema(most, int(separation or 0)).describe()
+    except (TypeError, ValueError):
+        return "a device in every round"
+
+
 def epsilon_lines(rec: dict[str, Any], rounds: int) -> str:
     """The lines a private run's end prints from its last round record (or summary): epsilon against each
-    adversary, named (docs/explanation/privacy.md, "Who learns what")."""
+    adversary, named (docs/explanation/privacy.md, "Who learns what"), and the schema it assumes."""
     coord = rec.get("epsilon_coordinator")
-    out = (f"privacy: epsilon {_eps(rec['epsilon'])} at delta {rec['delta']:.3g} after {rounds} rounds against readers "
-           f"of the published models, devices and broker observers (the cohort is public: no amplification)")
+    raw = rec.get("privacy")
+    cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    schema = schema_text(rec.get("dp_max_participations", cfg.get("max_participations")),
+                         rec.get("dp_min_separation", cfg.get("min_separation", 0)))
+    released = rec.get("dp_rounds")  # the rounds composed: a secure round abandoned before its sum was revealed is not
+    counted = (f"{rounds} rounds" if not isinstance(released, int) or released == rounds else
+               f"{released} rounds whose sum was revealed ({rounds} closed, {rounds - released} abandoned before it)")
+    out = (f"privacy: epsilon {_eps(rec['epsilon'])} at delta {rec['delta']:.3g} after {counted} for {schema}, "
+           f"against readers of the published models, devices and broker observers (the cohort is public: no "
+           f"amplification)")
     if coord is not None:
         out += (f"\nprivacy: epsilon {_eps(coord)} against the coordinator"
                 + (" (it sees the updates, or their sum, before the noise: no guarantee)" if _eps(coord) == "infinite"
@@ -79,22 +103,28 @@ def plan_text(settings: Any, population: int, asked: int, rounds: int, contribut
         s = settings.resolve(population, contributions or asked)
     except ValueError as exc:
         raise CliError(f"[privacy]: {exc}") from None
-    z, d, m = s.noise_multiplier, s.delta, s.expected_contributions
-    eps = epsilon_for([(z, 1.0, rounds)], d)
+    z, d, m, k = s.noise_multiplier, s.delta, s.expected_contributions, s.max_participations
+    eps = epsilon_for([(z, 1.0, rounds)], d, k)
+    who = s.schema.describe()
     if s.mode == "central":
         coord = "infinite (it sees " + ("their un-noised sum" if s.secure_aggregation else "every clipped update") + \
             " before it adds the noise)"
     elif s.secure_aggregation:
         coord = f"{_eps(eps)} (secure aggregation: it sees only the sum, which carries the devices' shares)"
     else:
-        coord = (f"{_eps(epsilon_for([(z / math.sqrt(m), 1.0, rounds)], d))} (it sees each upload with its "
+        coord = (f"{_eps(epsilon_for([(z / math.sqrt(m), 1.0, rounds)], d, k))} (it sees each upload with its "
                  f"device's share alone, multiplier z / sqrt(m) = {z / math.sqrt(m):.3g})")
     lines = [(f"population N = {population}, {asked} asked per round, fixed denominator m = {m}, C = {s.clip:g}, "
               f"z = {z:g}, {s.mode} noise, delta = {d:.3g}"),
              "the cohort is public (plans list it): every round counts in full (q = 1) for every adversary",
-             (f"epsilon after {rounds} rounds against readers of the published models, devices and broker observers: "
-              f"{_eps(eps)} (a device in every round; exact Gaussian composition)"),
-             f"epsilon against the coordinator: {coord}"]
+             (f"epsilon {_eps(eps)} after {rounds} rounds for {who}, against readers of the published models, "
+              f"devices and broker observers (exact Gaussian composition)"),
+             f"epsilon against the coordinator, for {who}: {coord}"]
+    if k is not None:
+        lines.append(f"participation schema: the selection names a device in at most {k} cohorts"
+                     + (f", {s.min_separation} rounds apart at least" if s.min_separation > 1 else "")
+                     + f"; a round fills from the devices it allows (fewer when fewer are eligible); without it, a "
+                       f"device in every round: {_eps(epsilon_for([(z, 1.0, rounds)], d))}")
     if s.clipping == "adaptive" and z > 0:
         from flayer.engine.privacy import adaptive_update_multiplier
 
@@ -108,9 +138,12 @@ def plan_text(settings: Any, population: int, asked: int, rounds: int, contribut
     if math.isfinite(eps):
         lines += [f"warning: {w}" for w in s.warnings(eps, rounds)]
     if s.target_epsilon is not None:
-        zt = noise_for_target(s.target_epsilon, d, 1.0, rounds)
-        lines.append(f"target epsilon {s.target_epsilon:g}: {rounds} rounds need z >= {zt:.3f}; "
-                     f"z = {z:g} allows {rounds_for_target(s.target_epsilon, d, 1.0, z)} rounds")
+        zt = noise_for_target(s.target_epsilon, d, 1.0, rounds, k)
+        allowed = rounds_for_target(s.target_epsilon, d, 1.0, z)
+        lines.append(f"target epsilon {s.target_epsilon:g} for {who}: {rounds} rounds need z >= {zt:.3f}; z = {z:g} "
+                     + (f"allows {allowed} rounds" if k is None else
+                        f"allows {allowed} participations a device" + (" (any number of rounds)" if allowed >= k
+                                                                        else f", fewer than {k}")))
     if asked < population and z > 0:
         q = asked / population
         lines.append(f"not offered by this release, for comparison only: were the cohort secret from an adversary, "

@@ -106,6 +106,9 @@ def training_runtime(runtime: str, strategy: Any, device: Any) -> Any:
 
 def check_privacy(cfg: Any, strategy: Any, population: int) -> None:
     """CliError naming what a private run cannot honour (the strategy's options, delta >= 1/N, ...)."""
+    if cfg.privacy.schema.active and not cfg.privacy.enabled:
+        raise CliError("[privacy]: max_participations / min_separation bound a private federation's epsilon; "
+                       "they need --dp (or [privacy] enabled)")
     if not (cfg.privacy.enabled or cfg.privacy.secure_aggregation):
         return
     from flayer.engine import select_clients
@@ -120,7 +123,7 @@ def check_privacy(cfg: Any, strategy: Any, population: int) -> None:
         raise CliError(f"[privacy]: {exc}") from None
     from flayer.engine.accountant import epsilon_for
 
-    eps = epsilon_for([(s.noise_multiplier, 1.0, cfg.rounds)], s.delta)
+    eps = epsilon_for([(s.noise_multiplier, 1.0, cfg.rounds)], s.delta, s.max_participations)
     for line in s.warnings(eps, cfg.rounds) if math.isfinite(eps) else []:
         print(f"warning: privacy: {line}", file=sys.stderr)
 

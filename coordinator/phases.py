@@ -160,6 +160,8 @@ class Phases:
             self.window.publish(number, self.model.digest)
             self.window.offer(selected)
             bases = dict(self.window.digests)
+        if self.privacy is not None:  # the participation schema's history (coordinator.privacy, rule 3a)
+            self.privacy.selected(number, selected)
         rnd = OpenRound.begin(number, selected, self.strategy, self.global_state, self.model.digest, self.fs,
                               self.creds.federation, self.limits, self.clock(), bound, bases,
                               self.privacy.round(len(selected)) if self.privacy else None)
@@ -222,6 +224,8 @@ class Phases:
         out = {**private.as_plan(), "delta": float(self.privacy.delta)}
         if s.device_budget is not None:
             out["device_budget"] = float(s.device_budget)
+        if s.schema.active:  # the participation schema, signed with the plan: each device checks it (edge_client.budget)
+            out.update(s.schema.as_plan())
         return out
 
     def _close_by(self, opened_at: float, deadline: float) -> float:
@@ -326,6 +330,17 @@ class Phases:
         log.info("calibration resolved %s from %d report(s)", resolved, len(cal.reports))
         if self.on_progress is not None:
             self.on_progress("calibrated", {"resolved": resolved, "reports": len(cal.reports)})
+
+    def _schema_stop(self, eligible: int, number: int) -> bool:
+        """Too few online devices the participation schema allows for round ``number`` (coordinator.privacy,
+        rule 3a): the federation ends."""
+        why = None if self.privacy is None else self.privacy.schema_stop(eligible, self.fs.quorum, number)
+        if why is None:
+            return False
+        log.warning("%s", why)
+        self.budget_stop = why
+        self._finish()
+        return True
 
     def _over_budget(self, number: int, selected: Any) -> bool:
         """Round ``number`` would exceed ``target_epsilon``, or delta 1/N for the devices that reported

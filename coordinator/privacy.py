@@ -15,6 +15,12 @@ Rules, in the order the coordinator applies them:
    with (``min_updates``): its noise is that of the shares that arrive.
 3. Each round: the plan carries C, z and m (:class:`flayer.engine.privacy.RoundPrivacy`); every update is
    clipped again to the server bound; the sum is noised from the operating system's CSPRNG.
+3a. With a participation schema (``[privacy] max_participations`` k, ``min_separation`` b) the cohort is drawn
+   from the online devices the schema still allows (:func:`flayer.engine.selection.eligible` over the earlier
+   plans' cohorts, kept in the checkpoint); fewer than the quorum of them online while enough devices
+   are online: the federation ends with the reason (waiting would not help -- the rounds that free a device
+   from its separation are the ones that cannot open). The plan carries k and b (signed with it), so each
+   device checks them against its own ledger and its pinned floor (edge_client.budget).
 4. At the close: the round is composed at q = 1 (the cohort is public) with the noise it actually carries,
    against each adversary (:class:`flayer.engine.adversaries.Accounts`); adaptive clipping moves C; the
    ledgers and C go into the same atomic checkpoint as the model, so a restart neither forgets a round nor
@@ -33,6 +39,7 @@ from flayer.engine.accountant import LedgerError
 from flayer.engine.adversaries import Accounts
 from flayer.engine.privacy import RoundPrivacy, next_clip, private_strategy
 from flayer.engine.round import OpenAggregate
+from flayer.engine.selection import eligible
 from flayer.privacy_config import PrivacySettings
 from flayer.strategies.base import Strategy
 
@@ -53,6 +60,7 @@ class FederationPrivacy:
     fewest: int = 1  # the fewest uploads a round may close with (min_updates)
     accounts: Accounts = field(default_factory=lambda: Accounts("central", False))
     z: float = 0.0  # the multiplier of the last closed round's sum
+    taken: dict[str, list[int]] = field(default_factory=dict)  # the schema's history: device -> rounds selected
     _warned_population: bool = False
 
     @classmethod
@@ -60,17 +68,24 @@ class FederationPrivacy:
            asynchronous: bool, fewest: int = 1, rounds: int = 0) -> tuple[FederationPrivacy | None, Strategy]:
         """(the federation's privacy, None when off; the strategy as private rounds run it); ValueError
         naming the setting that cannot hold (rule 1)."""
+        if settings.schema.active and not settings.enabled:
+            raise ValueError("max_participations / min_separation bound a private federation's epsilon; they need "
+                             "enabled = true")
         if not settings.enabled:
             return None, strategy
         if settings.population is None:
             raise ValueError("[privacy] population is required for the coordinator: the number of devices that may "
                              "be selected (N of delta < 1/N)")
+        if asynchronous and settings.schema.active:
+            raise ValueError("max_participations / min_separation need synchronous rounds (mode = \"sync\"): "
+                             "asynchronous slots are not drawn round by round")
         private = private_strategy(strategy)
         s = settings.resolve(settings.population, buffer if asynchronous else quorum)
-        out = cls(s, asynchronous, s.clip, max(1, fewest), Accounts(s.mode, s.secure_aggregation))
+        out = cls(s, asynchronous, s.clip, max(1, fewest),
+                  Accounts(s.mode, s.secure_aggregation, most=s.max_participations))
         if rounds > 0:
-            for line in s.warnings(out.accounts.public.epsilon_after(s.noise_multiplier, 1.0, out.delta, rounds),
-                                   rounds):
+            for line in s.warnings(out.accounts.public.epsilon_after(s.noise_multiplier, 1.0, out.delta, rounds,
+                                                                     s.max_participations), rounds):
                 log.warning("privacy: %s", line)
         return out, private
 
@@ -83,13 +98,36 @@ class FederationPrivacy:
         """This round's parameters (rule 3); ``asked``: the devices it selects."""
         return RoundPrivacy.of(self.settings, self.clip)
 
+    def eligible(self, online: list[str], number: int) -> list[str]:
+        """Rule 3a: the devices of ``online`` the participation schema lets take part in round ``number``."""
+        if not self.settings.schema.active:
+            return online
+        return eligible(sorted(online), self.taken, self.settings.schema, number)
+
+    def schema_stop(self, eligible_online: int, needed: int, number: int) -> str | None:
+        """Rule 3a: why the federation ends before round ``number`` (too few devices the schema allows), or None."""
+        if not self.settings.schema.active or eligible_online >= needed:
+            return None
+        sc = self.settings.schema
+        return (f"participation schema: round {number} has {eligible_online} online device(s) that may take part "
+                f"(max_participations {sc.most}, min_separation {sc.separation}), fewer than the quorum {needed}; "
+                f"the federation ends after round {number - 1}")
+
+    def selected(self, number: int, devices: Any) -> None:
+        """Note round ``number``'s cohort in the schema's history (idempotent: a replayed plan counts once)."""
+        for d in devices:
+            rounds = self.taken.setdefault(str(d), [])
+            if number not in rounds:
+                rounds.append(number)
+                rounds.sort()
+
     def over_budget(self, number: int, asked: int) -> str | None:
         """Rule 2: why round ``number`` must not open, or None."""
         target = self.settings.target_epsilon
         if target is None:
             return None
         z = self.accounts.worst_z(RoundPrivacy.of(self.settings, self.clip), self.fewest)
-        eps = self.accounts.public.epsilon_after(z, 1.0, self.delta)
+        eps = self.accounts.public_after(z, self.delta)
         if eps <= target:
             return None
         return (f"privacy budget: round {number} would bring epsilon to {eps:.3f} > target_epsilon {target:g} at "
@@ -126,7 +164,7 @@ class FederationPrivacy:
         arrived = agg.tally.accepted
         if arrived <= 0 or arrived >= self.fewest:
             return None
-        eps = self.accounts.public.epsilon_after(self.accounts.round_z(rp, arrived), 1.0, self.delta)
+        eps = self.accounts.public_after(self.accounts.round_z(rp, arrived), self.delta)
         if eps <= target:
             return None
         return (f"privacy budget: the round closed with {arrived} of the {self.fewest} uploads min_updates asks; its "
@@ -142,15 +180,20 @@ class FederationPrivacy:
                                   self.settings.target_quantile, self.settings.clip_lr)
         eps = self.accounts.epsilons(self.delta)
         return {"epsilon": _json_eps(eps["public"]), "epsilon_coordinator": _json_eps(eps["coordinator"]),
-                "delta": self.delta, "dp_clip": clip, "dp_noise_multiplier": self.z, "dp_sample_rate": 1.0}
+                "delta": self.delta, "dp_clip": clip, "dp_noise_multiplier": self.z, "dp_sample_rate": 1.0,
+                "dp_max_participations": self.settings.max_participations,
+                "dp_min_separation": self.settings.min_separation}
 
     def epsilon(self) -> float:
         """Against readers of the published models, devices and observers (docs/explanation/privacy.md)."""
-        return self.accounts.public.epsilon(self.delta)
+        return self.accounts.public_epsilon(self.delta)
 
     def state(self) -> dict[str, Any]:
         """What the checkpoint keeps: the composed rounds as ``[z, q, rounds]`` runs and the clip bound."""
-        return {**self.accounts.state(), "clip": self.clip}
+        out = {**self.accounts.state(), "clip": self.clip}
+        if self.settings.schema.active:
+            out["participations"] = {d: list(r) for d, r in sorted(self.taken.items())}
+        return out
 
     def restore(self, raw: Mapping[str, Any], rounds_done: int) -> None:
         """From a checkpoint after round ``rounds_done`` (PrivacyStateError when it does not add up)."""
@@ -174,7 +217,19 @@ class FederationPrivacy:
         if sampled:
             log.warning("privacy: the checkpoint's ledger composed rounds with amplification by sampling; they are "
                         "recomposed at q = 1 (the cohort is public)")
+        taken = raw.get("participations", {})
+        if not isinstance(taken, dict) or not all(
+                isinstance(d, str) and isinstance(rs, list) and all(isinstance(r, int) and not isinstance(r, bool)
+                                                                   and 1 <= r <= rounds_done for r in rs)
+                for d, rs in taken.items()):
+            raise PrivacyStateError("checkpoint: participations must map device ids to the rounds (1 .. the "
+                                    "checkpoint's) they were selected in")
+        if self.settings.schema.active and rounds_done > 0 and "participations" not in raw:
+            raise PrivacyStateError("checkpoint: written without a participation schema; the schema cannot be applied "
+                                    "to rounds whose cohorts it does not hold (use another state_dir)")
+        accounts.most = self.settings.max_participations
         self.accounts, self.clip = accounts, float(clip)
+        self.taken = {d: sorted(set(rs)) for d, rs in taken.items()}
         log.info("privacy: resuming with %d rounds composed, epsilon %.4g at delta %.3g", accounts.public.rounds,
                  self.epsilon(), self.delta)
 

@@ -301,7 +301,10 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
                     self.slots.fill(online, (), r, now)
                     selected = sorted(self.slots.held)
                 else:
-                    selected = select_devices(online, self.fs.quorum, self.fs.over_selection, self.cfg.run.seed, r)
+                    pool = self.privacy.eligible(online, r) if self.privacy is not None else online
+                    if self.privacy is not None and self._schema_stop(len(pool), r):
+                        return
+                    selected = select_devices(pool, self.fs.quorum, self.fs.over_selection, self.cfg.run.seed, r)
                 if self._over_budget(r, selected):  # target_epsilon: the federation ends before the budget
                     return
                 self.open = self._begin(r, selected)

@@ -25,6 +25,12 @@ refuses (status ``round skipped``) a private plan whose named noises are zero, o
 (:meth:`RoundPrivacy.noise_problem`). What it cannot check, it says once in its log: in central mode, that the
 coordinator adds the noise its plan names (the device sees only the published model).
 
+The participation schema (``[privacy] max_participations`` k, ``min_separation`` b): a plan carries the
+schema its coordinator selects under (signed with the plan). The device refuses (status ``round skipped``) a
+plan whose schema is looser than the one its own ``device.toml`` pins, or that names none when it pins one,
+and a plan that would break the tighter of the two for itself by its own ledger: a (k+1)-th contribution, or
+one fewer than b rounds after its last (:func:`schema_problem`). Its ledger does not move for a refused round.
+
 The coordinator writes the plans, and in local mode it is an adversary, so the device also refuses (status
 ``round skipped``) a private plan whose noise would be less than the multiplier it counts or that would send the
 clip bit in the clear (:func:`plan_noise_problem`), and -- once it asks for privacy itself (its own budget or
@@ -41,9 +47,10 @@ from typing import Any
 
 from flayer.engine.accountant import epsilon_for
 from flayer.engine.privacy import RoundPrivacy
+from flayer.privacy_config import ParticipationSchema
 
 __all__ = ["BUDGET_SPENT", "DEVICE_DELTA", "LEDGER_KEY", "DeviceBudgets", "DeviceLedger", "contribution_multiplier",
-           "plan_limits", "plan_noise_problem"]
+           "plan_limits", "plan_noise_problem", "schema_problem"]
 
 log = logging.getLogger("edge_client.client")
 
@@ -93,6 +100,21 @@ def plan_limits(raw: Mapping[str, Any]) -> tuple[float | None, float | None]:
     if delta is not None and delta >= 1:
         raise ValueError(f"plan: privacy delta must be < 1, got {delta}")
     return delta, _positive(raw.get("device_budget"), "device_budget")
+
+
+def schema_problem(raw: Mapping[str, Any], pinned: ParticipationSchema, count: int, last: int,
+                   round_: int) -> str | None:
+    """Why a device that contributed ``count`` private rounds, the last ``last`` (0: none), refuses ``round_``
+    under a plan's privacy mapping ``raw`` and the schema it pins (module docstring), or None."""
+    planned = ParticipationSchema.from_plan(raw)  # ValueError: malformed
+    looser = planned.looser_than(pinned) if pinned.active else None
+    if looser is not None:
+        return f"participation schema: {looser}"
+    schema = planned.tightest(pinned)
+    if not schema.active or (count > 0 and round_ == last):
+        return None  # no schema; or this round's contribution is counted already (a re-sent upload)
+    why = schema.refuses_count(count, last if count > 0 else None, round_)
+    return None if why is None else f"participation schema: {why}"
 
 
 @dataclass
@@ -154,12 +176,25 @@ class DeviceBudgets:
     def _own_privacy(self) -> bool:
         """This device asks for privacy itself -- its own ``[privacy] device_budget`` or ``delta`` -- or has
         contributed to a private round already: it then takes part in private training rounds only."""
-        if self.settings.device_budget or self.settings.device_delta:
+        if self.settings.device_budget or self.settings.device_delta or self._pinned_schema().active:
             return True
         try:
             return self._ledger().rounds > 0
         except ValueError:
             return True
+
+    def _pinned_schema(self) -> ParticipationSchema:
+        """The participation schema this device's own settings pin (edge_client.config)."""
+        return ParticipationSchema(getattr(self.settings, "max_participations", 0) or None,
+                                   getattr(self.settings, "min_separation", 0))
+
+    def _schema_problem(self, plan: Any) -> str | None:
+        """:func:`schema_problem` for a private plan against this device's ledger and pinned schema."""
+        try:
+            ledger = self._ledger()
+            return schema_problem(plan.privacy, self._pinned_schema(), ledger.rounds, ledger.last_round, plan.round)
+        except ValueError as exc:
+            return str(exc)
 
     def _budget_refuses(self, plan: Any) -> bool:
         """True when this device must not contribute to ``plan``: a private round whose next contribution would
@@ -176,7 +211,7 @@ class DeviceBudgets:
             reason = ROUND_SKIPPED
             problem: str | None = why
         else:
-            problem, reason = self._noise_problem(plan), ROUND_SKIPPED
+            problem, reason = self._noise_problem(plan) or self._schema_problem(plan), ROUND_SKIPPED
             if problem is None:
                 problem, reason = self._budget_problem(plan), BUDGET_SPENT
         if problem is None:

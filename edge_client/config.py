@@ -48,6 +48,8 @@
     device_budget = 4.0          # refuse private rounds once the next contribution would pass this epsilon
     delta = 1e-5                 # the delta it counts at (the smaller of this and the plan's; default: 1e-5)
     secure_corrupt_fraction = 0.0  # secure rounds: the colluding fraction this device assumes (t's floor), at least
+    max_participations = 2       # the participation schema it pins: refuse a plan naming more (or none), and a 3rd round
+    min_separation = 3           # ... or a plan allowing rounds closer than this, and a round within 3 of its last
 
 Relative paths (credentials, python_path, path, data_dir, partition_file, state_dir) are read
 relative to this file. A [data] table without ``source`` but with ``dataset`` is a partition.
@@ -106,6 +108,8 @@ class EdgeSettings:
     device_budget: float = 0.0  # [privacy] device_budget: refuse private rounds past this epsilon (0: none)
     device_delta: float = 0.0  # [privacy] delta: the delta this device counts its epsilon at (0: 1e-5, or the plan's if smaller)
     secure_corrupt_fraction: float = 0.0  # [privacy]: secure rounds' colluders this device assumes, whatever the plan says
+    max_participations: int = 0  # [privacy]: the participation schema this device pins: at most k rounds (0: none)
+    min_separation: int = 0  # [privacy]: ... and b rounds apart at least (0: none)
 
     def __post_init__(self) -> None:
         bad = [e for e in self.allow_entry_points if not (isinstance(e, str) and ENTRY_POINT.fullmatch(e))]
@@ -138,8 +142,15 @@ class EdgeSettings:
             raise ConfigError(f"[privacy] delta must be in (0, 1) (or 0: 1e-5), got {self.device_delta}")
         if not 0 <= self.secure_corrupt_fraction < 0.5:
             raise ConfigError(f"[privacy] secure_corrupt_fraction must be in [0, 0.5), got {self.secure_corrupt_fraction}")
+        _check_schema(self.max_participations, self.min_separation, "[privacy] ")
         if not 5 <= self.keepalive_s <= 3600:
             raise ConfigError(f"keepalive_s must be in [5, 3600], got {self.keepalive_s}")
+
+
+def _check_schema(most: Any, separation: Any, where: str) -> None:
+    for name, v in (("max_participations", most), ("min_separation", separation)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 10**6:
+            raise ConfigError(f"{where}{name} must be an integer in [0, 1000000] (0: none), got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -150,8 +161,11 @@ class DevicePrivacy:
     device_budget: float = 0.0  # refuse private rounds once the next contribution would pass this epsilon (0: none)
     delta: float = 0.0  # the delta this device counts its epsilon at: the smaller of this and the plan's (0: 1e-5)
     secure_corrupt_fraction: float = 0.0  # secure rounds: colluders this device assumes (t's floor), at least
+    max_participations: int = 0  # the participation schema it pins: plans must name at most k rounds (0: none)
+    min_separation: int = 0  # ... and at least b rounds apart (0: none)
 
     def __post_init__(self) -> None:
+        _check_schema(self.max_participations, self.min_separation, "")
         if not (0 <= self.device_budget < float("inf")):
             raise ConfigError(f"device_budget must be a finite epsilon > 0 (or 0: none), got {self.device_budget}")
         if not 0 <= self.delta < 1:
@@ -260,7 +274,9 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
             tables[table][key] = resolve(tables[table][key])
     data = from_mapping(DeviceData, tables["data"], f"{path} [data]")
     own = {k: v for k, v in (("device_budget", privacy.device_budget), ("device_delta", privacy.delta),
-                             ("secure_corrupt_fraction", privacy.secure_corrupt_fraction)) if v}
+                             ("secure_corrupt_fraction", privacy.secure_corrupt_fraction),
+                             ("max_participations", privacy.max_participations),
+                             ("min_separation", privacy.min_separation)) if v}
     edge = from_mapping(EdgeSettings, {**tables["edge"], **own, "client_index": data.client}, f"{path} [edge]")
     return DeviceConfig(Path(resolve(creds)), data, edge)
 

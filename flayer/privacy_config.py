@@ -8,10 +8,11 @@ expected contributions m, delta = min(1e-5, 1/(10 N))) and refuses what cannot h
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["PrivacySettings", "default_delta"]
+__all__ = ["ParticipationSchema", "PrivacySettings", "default_delta"]
 
 
 def default_delta(population: int) -> float:
@@ -21,6 +22,77 @@ def default_delta(population: int) -> float:
     larger than 1e-5 in a small federation, where 1/(10 N) alone would be a sizeable chance (1/40 for
     four devices). 1e-5 is the value Flower's and Opacus's examples use."""
     return min(1e-5, 0.1 / float(population))
+
+
+@dataclass(frozen=True)
+class ParticipationSchema:
+    """A public rule on who may be selected (docs/explanation/privacy.md, "The participation schema"): each
+    device takes part at most ``most`` times over the run (None: no limit) and ``separation`` rounds apart at
+    least (a device last selected in round r may be selected again from round r + separation; 0 or 1: no gap).
+    Participation is being named in a plan's cohort, which anyone reading the plans can count."""
+
+    most: int | None = None
+    separation: int = 0
+
+    def __post_init__(self) -> None:
+        if self.most is not None and (isinstance(self.most, bool) or not isinstance(self.most, int) or self.most < 1):
+            raise ValueError(f"max_participations must be an integer >= 1, got {self.most!r}")
+        if isinstance(self.separation, bool) or not isinstance(self.separation, int) or not 0 <= self.separation <= 10**6:
+            raise ValueError(f"min_separation must be an integer in [0, 1000000], got {self.separation!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.most is not None or self.separation > 1
+
+    def refuses(self, taken: list[int] | tuple[int, ...], round_: int) -> str | None:
+        """Why a device that took part in rounds ``taken`` (ascending) may not take part in ``round_`` (None: it may)."""
+        return self.refuses_count(len(taken), taken[-1] if taken else None, round_)
+
+    def refuses_count(self, count: int, last: int | None, round_: int) -> str | None:
+        """:meth:`refuses` from how many rounds a device took part in and the last of them."""
+        if self.most is not None and count >= self.most:
+            return f"it took part in {count} round(s) already, max_participations = {self.most}"
+        if last is not None and round_ - last < self.separation:
+            return (f"its last participation was round {last}, {round_ - last} round(s) before round "
+                    f"{round_}; min_separation = {self.separation}")
+        return None
+
+    def looser_than(self, floor: ParticipationSchema) -> str | None:
+        """Why this schema (a plan's) allows more than ``floor`` (a device's pinned one), or None."""
+        if floor.most is not None and (self.most is None or self.most > floor.most):
+            return (f"the plan's max_participations {self.most if self.most is not None else 'none'} is looser than "
+                    f"the {floor.most} this device pins")
+        if self.separation < floor.separation:
+            return (f"the plan's min_separation {self.separation} is looser than the {floor.separation} this device "
+                    f"pins")
+        return None
+
+    def tightest(self, other: ParticipationSchema) -> ParticipationSchema:
+        mosts = [m for m in (self.most, other.most) if m is not None]
+        return ParticipationSchema(min(mosts) if mosts else None, max(self.separation, other.separation))
+
+    def as_plan(self) -> dict[str, int]:
+        """The plan's privacy keys (absent: no limit)."""
+        out = {"min_separation": self.separation}
+        if self.most is not None:
+            out["max_participations"] = self.most
+        return out
+
+    @classmethod
+    def from_plan(cls, raw: Mapping[str, Any]) -> ParticipationSchema:
+        """The schema a plan's privacy mapping names; ValueError when malformed."""
+        most, sep = raw.get("max_participations"), raw.get("min_separation", 0)
+        try:
+            return cls(most, sep)
+        except ValueError as exc:
+            raise ValueError(f"plan: privacy {exc}") from None
+
+    def describe(self) -> str:
+        """How a printed epsilon names the schema it assumes."""
+        if self.most is None:
+            return "a device in every round (no max_participations)"
+        gap = f", {self.separation} rounds apart" if self.separation > 1 else ""
+        return f"a device in at most {self.most} round{'' if self.most == 1 else 's'}{gap} (the participation schema)"
 
 
 @dataclass(frozen=True)
@@ -42,6 +114,9 @@ class PrivacySettings:
     population: int | None = None  # N, the devices that could be selected (coordinator: required)
     expected_contributions: int | None = None  # m, the fixed denominator; default: who a round asks
     device_budget: float | None = None  # each device refuses private rounds past this epsilon of its own (q = 1)
+    # the participation schema (ParticipationSchema): each device selected at most k times, b rounds apart at least
+    max_participations: int | None = None
+    min_separation: int = 0
     # secure aggregation (SecAgg+, docs/explanation/secure-aggregation.md): the coordinator learns only the
     # round's sum; with or without the DP above (``enabled``)
     secure_aggregation: bool = False
@@ -66,6 +141,7 @@ class PrivacySettings:
                                  "infinite epsilon in the first round)")
         if self.device_budget is not None and not (math.isfinite(self.device_budget) and self.device_budget > 0):
             raise ValueError(f"device_budget must be a finite epsilon > 0, got {self.device_budget}")
+        ParticipationSchema(self.max_participations, self.min_separation)  # ValueError naming the bad value
         if self.delta is not None and not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if not 0 < self.target_quantile < 1:
@@ -120,6 +196,10 @@ class PrivacySettings:
                              f"z_Delta = (z^-2 - sigma_b^-2)^(-1/2)); raise count_stddev, or leave it unset "
                              f"(default max(m / 20, 2 z))")
         return out
+
+    @property
+    def schema(self) -> ParticipationSchema:
+        return ParticipationSchema(self.max_participations, self.min_separation)
 
     @property
     def clip_range(self) -> float:

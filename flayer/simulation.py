@@ -136,9 +136,18 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     records: list[RoundRecord] = []
     diverged: str | None = None
     budget_stop: str | None = None
+    schema = dp.schema if dp is not None and dp.schema.active else None
+    taken: dict[int, list[int]] = {}  # the participation schema's public history: who was in which cohort
     for r in range(1, rounds + 1):
         t0 = time.perf_counter()
-        selected = set(select_clients(len(clients), join_ratio, seed, r))
+        selected = set(select_clients(len(clients), join_ratio, seed, r, schema, taken))
+        if schema is not None and not selected:
+            budget_stop = (f"participation schema: no client may take part in round {r} (max_participations "
+                           f"{schema.most}, min_separation {schema.separation}); the run stops after round {r - 1}")
+            log.warning("%s", budget_stop)
+            break
+        for c in selected:
+            taken.setdefault(c, []).append(r)
         rp = private.round(len(selected)) if private is not None else None
         if rp is not None and secure is not None and rp.mode == "local":  # distributed DP: shares in the ring
             rp = dataclasses.replace(rp, ring=True)
@@ -224,7 +233,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     final_acc, _ = weighted(finals)
     return SimulationResult(records, final_acc, [e.acc for e in finals], g, states, resolved, diverged,
                             weighted(final_vals)[0] if final_vals else None,
-                            private.ledger.epsilon(private.delta) if private is not None else None,
+                            private.accounts.public_epsilon(private.delta) if private is not None else None,
                             private.delta if private is not None else None, budget_stop,
                             private.accounts.epsilons(private.delta)["coordinator"] if private is not None else None)
 
@@ -243,7 +252,7 @@ class _Private:
 
         assert settings.delta is not None and settings.expected_contributions is not None
         self.s, self.delta, self.clip = settings, settings.delta, settings.clip
-        self.accounts = Accounts(settings.mode, settings.secure_aggregation)
+        self.accounts = Accounts(settings.mode, settings.secure_aggregation, most=settings.max_participations)
         self.ledger = self.accounts.public
 
     def round(self, asked: int) -> RoundPrivacy:
@@ -254,12 +263,12 @@ class _Private:
         target = self.s.target_epsilon
         if target is None:
             return None
-        eps = self.ledger.epsilon_after(self.s.noise_multiplier, 1.0, self.delta)
+        eps = self.accounts.public_after(self.s.noise_multiplier, self.delta)
         if eps <= target:
             return None
         return (f"privacy budget: round {r} would bring epsilon to {eps:.3f} > target_epsilon {target:g} at delta "
                 f"{self.delta:.3g}; the run stops after round {r - 1} with epsilon "
-                f"{self.ledger.epsilon(self.delta):.3f}")
+                f"{self.accounts.public_epsilon(self.delta):.3f}")
 
     def close(self, agg: OpenAggregate) -> float:
         """Compose the round just folded (with the noise its sum carries); adapt C (adaptive clipping);
@@ -270,7 +279,7 @@ class _Private:
             bits = agg.noised_bits()
             self.clip = next_clip(self.clip, bits, self.s.expected_contributions or 1, self.s.target_quantile,
                                   self.s.clip_lr)
-        return self.ledger.epsilon(self.delta)
+        return self.accounts.public_epsilon(self.delta)
 
 
 def divergence(records: Sequence[RoundRecord], global_state: Mapping[str, torch.Tensor],

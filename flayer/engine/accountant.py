@@ -21,6 +21,14 @@ What one round is, for the accountant (docs/explanation/privacy.md, "Who learns 
   fixed-size sample supports). Neither is what this release's selection offers any adversary;
   ``flayer simulate --dp-plan`` prints them as what a secret selection would give, labelled so.
 
+- **A participation schema bounds each device's rounds.** With ``[privacy] max_participations = k`` the
+  selection names a device in at most k cohorts (:mod:`flayer.engine.selection`), and a round a device is not
+  in does not depend on its data (the cohort is drawn from public facts; under the zero-out relation its
+  neighbour is in the same cohorts). Its epsilon is then at most the composition of the k rounds of the
+  history with the least noise (``most = k`` below): every round at ``q = 1``, the precisions ``z^-2`` of at
+  most k rounds add up to at most those of the k largest. At a fixed z that is k-fold composition, however
+  many rounds run.
+
 :class:`Ledger` keeps the composed history as ``(z, q, rounds)`` runs -- exactly what a checkpoint stores
 -- so a restarted coordinator recomposes the same epsilon, neither forgetting nor double-counting.
 """
@@ -33,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Ledger", "LedgerError", "epsilon_fixed_size", "epsilon_for", "gaussian_epsilon", "noise_for_target",
-           "rounds_for_target"]
+           "rounds_for_target", "worst_rounds"]
 
 
 class LedgerError(ValueError):
@@ -96,9 +104,27 @@ def _pld_epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> f
     return float(acc.get_epsilon(delta))
 
 
-def epsilon_for(history: Sequence[tuple[float, float, int]], delta: float) -> float:
+def worst_rounds(history: Sequence[tuple[float, float, int]], most: int) -> list[tuple[float, float, int]]:
+    """The ``most`` rounds of ``history`` with the smallest multipliers, as runs: what a device the schema
+    names in at most ``most`` rounds can have been in at worst (module docstring). Rounds at ``q = 1`` only."""
+    if any(q < 1 for _, q, n in history if n > 0):
+        raise ValueError("a participation schema composes rounds at q = 1 only")
+    out: list[tuple[float, float, int]] = []
+    left = most
+    for z, q, n in sorted(((float(z), float(q), int(n)) for z, q, n in history if n > 0), key=lambda r: r[0]):
+        if left <= 0:
+            break
+        out.append((z, q, min(n, left)))
+        left -= min(n, left)
+    return out
+
+
+def epsilon_for(history: Sequence[tuple[float, float, int]], delta: float, most: int | None = None) -> float:
     """Epsilon at ``delta`` of the composed ``(z, q, rounds)`` runs (inf when a run has no noise): all at
-    ``q = 1``, the exact Gaussian composition (module docstring); with sampled runs, dp-accounting's PLD."""
+    ``q = 1``, the exact Gaussian composition (module docstring); with sampled runs, dp-accounting's PLD.
+    ``most``: a device is in at most that many of the rounds (the participation schema; :func:`worst_rounds`)."""
+    if most is not None:
+        history = worst_rounds(history, most)
     runs = [(float(z), float(q), int(n)) for z, q, n in history if n > 0]
     if not runs:
         return 0.0
@@ -144,14 +170,15 @@ class Ledger:
     def rounds(self) -> int:
         return sum(n for _, _, n in self.history)
 
-    def epsilon(self, delta: float) -> float:
-        return epsilon_for(self.history, delta)
+    def epsilon(self, delta: float, most: int | None = None) -> float:
+        """``most``: a device is in at most that many rounds (the participation schema)."""
+        return epsilon_for(self.history, delta, most)
 
-    def epsilon_after(self, z: float, q: float, delta: float, rounds: int = 1) -> float:
+    def epsilon_after(self, z: float, q: float, delta: float, rounds: int = 1, most: int | None = None) -> float:
         """Epsilon if ``rounds`` more rounds at (z, q) were composed (the ledger is left as it is)."""
         nxt = Ledger(list(self.history))
         nxt.compose(z, q, rounds)
-        return nxt.epsilon(delta)
+        return nxt.epsilon(delta, most)
 
     def state(self) -> list[list[float]]:
         """JSON for a checkpoint: ``[[z, q, rounds], ...]``."""
@@ -171,11 +198,16 @@ class Ledger:
         return cls(out)
 
 
-def noise_for_target(target_epsilon: float, delta: float, q: float, rounds: int) -> float:
+def noise_for_target(target_epsilon: float, delta: float, q: float, rounds: int, most: int | None = None) -> float:
     """The smallest noise multiplier z (to 0.1%) whose ``rounds`` rounds at rate q stay within
-    ``target_epsilon`` (a bisection on :func:`epsilon_for`)."""
+    ``target_epsilon`` (a bisection on :func:`epsilon_for`); ``most``: a device is in at most that many of them
+    (the participation schema: ``min(rounds, most)``-fold composition at q = 1)."""
     if not (target_epsilon > 0 and rounds >= 1):
         raise ValueError(f"need target_epsilon > 0 and rounds >= 1, got {target_epsilon}, {rounds}")
+    if most is not None:
+        if q < 1 or most < 1:
+            raise ValueError(f"a participation schema needs q = 1 and max_participations >= 1, got q={q}, {most}")
+        rounds = min(rounds, most)
     lo, hi = 0.0, 1.0
     while epsilon_for([(hi, q, rounds)], delta) > target_epsilon:
         lo, hi = hi, hi * 2

@@ -17,6 +17,9 @@ is public, so nobody is uncertain about who took part):
   secure aggregation (distributed DP): only the sum, so the ``public`` figure, plus every sum it unmasked and
   then refused (:meth:`Accounts.unmasked_unfolded`).
 
+With a participation schema (``most`` = ``[privacy] max_participations``) both figures are a device's in at
+most ``most`` rounds: the rounds with the least noise, ``most``-fold (:func:`flayer.engine.accountant.worst_rounds`).
+
 Both assume the coordinator runs the mechanism as written (it clips, adds its noise, keeps the fixed
 denominator); only the local-mode figure against the coordinator holds when it does not.
 """
@@ -46,6 +49,7 @@ class Accounts:
     secure: bool  # secure aggregation: the coordinator sees only sums
     public: Ledger = field(default_factory=Ledger)
     coordinator: Ledger | None = None
+    most: int | None = None  # the participation schema's max_participations (None: a device in every round)
 
     def __post_init__(self) -> None:
         if self.mode == "local" and self.coordinator is None:
@@ -89,10 +93,18 @@ class Accounts:
         if self.coordinator is not None and self.secure:
             self.coordinator.compose(z, 1.0)
 
+    def public_epsilon(self, delta: float) -> float:
+        """Against readers of the models, under the schema (``most``)."""
+        return self.public.epsilon(delta, self.most)
+
+    def public_after(self, z: float, delta: float) -> float:
+        """:meth:`public_epsilon` were one more round at multiplier ``z`` composed."""
+        return self.public.epsilon_after(z, 1.0, delta, 1, self.most)
+
     def epsilons(self, delta: float) -> dict[str, float]:
-        """``{"public": eps, "coordinator": eps}`` at ``delta`` (inf: no guarantee)."""
-        return {"public": self.public.epsilon(delta),
-                "coordinator": math.inf if self.coordinator is None else self.coordinator.epsilon(delta)}
+        """``{"public": eps, "coordinator": eps}`` at ``delta`` (inf: no guarantee), under the schema."""
+        return {"public": self.public_epsilon(delta),
+                "coordinator": math.inf if self.coordinator is None else self.coordinator.epsilon(delta, self.most)}
 
     def state(self) -> dict[str, Any]:
         return {"ledger": self.public.state(),

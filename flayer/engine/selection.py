@@ -9,19 +9,25 @@
   idle devices online, seeded from (run seed, model version, how many slots were given before).
 
 All three draw with :func:`draw`: ``k`` of a sorted pool without replacement.
+
+With a participation schema (``[privacy] max_participations`` k, ``min_separation`` b;
+:class:`flayer.privacy_config.ParticipationSchema`) the pool is first cut by :func:`eligible`: a device named
+in k earlier cohorts, or in one fewer than b rounds before, is not in it. The rule reads only the earlier plans'
+``selected`` lists (:func:`participations`), so anyone holding the plans can check every cohort against it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
 
+from flayer.privacy_config import ParticipationSchema
 from flayer.strategies.base import derive_seed
 
-__all__ = ["assign_slots", "draw", "select_clients", "select_devices"]
+__all__ = ["assign_slots", "draw", "eligible", "participations", "select_clients", "select_devices"]
 
 T = TypeVar("T")
 
@@ -35,10 +41,33 @@ def draw(pool: Sequence[T], k: int, *key: int | str) -> list[T]:
     return sorted(pool[int(i)] for i in rng.choice(len(pool), size=k, replace=False))  # type: ignore[type-var]
 
 
-def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int) -> list[int]:
-    """PFLlib's selection: round(join_ratio * N) clients (at least 1), uniformly, seeded per round."""
+def participations(cohorts: Iterable[tuple[int, Iterable[T]]]) -> dict[T, list[int]]:
+    """``{device: the rounds it was selected in, ascending}`` from ``(round, selected)`` of the plans."""
+    out: dict[T, list[int]] = {}
+    for r, selected in sorted(cohorts, key=lambda c: c[0]):
+        for d in selected:
+            if r not in out.setdefault(d, []):
+                out[d].append(r)
+    return out
+
+
+def eligible(pool: Sequence[T], history: Mapping[T, Sequence[int]], schema: ParticipationSchema,
+             round_: int) -> list[T]:
+    """The members of ``pool`` the schema lets take part in ``round_`` given ``history`` (:func:`participations`
+    of the earlier plans), in ``pool``'s order."""
+    return [d for d in pool if schema.refuses(tuple(history.get(d, ())), round_) is None]
+
+
+def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int,
+                   schema: ParticipationSchema | None = None,
+                   history: Mapping[int, Sequence[int]] | None = None) -> list[int]:
+    """PFLlib's selection: round(join_ratio * N) clients (at least 1), uniformly, seeded per round; with a
+    ``schema``, drawn from the clients it allows (fewer when fewer are eligible, none when none is)."""
     k = max(1, int(round(join_ratio * num_clients)))
-    return draw(list(range(num_clients)), k, seed, round_, "select")
+    pool = list(range(num_clients))
+    if schema is not None and schema.active:
+        pool = eligible(pool, history or {}, schema, round_)
+    return draw(pool, k, seed, round_, "select")
 
 
 def select_devices(online: Sequence[str], quorum: int, over_selection: float, seed: int, round_: int) -> list[str]:

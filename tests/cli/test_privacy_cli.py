@@ -22,9 +22,9 @@ def test_dp_plan_prints_the_accountants_numbers(capsys):
     out = capsys.readouterr().out
     delta = 1e-5  # min(1e-5, 1/(10 N))
     assert f"delta = {delta:.3g}" in out and "q = 1" in out  # the cohort is public: no amplification
-    assert (f"epsilon after 20 rounds against readers of the published models, devices and broker observers: "
-            f"{epsilon_for([(1.1, 1.0, 20)], delta):.4g}") in out
-    assert "epsilon against the coordinator: infinite" in out
+    assert (f"epsilon {epsilon_for([(1.1, 1.0, 20)], delta):.4g} after 20 rounds for a device in every round (no "
+            f"max_participations), against readers of the published models, devices and broker observers") in out
+    assert "epsilon against the coordinator, for a device in every round (no max_participations): infinite" in out
     assert f"need z >= {noise_for_target(5.0, delta, 1.0, 20):.3f}" in out
     assert f"allows {rounds_for_target(5.0, delta, 1.0, 1.1)} rounds" in out
     assert "warning: population N = 10" in out  # too small for a useful guarantee, said at plan time
@@ -55,6 +55,9 @@ def test_the_default_clip_is_the_measured_one(capsys, tmp_path):
     (["--dp", "local", "--dp-noise", "0", "--target-epsilon", "2"], "target_epsilon needs noise"),
     (["--dp", "central", "--set", "flayer.positions=topk"], "positions = \"topk\""),
     (["--dp", "central", "--keep", "0.5"], "--keep < 1"),
+    (["--dp", "central", "--max-participations", "0"], "max_participations must be an integer >= 1"),
+    (["--dp", "central", "--min-separation", "-2"], "min_separation must be an integer"),
+    (["--max-participations", "2"], "they need --dp"),
 ])
 def test_private_simulate_refuses_what_it_cannot_honour(tmp_path, capsys, flags, needle):
     assert main(["simulate", *COMMON, *flags, "--out", str(tmp_path / "x")]) == 2
@@ -78,7 +81,8 @@ def test_private_simulate_records_epsilon_and_stops_at_the_target(tmp_path, caps
     assert summary["epsilon_coordinator"] == "inf" and summary["dp_noise"] == "csprng"
     captured = capsys.readouterr()
     text = captured.out
-    assert f"privacy: epsilon {rounds[-1]['epsilon']:.4g} at delta 1e-05 after {expected} rounds against readers" in text
+    assert (f"privacy: epsilon {rounds[-1]['epsilon']:.4g} at delta 1e-05 after {expected} rounds for a device in "
+            f"every round (no max_participations), against readers") in text
     assert "epsilon infinite against the coordinator" in text and f"round {expected + 1} would bring" in text
     assert "NOT PRIVATE" not in text
     assert "warning: privacy: population N = 10" in captured.err  # said before the run, too
@@ -129,3 +133,31 @@ def test_seeded_noise_is_asked_for_and_labelled_not_private(tmp_path, capsys):
     assert all(r["dp_noise"] == "seeded: not private" for r in runs)
     assert runs[0]["final_personal_acc"] == runs[1]["final_personal_acc"]  # reproducible: the point of the flag
     assert "NOT PRIVATE: --dp-seeded-noise drew the noise from seed 1" in capsys.readouterr().out
+
+
+def test_dp_plan_composes_the_participation_schema(capsys):
+    """With --max-participations k the accountant composes k rounds, not R, and every epsilon names the schema."""
+    assert main(["simulate", *COMMON, "--dp", "central", "--dp-noise", "1.1", "--target-epsilon", "5",
+                 "--rounds", "20", "--max-participations", "3", "--min-separation", "2", "--dp-plan"]) == 0
+    out = capsys.readouterr().out
+    delta, who = 1e-5, "a device in at most 3 rounds, 2 rounds apart (the participation schema)"
+    assert (f"epsilon {epsilon_for([(1.1, 1.0, 3)], delta):.4g} after 20 rounds for {who}, against readers of the "
+            f"published models, devices and broker observers") in out
+    assert f"without it, a device in every round: {epsilon_for([(1.1, 1.0, 20)], delta):.4g}" in out
+    assert f"target epsilon 5 for {who}: 20 rounds need z >= {noise_for_target(5.0, delta, 1.0, 3):.3f}" in out
+    assert noise_for_target(5.0, delta, 1.0, 20, most=3) == noise_for_target(5.0, delta, 1.0, 3)
+
+
+def test_private_simulate_selects_by_the_schema_and_says_so(tmp_path, capsys):
+    """max_participations 1 over 10 clients, 5 a round: two disjoint cohorts, then nobody; epsilon of one round."""
+    out = tmp_path / "run"
+    assert main(["simulate", *COMMON, "--strategy", "fedavg", "--dp", "central", "--dp-noise", "1.0",
+                 "--dp-delta", "1e-3", "--max-participations", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rounds = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "round"]
+    assert [len(r["selected"]) for r in rounds] == [5, 5]
+    assert not set(rounds[0]["selected"]) & set(rounds[1]["selected"])
+    assert "participation schema: no client may take part in round 3" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["epsilon"] == pytest.approx(epsilon_for([(1.0, 1.0, 1)], 1e-3))
+    assert f"epsilon {summary['epsilon']:.4g} at delta 0.001 after 2 rounds for a device in at most 1 round" in text

@@ -290,3 +290,34 @@ def test_a_lossy_value_codec_is_refused_with_privacy(tmp_path):
     (tmp_path / "federation.toml").write_text(text)
     with pytest.raises(ConfigError, match="value_codec = 'int8' with \\[privacy\\]"):
         load_coordinator_config(tmp_path / "federation.toml")
+
+
+def test_the_participation_schema_selects_publicly_survives_a_restart_and_ends_the_federation(tmp_path, datas):
+    """max_participations 1 over 4 devices, 2 a round: rounds 1 and 2 select disjoint cohorts (across a restart:
+    the checkpoint holds the cohorts), round 3 has nobody the schema allows and the federation ends saying so;
+    the plans carry the schema, and epsilon is one round's (the schema's worst case), not two."""
+    first = _Offline(_config(tmp_path, rounds=3, max_participations=1), datas)
+    first.round()
+    first.close()
+    again = _Offline(_config(tmp_path, rounds=3, max_participations=1), datas)
+    again.states = first.states
+    again.round()
+    cohorts = [set(p.selected) for p in first.plans + again.plans if p.phase == "train"]
+    assert len(cohorts) >= 2 and len(cohorts[0]) == 2 and cohorts[0].isdisjoint(cohorts[-1]), cohorts
+    assert first.plans[0].privacy["max_participations"] == 1 and first.plans[0].privacy["min_separation"] == 0
+    again.round()
+    assert again.coord._done and again.coord.done_round == 2
+    assert again.coord.budget_stop is not None and "participation schema: round 3" in again.coord.budget_stop
+    assert again.coord.privacy.accounts.public.rounds == 2
+    assert again.coord.privacy.epsilon() == pytest.approx(epsilon_for([(1.0, 1.0, 1)], 0.05))
+    again.close()
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"max_participations": 0}, "max_participations must be an integer >= 1"),
+    ({"min_separation": -1}, "min_separation must be an integer"),
+])
+def test_the_coordinator_refuses_a_malformed_schema(tmp_path, bad, needle):
+    with pytest.raises(Exception, match="privacy") as exc:
+        Coordinator(_config(tmp_path, **bad), CREDS)
+    assert needle in str(exc.value)

@@ -54,7 +54,7 @@ def _device(tmp: Path, budget: float, delta: float, extra: dict[str, Any]) -> An
     dev = SimpleNamespace(id="dev-1", settings=SimpleNamespace(device_budget=budget, device_delta=delta),
                           stored=SimpleNamespace(extra=extra), skipped={}, _heartbeat_at=5.0,
                           _budget_state=(None, False))
-    for name in ("_ledger", "_own_privacy", "_budget_refuses", "_noise_problem", "_budget_problem",
+    for name in ("_ledger", "_own_privacy", "_budget_refuses", "_noise_problem", "_budget_problem", "_schema_problem", "_pinned_schema",
                  "_record_contribution", "_privacy_status"):
         setattr(dev, name, getattr(DeviceBudgets, name).__get__(dev))
     return dev
@@ -100,3 +100,33 @@ def test_a_malformed_private_plan_is_refused_without_a_budget_too(tmp_path: Path
     assert dev._budget_refuses(_plan(1, delta="1e-3"))
     assert dev.skipped[1] == "round skipped"
     assert not dev._budget_refuses(_plan(2))
+
+
+def test_device_toml_pins_a_participation_schema(tmp_path: Path) -> None:
+    base = 'credentials = "c.toml"\n[data]\nsource = "arrays"\npath = "x.npz"\n'
+    (tmp_path / "a.toml").write_text(base + "[privacy]\nmax_participations = 2\nmin_separation = 3\n")
+    edge = load_device_config(tmp_path / "a.toml").edge
+    assert (edge.max_participations, edge.min_separation) == (2, 3)
+    for bad in ("max_participations = -1", "min_separation = 1.5", "max_participations = true"):
+        (tmp_path / "b.toml").write_text(base + f"[privacy]\n{bad}\n")
+        with pytest.raises(ConfigError, match="max_participations|min_separation"):
+            load_device_config(tmp_path / "b.toml")
+
+
+def test_schema_problem_reads_the_plan_the_ledger_and_the_pinned_floor() -> None:
+    from edge_client.budget import schema_problem
+    from flayer.privacy_config import ParticipationSchema as S
+
+    plan = {"max_participations": 2, "min_separation": 3}
+    assert schema_problem(plan, S(), 0, 0, 1) is None
+    assert "max_participations = 2" in schema_problem(plan, S(), 2, 4, 9)  # a third
+    assert "min_separation = 3" in schema_problem(plan, S(), 1, 4, 6)  # two rounds after its last
+    assert schema_problem(plan, S(), 2, 4, 4) is None  # round 4 is counted already: a re-sent upload
+    assert "looser" in schema_problem({}, S(2, 3), 0, 0, 1)  # absent while pinned
+    assert "looser" in schema_problem({"max_participations": 3, "min_separation": 3}, S(2, 3), 0, 0, 1)
+    assert "looser" in schema_problem({"max_participations": 2, "min_separation": 2}, S(2, 3), 0, 0, 1)
+    assert schema_problem({"max_participations": 5}, S(), 4, 1, 2) is None  # no pin: the plan's own k
+    assert "max_participations = 1" in schema_problem({"max_participations": 1, "min_separation": 3}, S(2, 3),
+                                                      1, 1, 9)  # the tighter of the two
+    with pytest.raises(ValueError, match="max_participations"):
+        schema_problem({"max_participations": "2"}, S(), 0, 0, 1)

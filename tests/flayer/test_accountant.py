@@ -4,6 +4,7 @@ for a target; the ledger's checkpoint round trip; a target epsilon that stops a 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -144,3 +145,56 @@ def test_target_epsilon_stops_the_simulation_at_the_right_round(digits):
     assert res.budget_stop is not None and f"round {expected + 1} would bring epsilon" in res.budget_stop
     assert res.epsilon == pytest.approx(epsilon_for([(z, 1.0, expected)], delta))
     assert res.epsilon_coordinator == math.inf  # central noise: no guarantee against the coordinator
+
+
+def test_a_participation_schema_composes_the_k_least_noisy_rounds():
+    """A device in at most k rounds: k-fold composition at a fixed z, the k smallest multipliers otherwise."""
+    from flayer.engine.accountant import worst_rounds
+
+    delta = 1e-5
+    assert epsilon_for([(1.2, 1.0, 10)], delta, most=2) == epsilon_for([(1.2, 1.0, 2)], delta)
+    assert epsilon_for([(1.2, 1.0, 1)], delta, most=5) == epsilon_for([(1.2, 1.0, 1)], delta)  # fewer rounds ran
+    history = [(2.0, 1.0, 3), (0.9, 1.0, 1), (1.5, 1.0, 2)]
+    assert worst_rounds(history, 2) == [(0.9, 1.0, 1), (1.5, 1.0, 1)]
+    assert epsilon_for(history, delta, most=2) == epsilon_for([(0.9, 1.0, 1), (1.5, 1.0, 1)], delta)
+    # any two rounds a device was in spend at most that
+    assert all(epsilon_for([a, b], delta) <= epsilon_for(history, delta, most=2) + 1e-12
+               for a in [(2.0, 1.0, 1), (0.9, 1.0, 1), (1.5, 1.0, 1)] for b in [(2.0, 1.0, 1), (1.5, 1.0, 1)])
+    with pytest.raises(ValueError, match="q = 1"):
+        epsilon_for([(1.0, 0.5, 3)], delta, most=1)
+    z = noise_for_target(8.0, delta, 1.0, 10, most=3)
+    assert epsilon_for([(z, 1.0, 10)], delta, most=3) <= 8.0 < epsilon_for([(z * 0.99, 1.0, 3)], delta)
+    led = Ledger()
+    led.compose(1.0, 1.0, 5)
+    assert led.epsilon(delta, 2) == epsilon_for([(1.0, 1.0, 2)], delta)
+    assert led.epsilon_after(0.5, 1.0, delta, 1, 2) == epsilon_for([(0.5, 1.0, 1), (1.0, 1.0, 1)], delta)
+
+
+def test_the_schema_selection_is_a_public_rule_over_the_plans():
+    """select_clients with a schema: deterministic, never a device past k or within b, from the cohorts alone."""
+    from flayer.engine.selection import eligible, participations, select_clients
+    from flayer.privacy_config import ParticipationSchema
+
+    schema = ParticipationSchema(2, 3)
+    taken: dict[int, list[int]] = {}
+    cohorts = []
+    for r in range(1, 13):
+        sel = select_clients(30, 0.2, 7, r, schema, taken)
+        assert sel == select_clients(30, 0.2, 7, r, schema, taken)  # the same public facts, the same cohort
+        assert all(schema.refuses(taken.get(c, []), r) is None for c in sel)
+        cohorts.append((r, sel))
+        for c in sel:
+            taken.setdefault(c, []).append(r)
+    assert participations(cohorts) == taken  # anyone holding the plans rebuilds the history
+    assert all(len(rs) <= 2 and all(b - a >= 3 for a, b in itertools.pairwise(rs)) for rs in taken.values())
+    assert eligible([1, 2, 3], {1: [5], 2: [1, 4]}, schema, 7) == [3]
+    assert [len(s) for _, s in cohorts][:5] == [6] * 5 and len(cohorts[-1][1]) < 6  # fewer once few are left
+
+
+@pytest.mark.parametrize("most, sep, needle", [(0, 0, "max_participations"), (True, 0, "max_participations"),
+                                               (2, -1, "min_separation"), (2, 1.5, "min_separation")])
+def test_a_malformed_schema_is_refused(most, sep, needle):
+    from flayer.privacy_config import PrivacySettings
+
+    with pytest.raises(ValueError, match=needle):
+        PrivacySettings(enabled=True, max_participations=most, min_separation=sep)
