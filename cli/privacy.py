@@ -39,6 +39,11 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
                         "composition, not R-fold (docs/explanation/privacy.md)")
     g.add_argument("--min-separation", type=int, metavar="B",
                    help="participation schema: a device selected again only B rounds after its last (0)")
+    g.add_argument("--dp-noise-kind", choices=("independent", "banded"), default=None,
+                   help="central noise: a fresh draw each round (independent), or banded correlated noise (DP-MF) "
+                        "whose prefix sums carry less; banded needs --max-participations and --min-separation >= "
+                        "--dp-bands (docs/explanation/privacy.md)")
+    g.add_argument("--dp-bands", type=int, metavar="B", help="banded noise: the strategy's bands (1 to 64)")
     g.add_argument("--dp-plan", action="store_true",
                    help="print epsilon against each adversary for these settings, and z / rounds for "
                         "--target-epsilon, then exit")
@@ -51,7 +56,8 @@ def privacy_overrides(a: dict[str, Any]) -> dict[str, Any]:
             "target_epsilon": a.get("target_epsilon"), "clipping": a.get("dp_clipping"),
             "secure_aggregation": a.get("secure_agg"), "secure_dropout": a.get("secure_dropout"),
             "secure_keep": a.get("secure_keep"), "max_participations": a.get("max_participations"),
-            "min_separation": a.get("min_separation")}
+            "min_separation": a.get("min_separation"), "noise_kind": a.get("dp_noise_kind"),
+            "noise_bands": a.get("dp_bands")}
 
 
 def _eps(eps: Any) -> str:

@@ -296,6 +296,12 @@ class DPSumAggregator:
         self.total_weight = 0.0
         self.contributors = 0
         self._out: tuple[dict[str, torch.Tensor], float] | None = None
+        self._noise: Mapping[str, np.ndarray] | None = None  # use_noise
+
+    def use_noise(self, noise: Mapping[str, np.ndarray]) -> None:
+        """The round's banded noise (flayer.engine.correlated), a flat vector a tensor, for all of a tensor sent."""
+        assert all(k in noise and noise[k].size == int(np.prod(s)) for k, s in self.shapes.items()), "a vector a tensor"
+        self._noise, self._out = noise, None
 
     def fold(self, update: Update, weight: float | None = None) -> None:
         """Add a clipped upload, unweighted (``weight`` is checked, not used: DP bounds each device's
@@ -351,8 +357,9 @@ class DPSumAggregator:
             if acc is None:
                 out[name] = prev.clone()
                 continue
-            pos = np.flatnonzero(self._sent[name])
-            total = acc[pos] + (rng.normal(0.0, self.noise_std, pos.size) if self.noise_std > 0 else 0.0)
+            pos = np.flatnonzero(self._sent[name]) if self._noise is None else np.arange(acc.size)  # banded: all
+            total = acc[pos] + (self._noise[name][pos] if self._noise is not None else
+                                rng.normal(0.0, self.noise_std, pos.size) if self.noise_std > 0 else 0.0)
             new = prev.numpy().reshape(-1).astype(np.float64)
             new[pos] += total / self.m
             with np.errstate(over="ignore"):

@@ -14,6 +14,9 @@ from typing import Any, Literal
 
 __all__ = ["ParticipationSchema", "PrivacySettings", "default_delta"]
 
+NOISE_KINDS = ("independent", "banded")  # flayer.engine.correlated
+MAX_BANDS = 64
+
 
 def default_delta(population: int) -> float:
     """``delta = min(1e-5, 1 / (10 N))``. delta bounds the chance that the guarantee fails outright: a
@@ -117,6 +120,10 @@ class PrivacySettings:
     # the participation schema (ParticipationSchema): each device selected at most k times, b rounds apart at least
     max_participations: int | None = None
     min_separation: int = 0
+    # the central noise's kind (flayer.engine.correlated): a fresh draw each round, or banded correlated noise
+    # (DP-MF) with noise_bands bands; banded needs the schema above with min_separation >= noise_bands
+    noise_kind: Literal["independent", "banded"] = "independent"
+    noise_bands: int = 1
     # secure aggregation (SecAgg+, docs/explanation/secure-aggregation.md): the coordinator learns only the
     # round's sum; with or without the DP above (``enabled``)
     secure_aggregation: bool = False
@@ -142,6 +149,13 @@ class PrivacySettings:
         if self.device_budget is not None and not (math.isfinite(self.device_budget) and self.device_budget > 0):
             raise ValueError(f"device_budget must be a finite epsilon > 0, got {self.device_budget}")
         ParticipationSchema(self.max_participations, self.min_separation)  # ValueError naming the bad value
+        if self.noise_kind not in NOISE_KINDS:
+            raise ValueError(f"noise_kind must be one of {', '.join(NOISE_KINDS)}, got {self.noise_kind!r}")
+        if isinstance(self.noise_bands, bool) or not isinstance(self.noise_bands, int) \
+                or not 1 <= self.noise_bands <= MAX_BANDS:
+            raise ValueError(f"noise_bands must be an integer in [1, {MAX_BANDS}], got {self.noise_bands!r}")
+        if self.enabled and (why := self.correlated_problem()) is not None:
+            raise ValueError(why)
         if self.delta is not None and not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if not 0 < self.target_quantile < 1:
@@ -196,6 +210,29 @@ class PrivacySettings:
                              f"z_Delta = (z^-2 - sigma_b^-2)^(-1/2)); raise count_stddev, or leave it unset "
                              f"(default max(m / 20, 2 z))")
         return out
+
+    @property
+    def banded(self) -> bool:
+        """Banded correlated noise (flayer.engine.correlated) rather than a fresh draw each round."""
+        return self.noise_kind == "banded" and self.noise_bands > 1
+
+    def correlated_problem(self) -> str | None:
+        """Why banded noise cannot run with these settings (None: it can, or the noise is independent)."""
+        if not self.banded:
+            return None
+        if self.secure_aggregation or self.mode != "central":
+            return ("noise_kind = \"banded\" needs mode = \"central\" without secure aggregation: its state (the last "
+                    "noise vectors) must stay with the one party that adds the noise, and local or distributed shares "
+                    "have no such party")
+        if self.clipping == "adaptive":
+            return ("noise_kind = \"banded\" needs clipping = \"fixed\": the stream's noise std z C must not change "
+                    "between rounds, and adaptive clipping moves C")
+        if self.max_participations is None or self.min_separation < self.noise_bands:
+            return (f"noise_kind = \"banded\" with noise_bands = {self.noise_bands} needs a participation schema: "
+                    f"max_participations set and min_separation >= {self.noise_bands} (got "
+                    f"{self.max_participations}, {self.min_separation}); closer rounds of one device share the "
+                    f"strategy's rows, and its epsilon would not be the k-fold composition the accountant books")
+        return None
 
     @property
     def schema(self) -> ParticipationSchema:

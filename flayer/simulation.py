@@ -38,6 +38,7 @@ from .engine import (
 from .engine.privacy import (
     PrivacySettings,
     RoundPrivacy,
+    central_std,
     next_clip,
     private_strategy,
     privatize,
@@ -131,7 +132,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         strategy = private_strategy(strategy)
     if dp is not None:
         dp = dp.resolve(len(clients), len(select_clients(len(clients), join_ratio, seed, 1)))
-    private = _Private(dp) if dp is not None else None
+    private = _Private(dp, rounds) if dp is not None else None
     states = [strategy.initial_state() for _ in clients]
     records: list[RoundRecord] = []
     diverged: str | None = None
@@ -155,6 +156,8 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
             log.warning("%s", budget_stop)
             break
         agg = OpenAggregate(strategy, g, rp, noise_seed(seed, r) if seeded_noise else None)
+        if private is not None and private.s.banded:  # correlated noise: this round's w_t, drawn here
+            agg.aggregator.use_noise(private.banded_noise(g, noise_seed(seed, r) if seeded_noise else None))
         bounds = Bounds(server_bound(rp, agg.coordinates), "clip") if rp is not None else Bounds()
         evals: list[ClientEval] = []
         losses: list[float] = []
@@ -247,16 +250,30 @@ class _Private:
     """A private run's state between rounds: the clip bound (adaptive clipping moves it) and the ledgers, one
     per adversary (:class:`flayer.engine.adversaries.Accounts`; every round at q = 1: the cohort is public)."""
 
-    def __init__(self, settings: PrivacySettings) -> None:
+    def __init__(self, settings: PrivacySettings, rounds: int) -> None:
         from .engine.adversaries import Accounts
 
         assert settings.delta is not None and settings.expected_contributions is not None
-        self.s, self.delta, self.clip = settings, settings.delta, settings.clip
+        self.s, self.delta, self.clip, self.rounds = settings, settings.delta, settings.clip, rounds
+        self.stream: Any = None  # banded noise (flayer.engine.correlated.BandedNoise): a secret, kept in memory
         self.accounts = Accounts(settings.mode, settings.secure_aggregation, most=settings.max_participations)
         self.ledger = self.accounts.public
 
     def round(self, asked: int) -> RoundPrivacy:
         return RoundPrivacy.of(self.s, self.clip)
+
+    def banded_noise(self, g: Mapping[str, torch.Tensor], seed: int | None) -> dict[str, np.ndarray]:
+        """The next round's banded noise on the sum, one flat vector per tensor of ``g`` in its order; its ``z_t``
+        from the CSPRNG (``seed``: from it, --dp-seeded-noise); coefficients optimised for the run's rounds."""
+        from .engine.correlated import BandedNoise, coefficients
+
+        sizes = {k: int(v.numel()) for k, v in g.items()}
+        if self.stream is None:
+            self.stream = BandedNoise(coefficients(self.rounds, self.s.noise_bands),
+                                      central_std(self.s.noise_multiplier, self.s.clip), sum(sizes.values()))
+        w = self.stream.draw(KeystreamRandom() if seed is None else np.random.default_rng(seed))
+        cuts = np.cumsum([0, *sizes.values()])
+        return {k: w[cuts[i]:cuts[i + 1]] for i, k in enumerate(sizes)}
 
     def over_budget(self, r: int) -> str | None:
         """Why round ``r`` must not run (its epsilon would exceed target_epsilon), or None."""
