@@ -63,7 +63,7 @@ class KitFed:
 
     def add(self, device: str) -> Credentials:
         """``flayer broker add-device DEV --kit``: the device, its kit unpacked on "its machine"."""
-        add_device(self.state, device)
+        add_device(self.state, device, exist_ok=True)
         self.fb.broker.reload()
         kit = write_kit(self.state, device, self.tmp / f"machine-{device}" / f"{device}.tar.gz")
         self.kits[device] = unpack_kit(kit).parent
@@ -83,6 +83,22 @@ class KitFed:
             assert rec.link.wait_published([rec.link.publish(T.cert(device), cert.read_bytes(), retain=True)], 5)
         finally:
             rec.close()
+
+    def admin(self, *args: str) -> int:
+        """The admin's command line on the broker's machine: ``flayer broker ARGS --state-dir STATE``."""
+        from cli.main import main
+
+        return main(["broker", *args, "--state-dir", str(self.state)])
+
+    def renew(self, device: str) -> None:
+        """The device restarted from the new kit beside the old one, in the same folder."""
+        self.kits[device] = unpack_kit(self.tmp / f"machine-{device}" / f"{device}.tar.gz").parent
+        self.announce(device)
+
+    def restart_victim(self, shard: Any) -> EdgeClient:
+        assert self.victim is not None
+        self.victim.stop()
+        return self.start_victim(shard)
 
     def start_victim(self, shard: Any) -> EdgeClient:
         settings = EdgeSettings(state_dir=str(self.kits[VICTIM] / "state"), client_index=1, device="cpu",
@@ -143,12 +159,15 @@ class KitFed:
         self.fb.broker.stop()
 
 
-def kit_federation(tmp: Path, first: list[str]) -> KitFed:
-    """A Mosquitto and ``first`` devices, each with its kit (more come with :meth:`KitFed.add`)."""
+def kit_federation(tmp: Path, first: list[str], together: bool = False) -> KitFed:
+    """A Mosquitto and ``first`` devices, each with its kit (more come with :meth:`KitFed.add`); ``together``:
+    every device is added before any kit is made (each kit then knows them all, however it does)."""
     state = tmp / "broker"
     broker = start_broker(BrokerConfig(federation=FED), state, kind="mosquitto", timeout=30)
     fed = KitFed(tmp, FedBroker(broker, state, {}, load_credentials(state, "coordinator")))
     try:
+        for d in first if together else ():
+            add_device(state, d)
         for d in first:
             fed.add(d)
     except BaseException:
