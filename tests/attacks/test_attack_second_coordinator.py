@@ -15,9 +15,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fedtestlib import ROOT, federation_toml, start_fed_broker
+from fedtestlib import ROOT
 
 from mqtt_broker import mosquitto_available
 
@@ -25,10 +26,9 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
 
 
-def test_a_second_coordinator_over_the_same_state_folder_is_refused(tmp_path: Path) -> None:
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a"])
-    fed = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
-                          tmp_path / "coord", strategy="fedavg", rounds=1, dataset="digits")
+def test_a_second_coordinator_over_the_same_state_folder_is_refused(tmp_path: Path, attack_fed: Any) -> None:
+    fb = attack_fed(["dev-a"], view="coordinator")  # the party starts flayer coordinator with its config
+    fed = fb.federation_config()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-P", "-m", "cli.main", "coordinator", "--config", str(fed)]
     first = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -48,4 +48,3 @@ def test_a_second_coordinator_over_the_same_state_folder_is_refused(tmp_path: Pa
     finally:
         first.terminate()
         first.wait(30)
-        fb.broker.stop()

@@ -17,10 +17,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from mqtt_broker import BrokerConfig, add_device, mosquitto_available, start_broker
+from mqtt_broker import mosquitto_available
 from protocol import Status, Topics, encode_message
 from transport.credentials import mqtt_connect_settings
 from transport.link import Connected, MqttLink
@@ -55,22 +56,16 @@ def _status(state: Path, *flags: str, watch_s: float = 0.0) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def test_a_device_status_with_a_bad_field_does_not_stop_the_fleet_view(tmp_path: Path) -> None:
-    state = tmp_path / "broker"
-    broker = start_broker(BrokerConfig(federation=FED, persistence=False), state, kind="mosquitto", timeout=20)
-    try:
-        devs = {d: add_device(state, d) for d in ("dev-a", "dev-b")}
-        broker.reload()
-        time.sleep(0.3)
-        _publish_status(devs["dev-a"], {"link_kbps": "fast"})  # the adversary's own status
-        _publish_status(devs["dev-b"], {"link_kbps": 1234.5})
-        rc, out = _status(state)
-        assert rc == 0 and "Traceback" not in out, (rc, out)
-        rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip().startswith("dev-")}
-        assert "1234" in rows["dev-b"], out  # the honest device is shown
-        assert "dev-a: invalid status: link_kbps 'fast' is not a number >= 0" in out, out
-        rc, out = _status(state, "--watch", "--interval", "0.5", watch_s=6.0)
-        assert "Traceback" not in out and rc == 0, (rc, out[-2000:])
-        assert out.count("dev-a: invalid status") >= 2 and "1234" in out, out[-2000:]  # redrawn, both shown
-    finally:
-        broker.stop()
+def test_a_device_status_with_a_bad_field_does_not_stop_the_fleet_view(attack_fed: Any) -> None:
+    fed = attack_fed(["dev-b"], adversary="dev-a", view="device", federation=FED)  # dev-a: its own account
+    state, devs = fed.state_dir, fed.devices
+    _publish_status(devs["dev-a"], {"link_kbps": "fast"})  # the adversary's own status
+    _publish_status(devs["dev-b"], {"link_kbps": 1234.5})
+    rc, out = _status(state)
+    assert rc == 0 and "Traceback" not in out, (rc, out)
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip().startswith("dev-")}
+    assert "1234" in rows["dev-b"], out  # the honest device is shown
+    assert "dev-a: invalid status: link_kbps 'fast' is not a number >= 0" in out, out
+    rc, out = _status(state, "--watch", "--interval", "0.5", watch_s=6.0)
+    assert "Traceback" not in out and rc == 0, (rc, out[-2000:])
+    assert out.count("dev-a: invalid status") >= 2 and "1234" in out, out[-2000:]  # redrawn, both shown
