@@ -156,7 +156,8 @@ def adversary_creds(fb: FedBroker, view: str, name: str, tmp: Path) -> Credentia
     if view == "none":
         return None
     if view == "foreign":
-        other = write_broker_files(BrokerConfig(federation="other", persistence=False), tmp / "other-broker")
-        own = add_device(other.state_dir, name)  # pointed at this federation's broker
+        tls = fb.coordinator.tls is not None  # another federation's CA where this one has TLS
+        other = write_broker_files(BrokerConfig(federation="other", tls=tls, persistence=False), tmp / "other")
+        own = add_device(other.state_dir, name)  # its own password and certificate, pointed at this broker
         return replace(own, host=fb.coordinator.host, port=fb.coordinator.port)
     raise ValueError(f"unknown adversary view {view!r} (one of {', '.join(VIEWS)})")

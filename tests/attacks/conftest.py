@@ -9,7 +9,8 @@ The harness (fixtures):
   the test (the test is skipped where mosquitto is not installed). ``view`` is what the adversary holds
   (attacklib.VIEWS): ``"device"`` its own device account (added when not in ``devices``), ``"wide"`` the same
   with a mistaken ACL that lets it read and write ``fl/<federation>/#``, ``"observer"`` the broker's read-only
-  observer, ``"coordinator"`` the coordinator's own credentials, ``"foreign"`` a device of another federation,
+  observer, ``"coordinator"`` the coordinator's own credentials, ``"foreign"`` a device of another federation
+  (its broker state folder, and CA where the broker has TLS, under ``tmp_path / "other"``),
   ``"none"`` no broker account at all (a local user of a host, whoever hands over a kit).
   It returns an ``AttackFed`` (a FedBroker): ``.adversary`` (its credentials), ``.listen(topics)`` (the
   adversary's recording connection), ``.send(rec, topic, payload, delivered=True)``, ``.coordinator_in(**toml)``

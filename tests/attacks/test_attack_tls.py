@@ -19,11 +19,11 @@ import ssl
 import threading
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from mqtt_broker import BrokerConfig, add_device
-from mqtt_broker.state import BrokerFiles, write_broker_files
+from mqtt_broker.state import BrokerFiles
 from mqtt_broker.tls import ensure_ca_and_server
-from tests.mqtt_broker.broker_testlib import needs_mosquitto, start_test_broker, stop_test_broker, try_connect
+from tests.mqtt_broker.broker_testlib import FEDERATION, needs_mosquitto, try_connect
 from transport.credentials import mqtt_connect_settings
 
 pytestmark = needs_mosquitto
@@ -59,28 +59,27 @@ class FakeBroker:
         self.sock.close()
 
 
-def test_plaintext_foreign_certificates_and_a_fake_broker_are_refused(tmp_path: Path) -> None:
-    rb = start_test_broker(tmp_path / "broker", "mosquitto", tls=True)
+def test_plaintext_foreign_certificates_and_a_fake_broker_are_refused(tmp_path: Path, attack_fed: Any) -> None:
+    # dev-a's name and password; the adversary's certificate: dev-a of another federation, signed by its CA
+    rb = attack_fed(["dev-a", "dev-b"], adversary="dev-a", view="foreign", federation=FEDERATION, tls=True)
     fake = None
     try:
-        creds = rb.creds["dev-a"]
+        creds = rb.devices["dev-a"]
         good = mqtt_connect_settings(creds, use_tls=True)
         assert try_connect(good)[0] == 0  # positive control: its own certificate and CA
         # plain MQTT on the TLS port, valid password
         assert try_connect(replace(good, ssl_context=None))[0] is None
         # a certificate of another federation's CA, a real device's name and password
-        other = write_broker_files(BrokerConfig(federation="other", tls=True, persistence=False), tmp_path / "other")
-        foreign = add_device(other.state_dir, "dev-a")
+        foreign = rb.adversary
         assert foreign.tls is not None and creds.tls is not None
         ctx = ssl.create_default_context(cafile=str(creds.tls.ca_file))
         ctx.load_cert_chain(str(foreign.tls.cert_file), str(foreign.tls.key_file))
         assert try_connect(replace(good, ssl_context=ctx))[0] is None
         # a fake broker for 127.0.0.1 with a server certificate of another CA
-        t = ensure_ca_and_server(BrokerFiles.at(other.state_dir).tls_dir, "other", ["127.0.0.1", "localhost"])
+        t = ensure_ca_and_server(BrokerFiles.at(tmp_path / "other").tls_dir, "other", ["127.0.0.1", "localhost"])
         fake = FakeBroker(t.server_cert, t.server_key)
         assert try_connect(replace(good, port=fake.port))[0] is None
         assert fake.received == b"", "the device sent its CONNECT (and password) to a broker of another CA"
     finally:
         if fake is not None:
             fake.close()
-        stop_test_broker(rb)
