@@ -13,6 +13,7 @@ from typing import Any
 from fedtestlib import FedBroker, Recorder, federation_toml
 
 from mqtt_broker import BrokerConfig, Credentials, add_device, load_credentials, write_broker_files
+from mqtt_broker.state import BrokerFiles
 from protocol import Topics
 from protocol.topics import OBSERVER_USER
 
@@ -85,6 +86,16 @@ class AttackFed(FedBroker):
     @property
     def federation(self) -> str:
         return self.coordinator.federation
+
+    @property
+    def files(self) -> BrokerFiles:
+        """The broker state folder's files (as broker_testlib's RunningBroker has them)."""
+        return BrokerFiles.at(self.state_dir)
+
+    @property
+    def creds(self) -> dict[str, Credentials]:
+        """Every account of the federation by name, the coordinator's included (as RunningBroker has them)."""
+        return {**self.devices, "coordinator": self.coordinator}
 
     def listen(self, subscribe: list[str] | None = None, creds: Credentials | None = None,
                clean_session: bool = True) -> Recorder:

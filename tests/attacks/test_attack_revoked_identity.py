@@ -21,6 +21,7 @@ import io
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,13 +31,12 @@ from mqtt_broker.cluster import cluster_missing, start_cluster
 from mqtt_broker.kit import write_kit
 from protocol.topics import Topics
 from tests.mqtt_broker.broker_testlib import (
+    DEVICES,
     FEDERATION,
     NEGATIVE_WINDOW_S,
     Probe,
     connect_probe,
     needs_mosquitto,
-    start_test_broker,
-    stop_test_broker,
     try_connect,
 )
 from transport.credentials import Credentials, mqtt_connect_settings
@@ -72,8 +72,9 @@ def _closed(probe: Probe, timeout: float = 5.0) -> bool:
 
 
 @needs_mosquitto
-def test_a_revoked_identity_is_cut_off_and_its_kit_refused(tmp_path: Path) -> None:
-    rb = start_test_broker(tmp_path / "broker", "mosquitto", tls=True, use_identity_as_username=True)
+def test_a_revoked_identity_is_cut_off_and_its_kit_refused(tmp_path: Path, attack_fed: Any) -> None:
+    rb = attack_fed(DEVICES, adversary="dev-a", view="device", federation=FEDERATION, tls=True,
+                    use_identity_as_username=True)
     probes: list[Probe] = []
     try:
         kit = _own_kit(rb.files.state_dir, "dev-a", tmp_path / "device")
@@ -101,12 +102,12 @@ def test_a_revoked_identity_is_cut_off_and_its_kit_refused(tmp_path: Path) -> No
     finally:
         for p in probes:
             p.close()
-        stop_test_broker(rb)
 
 
 @needs_mosquitto
-def test_a_copied_old_kit_cannot_undo_a_rotation(tmp_path: Path) -> None:
-    rb = start_test_broker(tmp_path / "broker", "mosquitto", tls=True, use_identity_as_username=True)
+def test_a_copied_old_kit_cannot_undo_a_rotation(tmp_path: Path, attack_fed: Any) -> None:
+    rb = attack_fed(DEVICES, adversary="dev-a", view="device", federation=FEDERATION, tls=True,
+                    use_identity_as_username=True)
     probes: list[Probe] = []
     try:
         old_kit = _own_kit(rb.files.state_dir, "dev-a", tmp_path / "copied")
@@ -138,7 +139,6 @@ def test_a_copied_old_kit_cannot_undo_a_rotation(tmp_path: Path) -> None:
     finally:
         for p in probes:
             p.close()
-        stop_test_broker(rb)
 
 
 @pytest.mark.skipif(CLUSTER_MISSING is not None, reason=f"no broker cluster here: {CLUSTER_MISSING}")

@@ -15,6 +15,7 @@ import contextlib
 import io
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,12 +23,11 @@ from cli.main import main as flayer
 from mqtt_broker.kit import write_kit
 from protocol.topics import Topics
 from tests.mqtt_broker.broker_testlib import (
+    DEVICES,
     FEDERATION,
     NEGATIVE_WINDOW_S,
     connect_probe,
     mosquitto_available,
-    start_test_broker,
-    stop_test_broker,
     try_connect,
 )
 from transport.credentials import Credentials, mqtt_connect_settings
@@ -48,8 +48,8 @@ def _embedded_available() -> bool:
     pytest.param("mosquitto", marks=pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")),
     pytest.param("embedded", marks=pytest.mark.skipif(not _embedded_available(), reason="amqtt is not installed")),
 ])
-def test_a_copied_old_kit_is_cut_off_by_a_rotation(tmp_path: Path, kind: str) -> None:
-    rb = start_test_broker(tmp_path / "broker", kind)
+def test_a_copied_old_kit_is_cut_off_by_a_rotation(tmp_path: Path, kind: str, attack_fed: Any) -> None:
+    rb = attack_fed(DEVICES, adversary="dev-a", view="device", federation=FEDERATION, kind=kind)
     probes = []
     try:
         kit = write_kit(rb.files.state_dir, "dev-a", tmp_path / "dev-a.tar.gz")
@@ -81,4 +81,3 @@ def test_a_copied_old_kit_is_cut_off_by_a_rotation(tmp_path: Path, kind: str) ->
     finally:
         for p in probes:
             p.close()
-        stop_test_broker(rb)
