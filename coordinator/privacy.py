@@ -73,6 +73,10 @@ class FederationPrivacy:
                              "enabled = true")
         if not settings.enabled:
             return None, strategy
+        if settings.banded:  # its stream would have to live in the journal and checkpoint, and restart with them
+            raise ValueError("noise_kind = \"banded\" runs in flayer simulate only: the coordinator draws independent "
+                             "noise each round; leave noise_kind unset (docs/explanation/privacy.md, \"Correlated "
+                             "noise\")")
         if settings.population is None:
             raise ValueError("[privacy] population is required for the coordinator: the number of devices that may "
                              "be selected (N of delta < 1/N)")

@@ -172,3 +172,25 @@ def test_banded_noise_with_its_schema_is_accepted():
     s = PrivacySettings(enabled=True, noise_kind="banded", noise_bands=5, max_participations=4, min_separation=5)
     assert s.banded and s.correlated_problem() is None
     assert not PrivacySettings(enabled=True, noise_kind="banded", noise_bands=1).banded  # one band: independent
+
+
+def test_the_cli_refuses_banded_noise_without_its_schema_in_one_line(capsys):
+    from cli.main import main
+
+    assert main(["simulate", "--dataset", "digits", "--clients", "4", "--rounds", "2", "--dp", "central",
+                 "--dp-noise-kind", "banded", "--dp-bands", "5", "--max-participations", "2", "--min-separation",
+                 "3"]) == 2
+    err = capsys.readouterr().err
+    assert "min_separation >= 5" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_coordinator_refuses_banded_noise(digits):
+    from coordinator.privacy import FederationPrivacy
+    from flayer.config import TrainConfig
+    from flayer.strategies import make_strategy
+
+    strategy = make_strategy("fedavg", digits.model_spec(), TrainConfig(lr=0.05, batch_size=10, device="cpu"))
+    s = PrivacySettings(enabled=True, population=100, noise_kind="banded", noise_bands=5, max_participations=4,
+                        min_separation=5)
+    with pytest.raises(ValueError, match="runs in flayer simulate only"):
+        FederationPrivacy.of(s, strategy, quorum=10, buffer=10, asynchronous=False)
