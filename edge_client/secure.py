@@ -5,7 +5,7 @@ A selected device:
 
 1. sends its ``KeyAdvert`` on ``secagg/<id>`` as soon as it has the plan (beside its download and training), its
    keys toward each neighbour signed with its own key (:mod:`flayer.secagg.signed_adverts`);
-2. checks every entry of the ``KeyBundle`` it reads on ``secreq/<id>`` against the federation's key registry (an
+2. checks every entry of the ``KeyBundle`` it reads on ``secreq/<id>`` against its owner's certified key (an
    entry its owner did not sign for this device: the coordinator lied, and the device refuses the round) and answers
    with its ``ShareBatch`` (its self-mask seed and mask key, Shamir-shared and sealed for each neighbour);
 3. once it has trained and holds the shares addressed to it, lays its upload out on the round's common
@@ -13,11 +13,12 @@ A selected device:
    update of the round, sent, stored and re-sent like any update;
 4. signs the whole survivor set the coordinator shows it (``ConsistencyRequest``), once, with its own key;
 5. answers the ``UnmaskRequest`` with the shares it holds (one kind per neighbour: never both), and only when the
-   request carries T valid signatures of other devices over the set it signed, checked against the federation's
-   key registry (:mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
+   request carries T valid signatures of other devices over the set it signed, checked against their certificates
+   from the federation's authority (:mod:`edge_client.certified_keys`; :mod:`flayer.secagg.consistency`).
 
-Without a key registry (``signing_keys.json`` from its kit) a device can check none of the other devices' keys, so
-it takes no part in secure rounds: it sends no advert (it would refuse every bundle, and before this every unmask
+Without a certificate and the authority's key in its kit (nor an earlier kit's copy of ``signing_keys.json``, nor the
+broker folder's registry in place: :mod:`edge_client.peer_keys`) a device can check none of the other devices' keys,
+so it takes no part in secure rounds: it sends no advert (it would refuse every bundle, and before this every unmask
 request). The keys and the shares live in this object only, never on disk: a restarted device cannot finish the round
 and counts as dropped (its masked input, if it was sent, is unmasked with its neighbours' shares).
 """
