@@ -4,15 +4,16 @@ cannot change.
 Without signatures a coordinator that relays the key bundles can put its own keys in place of a neighbour's: a
 device then seals that neighbour's shares under a channel key the coordinator holds (and masks with a mask key it
 holds) and the coordinator reads every share -- a man in the middle. So each device signs, with its **long-term
-device key** (the federation's key registry, ``signing_keys.json``; in process :class:`~.consistency.LocalIdentities`),
+device key** (certified by the federation's authority, :mod:`edge_client.certified_keys`; in process
+:class:`~.consistency.LocalIdentities`),
 what each neighbour v will receive of its advert (:func:`advert_message`): the session, the round, the sender, the
 receiver v, the sender's channel key toward v, its mask key s_pk, its commitment to b_u and the round's plan digest
 (:attr:`~.params.SecAggParams.transcript`: a device shown another plan verifies none of it). One 64-byte signature
 per neighbour rides in the advert, in the order of the sorted neighbours (the order of its channel keys); the
 coordinator checks each against the registry when the advert arrives (:class:`SignedAdvertStage`: a bad one refuses
 the advert, as if it never came) and relays, in each bundle entry, the owner's one signature toward that bundle's
-receiver. A device checks every entry of its bundle against **its own copy of the registry** before it seals a share
-or masks (:func:`bundle_problem`); one that does not verify -- or a neighbour the registry does not know -- means the
+receiver. A device checks every entry of its bundle against **the owner's certified key** before it seals a share
+or masks (:func:`bundle_problem`); one that does not verify -- or a neighbour with no valid certificate -- means the
 coordinator (or whoever wrote the bundle) lied, and the device refuses the round.
 
 Why per-neighbour signatures: a bundle entry then carries 64 B of signature; one signature over the whole advert
@@ -86,10 +87,11 @@ def bundle_problem(params: SecAggParams, device: str, bundle: KeyBundle, verify:
                     "relays keys their owner did not sign (it could read the shares sealed under them)")
         message = advert_message(p.session, p.round, a.device, device, a.c_pk, a.s_pk, a.b_commit, p.transcript)
         if not verify(a.device, message, a.signatures[0]):
-            return (f"the key bundle's entry for {a.device} is not signed by {a.device}'s key in this device's "
-                    "registry (keys swapped, or a signature replayed from another round, session or receiver): the "
-                    f"coordinator lied -- or this device's registry copy does not hold {a.device} (a device added "
-                    "since its kit was made: refresh signing_keys.json); this device refuses the round")
+            return (f"the key bundle's entry for {a.device} is not signed by {a.device}'s key as this device knows it "
+                    "(its certificate from the federation's authority; keys swapped, or a signature replayed from "
+                    "another round, session or receiver): the coordinator lied -- or no valid certificate of "
+                    f"{a.device} has reached this device (never certified, revoked, or not yet arrived); this device "
+                    "refuses the round")
     return None
 
 
