@@ -6,6 +6,8 @@ figure ``flayer simulate --dp-plan`` prints, rounded up to 4 decimals), at the d
 min(1e-5, 1/(10 N)); the run is ``flayer simulate --dp central --dp-noise z --target-epsilon EPS``, its
 noise from the CSPRNG. ``none`` is the run without ``[privacy]``; ``public`` is FLAYER without noise but
 with the private runs' data-independent positions (``--set flayer.positions=public``), against its top-k.
+``--max-participations K`` (``--min-separation B``) runs under the participation schema: z for K-fold
+composition (``noise_for_target(most=K)``), the flags passed on to ``flayer simulate``.
 Every run's folder is keyed by a digest of its whole command line (reused only under the same settings:
 resumable), and ``--jobs`` runs go side by side, one torch thread each::
 
@@ -28,17 +30,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def noise_for(eps: float, clients: int, join_ratio: float, rounds: int, seed: int) -> tuple[float, float, float]:
+def noise_for(eps: float, clients: int, join_ratio: float, rounds: int, seed: int,
+              most: int | None = None) -> tuple[float, float, float]:
     """(z, q, delta) for ``eps`` over ``rounds`` rounds: q = 1, every participation counted in full (the
     simulator's cohort is drawn from the public seed, as the coordinator's is listed in its plans); z
-    rounded up to 4 decimals, so the rounded z still spends at most ``eps``."""
+    rounded up to 4 decimals, so the rounded z still spends at most ``eps``. ``most``: the participation
+    schema's max_participations (a device in at most that many rounds: min(rounds, most)-fold)."""
     import math
 
     from flayer.engine.accountant import noise_for_target
     from flayer.privacy_config import default_delta
 
     delta = default_delta(clients)
-    return math.ceil(noise_for_target(eps, delta, 1.0, rounds) * 1e4) / 1e4, 1.0, delta
+    return math.ceil(noise_for_target(eps, delta, 1.0, rounds, most) * 1e4) / 1e4, 1.0, delta
+
+
+def schema_flags(a: argparse.Namespace) -> list[str]:
+    """The participation schema's flags (none without --max-participations / --min-separation)."""
+    return ((["--max-participations", str(a.max_participations)] if a.max_participations else [])
+            + (["--min-separation", str(a.min_separation)] if a.min_separation else []))
 
 
 def command(a: argparse.Namespace, method: str, variant: str, seed: int) -> list[str]:
@@ -52,8 +62,9 @@ def command(a: argparse.Namespace, method: str, variant: str, seed: int) -> list
     if variant == "public":
         return [*cmd, "--set", "flayer.positions=public"]
     if variant != "none":
-        z, _, _ = noise_for(float(variant), a.clients, a.join_ratio, a.rounds, seed)
-        cmd += ["--dp", a.dp_mode, "--dp-clip", str(a.clip), "--dp-noise", f"{z:.4f}", "--target-epsilon", variant]
+        z, _, _ = noise_for(float(variant), a.clients, a.join_ratio, a.rounds, seed, a.max_participations)
+        cmd += ["--dp", a.dp_mode, "--dp-clip", str(a.clip), "--dp-noise", f"{z:.4f}", "--target-epsilon", variant,
+                *schema_flags(a)]
     return cmd
 
 
@@ -153,6 +164,9 @@ def main() -> int:
     p.add_argument("--deadline", default=None, metavar="HH:MM",
                    help="start no new run after this UTC time today (finished runs are still tabulated)")
     p.add_argument("--table", default="results", help="the table files written, relative to --out (NAME.md, NAME.json)")
+    p.add_argument("--max-participations", type=int, default=None, metavar="K",
+                   help="participation schema: each device in at most K rounds; z from K-fold composition")
+    p.add_argument("--min-separation", type=int, default=0, metavar="B", help="participation schema: B rounds apart")
     p.add_argument("--no-public", action="store_true", help="leave out FLAYER's public positions without noise")
     p.add_argument("--summary", action="store_true",
                    help="run nothing: tabulate every finished run under --out over its seeds (mean ± std)")
@@ -180,7 +194,7 @@ def main() -> int:
         if s is None:
             continue
         z = None if variant in ("none", "public") else noise_for(float(variant), a.clients, a.join_ratio, a.rounds,
-                                                                  seed)[0]
+                                                                  seed, a.max_participations)[0]
         rows.append({"method": method, "variant": variant, "seed": seed, "z": z, "epsilon": s["epsilon"],
                      "delta": s["delta"], "rounds_run": len(s["acc"]), "best_acc": s["best_acc"],
                      "final_round_acc": s["final_round_acc"], "final_personal_acc": s["final_personal_acc"],
