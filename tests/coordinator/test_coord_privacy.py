@@ -321,3 +321,19 @@ def test_the_coordinator_refuses_a_malformed_schema(tmp_path, bad, needle):
     with pytest.raises(Exception, match="privacy") as exc:
         Coordinator(_config(tmp_path, **bad), CREDS)
     assert needle in str(exc.value)
+
+
+def test_the_schema_needs_synchronous_rounds_and_privacy(digits):
+    """Asynchronous slots are not drawn round by round, and a schema without noise bounds nothing: refused."""
+    from coordinator.privacy import FederationPrivacy
+    from flayer.config import TrainConfig
+    from flayer.privacy_config import PrivacySettings
+    from flayer.strategies import make_strategy
+
+    strategy = make_strategy("fedavg", digits.model_spec(), TrainConfig(lr=0.05))
+    with pytest.raises(ValueError, match="synchronous rounds"):
+        FederationPrivacy.of(PrivacySettings(enabled=True, population=100, max_participations=2), strategy,
+                             quorum=10, buffer=4, asynchronous=True)
+    with pytest.raises(ValueError, match="need enabled = true"):
+        FederationPrivacy.of(PrivacySettings(population=100, min_separation=3), strategy, quorum=10, buffer=4,
+                             asynchronous=False)
