@@ -112,9 +112,12 @@ def render(snap: dict[str, Any]) -> str:
             eps = r["epsilon"] if isinstance(r["epsilon"], str) else f"{r['epsilon']:.4g}"
             coord = r.get("epsilon_coordinator")
             coord = "inf" if coord is None else coord if isinstance(coord, str) else f"{coord:.4g}"
+            from cli.privacy import schema_text
+
+            who = schema_text(r.get("dp_max_participations"), r.get("dp_min_separation", 0))
             lines.append(f"privacy: epsilon {eps} spent at delta {r['delta']:.3g} after round {r['round']} against "
                          f"readers of the published models, devices and broker observers; {coord} against the "
-                         f"coordinator (zero-out neighbours)")
+                         f"coordinator (zero-out neighbours); for {who}")
     if snap.get("device_privacy"):
         lines.append(device_privacy_line(snap["device_privacy"]))
     counts = ", ".join(f"{n} {k}" for k, n in sorted(snap["states"].items()))

@@ -112,7 +112,9 @@ class FleetView:
                             "reported": rec["reported"], "late": rec["late"], "refused": dict(rec["refused"]),
                             "wall_s": rec["wall_s"], "closed": rec["closed"], "time": rec["time"],
                             "epsilon": rec.get("epsilon"), "delta": rec.get("delta"),  # private runs
-                            "epsilon_coordinator": rec.get("epsilon_coordinator")})
+                            "epsilon_coordinator": rec.get("epsilon_coordinator"),
+                            "dp_max_participations": rec.get("dp_max_participations"),  # the schema it assumes
+                            "dp_min_separation": rec.get("dp_min_separation")})
         for row in rec["devices"]:
             d = self.devices.setdefault(row["id"], _Device())
             if row["result"] == "accepted":

@@ -122,6 +122,13 @@ def test_status_and_the_fleet_view_show_epsilon():
     line = render(snap)
     assert "privacy: epsilon 1.234 spent at delta 0.001 after round 4 against readers of the published models" in line
     assert "inf against the coordinator" in line  # central mode: no figure against it, said so
+    assert "for a device in every round (no max_participations)" in line  # the schema it assumes
+    view.on_record(round_record("coordinator", 12.0, round=5, wall_s=1.0, selected=["a"],
+                                devices=[{"id": "a", "result": "accepted", "acc": 0.5}], refused={}, bytes_up=1,
+                                bytes_down=1, acc=0.5, train_loss=1.0, closed="quorum", epsilon=0.9, delta=1e-3,
+                                dp_max_participations=2, dp_min_separation=3))
+    snap = {**view.snapshot(13.0), "source": snap["source"]}
+    assert "for a device in at most 2 rounds, 3 rounds apart (the participation schema)" in render(snap)
 
 
 def test_seeded_noise_is_asked_for_and_labelled_not_private(tmp_path, capsys):
