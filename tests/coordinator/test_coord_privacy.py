@@ -337,3 +337,27 @@ def test_the_schema_needs_synchronous_rounds_and_privacy(digits):
     with pytest.raises(ValueError, match="need enabled = true"):
         FederationPrivacy.of(PrivacySettings(population=100, min_separation=3), strategy, quorum=10, buffer=4,
                              asynchronous=False)
+
+
+def test_adaptive_clipping_under_the_schema_composes_k_rounds_of_the_combined_multiplier(digits):
+    """Adaptive clipping: each round's sum and clip-bit count are one Gaussian mechanism of multiplier z
+    (RoundPrivacy.counted_multiplier); under max_participations 2, five rounds cost a device two of them."""
+    from coordinator.privacy import FederationPrivacy
+    from flayer.config import TrainConfig
+    from flayer.privacy_config import PrivacySettings
+    from flayer.strategies import make_strategy
+
+    strategy = make_strategy("fedavg", digits.model_spec(), TrainConfig(lr=0.05))
+    settings = PrivacySettings(enabled=True, population=100, noise_multiplier=1.3, clipping="adaptive",
+                               max_participations=2)
+    fp, _ = FederationPrivacy.of(settings, strategy, quorum=10, buffer=4, asynchronous=False)
+    assert fp is not None
+    for _ in range(5):
+        rp = fp.round(asked=10)
+        assert rp.adaptive and rp.counted_multiplier == pytest.approx(1.3)
+        agg = OpenAggregate(strategy, {k: v.clone() for k, v in strategy.new_model().state_dict().items()}, rp)
+        agg.tally.accepted = 10
+        fp.close(agg)
+    assert fp.accounts.public.rounds == 5
+    assert fp.epsilon() == pytest.approx(epsilon_for([(rp.counted_multiplier, 1.0, 2)], 1e-5))
+    assert fp.epsilon() < epsilon_for([(rp.counted_multiplier, 1.0, 5)], 1e-5)
