@@ -32,7 +32,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
-from fedtestlib import Recorder, device_toml, federation_toml, finished, start_fed_broker
+from fedtestlib import Recorder, device_toml, federation_toml, finished
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
@@ -139,9 +139,10 @@ def _check(tmp: Path, hostile: str, proof: str) -> None:
 
 
 @pytest.mark.timeout(TIMEOUT)
-def test_a_low_order_key_gets_its_sender_named_and_left_out(tmp_path: Path, digits: Any) -> None:
+def test_a_low_order_key_gets_its_sender_named_and_left_out(tmp_path: Path, digits: Any, attack_fed: Any) -> None:
     names = [*HONEST, "evil"]
-    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", names)
+    fb = attack_fed(names[:-1], adversary=names[-1], view="device",  # the adversary: its own device account
+                    kind="mosquitto" if mosquitto_available() else "embedded")
     devices: list[EdgeClient] = []
     evil = _LowOrderKey(fb.devices["evil"])
     try:
@@ -156,11 +157,10 @@ def test_a_low_order_key_gets_its_sender_named_and_left_out(tmp_path: Path, digi
         evil.close()
         for dev in devices:
             dev.stop()
-        fb.broker.stop()
 
 
 @pytest.mark.timeout(TIMEOUT)
-def test_a_false_shamir_share_gets_its_sender_named_and_left_out(tmp_path: Path, digits: Any,
+def test_a_false_shamir_share_gets_its_sender_named_and_left_out(tmp_path: Path, digits: Any, attack_fed: Any,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
@@ -180,7 +180,8 @@ def test_a_false_shamir_share_gets_its_sender_named_and_left_out(tmp_path: Path,
         return replace(out, b_shares=tuple(false if e[0] == owner else e for e in out.b_shares))
 
     monkeypatch.setattr(SecAggClient, "unmask", lying_unmask)
-    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", names)
+    fb = attack_fed(names[:-1], adversary=names[-1], view="device",  # the adversary: its own device account
+                    kind="mosquitto" if mosquitto_available() else "embedded")
     devices: list[EdgeClient] = []
     try:
         devices = _devices(tmp_path, fb, digits, names)
@@ -192,4 +193,3 @@ def test_a_false_shamir_share_gets_its_sender_named_and_left_out(tmp_path: Path,
     finally:
         for dev in devices:
             dev.stop()
-        fb.broker.stop()

@@ -141,10 +141,11 @@ def test_a_complaint_with_another_key_names_the_complainer(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(400 + 60 * max(0, int(os.environ.get("FLAYER_ATTACK_ROUNDS", "3")) - 3))
 def test_an_undecryptable_share_over_the_broker_names_and_leaves_out_its_sender(tmp_path: Path, digits: Any,
+                                                                                 attack_fed: Any,
                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
-    from fedtestlib import finished, start_fed_broker
+    from fedtestlib import finished
     from test_attack_secagg_attribution import (
         HONEST,
         ROUNDS,
@@ -161,7 +162,8 @@ def test_an_undecryptable_share_over_the_broker_names_and_leaves_out_its_sender(
 
     names = [*HONEST, "evil"]
     _spoil_one_share(monkeypatch, "evil", "dev-0")  # evil's own share batch: one share spoiled
-    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", names)
+    fb = attack_fed(names[:-1], adversary=names[-1], view="device",  # the adversary: its own device account
+                    kind="mosquitto" if mosquitto_available() else "embedded")
     devices: list[Any] = []
     try:
         devices = _devices(tmp_path, fb, digits, names)
@@ -175,4 +177,3 @@ def test_an_undecryptable_share_over_the_broker_names_and_leaves_out_its_sender(
     finally:
         for dev in devices:
             dev.stop()
-        fb.broker.stop()
