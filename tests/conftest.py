@@ -83,7 +83,8 @@ def digits_shard(digits):
     def shard(index: int, clients: int = 2, seed: int = 0):
         key = (index, clients, seed)
         if key not in made:
-            made[key] = client_data(digits, make_partition(digits.y, digits.num_classes, clients, "iid", seed).clients[index])
+            part = make_partition(digits.y, digits.num_classes, clients, "iid", seed)
+            made[key] = client_data(digits, part.clients[index])
         return made[key]
 
     return shard

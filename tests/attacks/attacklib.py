@@ -20,7 +20,7 @@ from protocol.topics import OBSERVER_USER
 log = logging.getLogger(__name__)
 
 # What the adversary holds (its credentials) and what the broker lets it read and send:
-#   "device"      a device's own account with the device ACL (its own topics; the federation's plan, model, acks)
+#   "device"      a device's own account with the device ACL (its own topics; the plan, the model, its acks)
 #   "wide"        a device account a mistaken ACL (a bridge, a broker defect) lets read and write fl/<fed>/#
 #   "observer"    the broker's read-only observer account (flayer status, the dashboard)
 #   "coordinator" the coordinator's own credentials: a coordinator acting as the adversary
@@ -39,12 +39,13 @@ def until(pred: Callable[[], Any], timeout: float, step: float = 0.05) -> bool:
     return bool(pred())
 
 
-def brokerless_coordinator(cfg: Any, creds: Credentials, clock: Callable[[], float], keys: dict[str, Any] | None = None,
-                           drop_acks: bool = True, **kw: Any) -> tuple[Any, list[Any]]:
-    """A real Coordinator (``cfg``, its own ``creds``) whose loop the test drives (``_tick``, ``events``) with no
-    broker: the plans it would publish are recorded in the list returned beside it, models are not published and
-    (``drop_acks``) acks are dropped. ``keys``: the devices' signing keys, as the broker's key registry holds them.
-    For the attacks on what the coordinator does with what it receives."""
+def brokerless_coordinator(cfg: Any, creds: Credentials, clock: Callable[[], float],
+                           keys: dict[str, Any] | None = None, drop_acks: bool = True,
+                           **kw: Any) -> tuple[Any, list[Any]]:
+    """A real Coordinator (``cfg``, its own ``creds``) whose loop the test drives (``_tick``, ``events``) with
+    no broker: the plans it would publish are recorded in the list returned beside it, models are not
+    published and (``drop_acks``) acks are dropped. ``keys``: the devices' signing keys, as the broker's key
+    registry holds them. For the attacks on what the coordinator does with what it receives."""
     from coordinator.server import Coordinator
 
     plans: list[Any] = []
@@ -99,14 +100,16 @@ class AttackFed(FedBroker):
 
     def listen(self, subscribe: list[str] | None = None, creds: Credentials | None = None,
                clean_session: bool = True) -> Recorder:
-        """A connection of the adversary (or of ``creds``) subscribed to ``subscribe``, closed after the test."""
+        """A connection of the adversary (or of ``creds``) subscribed to ``subscribe``, closed after the
+        test."""
         creds = creds if creds is not None else self.adversary
         assert creds is not None, f"the {self.view} view has no account of its own to connect with"
         rec = Recorder(creds, subscribe, clean_session=clean_session)
         self._cleanups.append(rec.close)
         return rec
 
-    def send(self, rec: Recorder, topic: str, payload: bytes, retain: bool = False, delivered: bool = False) -> None:
+    def send(self, rec: Recorder, topic: str, payload: bytes, retain: bool = False,
+             delivered: bool = False) -> None:
         """``rec`` publishes ``payload`` on ``topic``; with ``delivered`` (a reading view only), also that the
         broker delivered it back (the positive control that the attack was made)."""
         assert rec.link.wait_published([rec.link.publish(topic, payload, retain=retain)], 5)
@@ -118,8 +121,8 @@ class AttackFed(FedBroker):
         """A coordinator's federation.toml over this broker (``federation_toml``'s keywords; strategy fedavg,
         one round of digits unless given)."""
         kw: dict[str, Any] = {"strategy": "fedavg", "rounds": 1, "dataset": "digits", **settings}
-        return federation_toml(self.tmp / name, self.state_dir / "credentials/coordinator.toml", self.tmp / state,
-                               **kw)
+        creds = self.state_dir / "credentials/coordinator.toml"
+        return federation_toml(self.tmp / name, creds, self.tmp / state, **kw)
 
     def coordinator_in(self, config: Path | None = None, **settings: Any) -> Any:
         """A real Coordinator started over this broker (its config: ``config`` or :meth:`federation_config` of
@@ -127,7 +130,8 @@ class AttackFed(FedBroker):
         from coordinator.config import load_coordinator_config
         from coordinator.server import Coordinator
 
-        coord = Coordinator(load_coordinator_config(config or self.federation_config(**settings)), self.coordinator)
+        cfg = load_coordinator_config(config or self.federation_config(**settings))
+        coord = Coordinator(cfg, self.coordinator)
         thread = coord.start()
         coord.thread = thread  # type: ignore[attr-defined]
 
@@ -152,7 +156,8 @@ class AttackFed(FedBroker):
         pid = self.broker.pid
         self.broker.stop()
         stat = Path(f"/proc/{pid}/stat")  # stopped by its PID: gone, or a zombie not yet reaped
-        assert not stat.exists() or "Z" in stat.read_text().split(")")[-1][:3], f"the broker (PID {pid}) still runs"
+        gone = not stat.exists() or "Z" in stat.read_text().split(")")[-1][:3]
+        assert gone, f"the broker (PID {pid}) still runs"
 
 
 def adversary_creds(fb: FedBroker, view: str, name: str, tmp: Path) -> Credentials | None:
@@ -168,7 +173,8 @@ def adversary_creds(fb: FedBroker, view: str, name: str, tmp: Path) -> Credentia
         return None
     if view == "foreign":
         tls = fb.coordinator.tls is not None  # another federation's CA where this one has TLS
-        other = write_broker_files(BrokerConfig(federation="other", tls=tls, persistence=False), tmp / "other")
+        cfg = BrokerConfig(federation="other", tls=tls, persistence=False)
+        other = write_broker_files(cfg, tmp / "other")
         own = add_device(other.state_dir, name)  # its own password and certificate, pointed at this broker
         return replace(own, host=fb.coordinator.host, port=fb.coordinator.port)
     raise ValueError(f"unknown adversary view {view!r} (one of {', '.join(VIEWS)})")

@@ -2,33 +2,47 @@
 the adversary holds, against real components. The federation and broker helpers are reused from their
 folders (fedtestlib, broker_testlib); the harness's parts are in attacklib.py.
 
-The harness (fixtures):
+The harness:
 
-- ``attack_fed(devices, adversary="mallory", view="wide", federation="itest")``: a real Mosquitto on a free
-  port with a broker state folder holding ``devices``' accounts and the coordinator's, stopped by PID after
-  the test (the test is skipped where mosquitto is not installed). ``view`` is what the adversary holds
-  (attacklib.VIEWS): ``"device"`` its own device account (added when not in ``devices``), ``"wide"`` the same
-  with a mistaken ACL that lets it read and write ``fl/<federation>/#``, ``"observer"`` the broker's read-only
-  observer, ``"coordinator"`` the coordinator's own credentials, ``"foreign"`` a device of another federation
-  (its broker state folder, and CA where the broker has TLS, under ``tmp_path / "other"``),
-  ``"none"`` no broker account at all (a local user of a host, whoever hands over a kit).
-  It returns an ``AttackFed`` (a FedBroker): ``.adversary`` (its credentials), ``.listen(topics)`` (the
-  adversary's recording connection), ``.send(rec, topic, payload, delivered=True)``, ``.coordinator_in(**toml)``
-  (a real Coordinator, stopped after the test), ``.federation_config(**toml)``, ``.on_teardown(fn)``.
-- ``digits_shard(index, clients=2)`` (tests/conftest.py): client ``index``'s iid shard of sklearn digits split
-  across ``clients``, shared by the tests of a worker (nothing mutates it).
-- ``attacklib.until(pred, timeout)``: whether a condition held in time.
+- ``attack_fed(devices, adversary="mallory", view="wide", federation="itest", kind="mosquitto", at=None,
+  **broker_config)`` (fixture): a real Mosquitto on a free loopback port (``kind="embedded"``: the embedded
+  broker), its state folder ``tmp_path / "broker"`` (``at / "broker"``) with the accounts of ``devices`` and
+  of the coordinator; the test is skipped where mosquitto is not installed. Everything it started is stopped
+  after the test, the broker by its PID (checked gone). ``view`` is what the adversary holds
+  (attacklib.VIEWS):
 
-A new attack test, e.g. a wide-ACL device replaying a plan to a real edge client::
+  - ``"device"``: its own device account ``adversary`` (added when not in ``devices``), the device ACL;
+  - ``"wide"``: the same, with a mistaken ACL that lets it read and write ``fl/<federation>/#``;
+  - ``"observer"``: the broker's read-only observer account;
+  - ``"coordinator"``: the coordinator's own credentials (a coordinator acting as the adversary);
+  - ``"foreign"``: ``adversary`` of another federation (its own password; its own CA where the broker
+    has TLS), state under ``tmp_path / "other"``;
+  - ``"none"``: no broker account (another local user of a host, whoever hands over a kit).
 
-    def test_replayed_plan_is_refused(attack_fed, digits_shard, tmp_path):
-        fed = attack_fed(["dev-a"])                       # mallory, view "wide"
+  It returns an ``AttackFed`` (a fedtestlib.FedBroker): ``.adversary`` (its credentials), ``.listen(topics)``
+  (a recording connection as the adversary), ``.send(rec, topic, payload, retain=, delivered=True)``,
+  ``.coordinator_in(**federation_toml)`` (a real Coordinator, stopped after the test; ``.thread``),
+  ``.federation_config(**federation_toml)``, ``.on_teardown(fn)``, ``.topics``, and broker_testlib's
+  ``.files`` and ``.creds``.
+- ``digits_shard(index, clients=2)`` (tests/conftest.py): client ``index``'s iid shard of sklearn digits,
+  made once per worker (nothing changes it).
+- attacklib: ``until(pred, timeout)``; ``widen_acl(fed, user)`` (again after a revoke rewrote the ACL);
+  ``brokerless_coordinator(cfg, creds, clock, keys)``: a real Coordinator whose loop the test drives with no
+  broker, for the attacks on what the coordinator does with what it receives.
+
+A new attack test, a wide-ACL device replaying a recorded plan to a real edge client::
+
+    from attacklib import until
+
+    def test_a_replayed_plan_is_refused(tmp_path, attack_fed, digits_shard):
+        fed = attack_fed(["dev-a"])  # mallory, with the mistaken ACL
         mallory = fed.listen([fed.topics.round()])
         client = EdgeClient(EdgeSettings(state_dir=str(tmp_path / "a"), device="cpu"), fed.devices["dev-a"],
                             digits_shard(0))
-        client.start(); fed.on_teardown(client.stop)
-        fed.send(mallory, fed.topics.round(), recorded_plan, retain=True, delivered=True)
-        assert not until(lambda: client.plan is not None, 2.0), "the replayed plan was taken"
+        client.start()
+        fed.on_teardown(client.stop)
+        fed.send(mallory, fed.topics.round(), RECORDED_PLAN, retain=True, delivered=True)
+        assert not until(lambda: client.plan is not None, 2.0), "dev-a took the replayed plan"
 """
 
 from __future__ import annotations
@@ -58,7 +72,8 @@ def attack_fed(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     made: list[AttackFed] = []
 
     def make(devices: list[str] | tuple[str, ...], adversary: str = "mallory", view: str = "wide",
-             federation: str = "itest", kind: str = "mosquitto", **broker: Any) -> AttackFed:
+             federation: str = "itest", kind: str = "mosquitto", at: Path | None = None,
+             **broker: Any) -> AttackFed:
         if view not in VIEWS:
             raise ValueError(f"unknown adversary view {view!r} (one of {', '.join(VIEWS)})")
         if kind == "mosquitto" and not mosquitto_available():
@@ -66,7 +81,7 @@ def attack_fed(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         names = list(devices)
         if view in ("device", "wide") and adversary not in names:
             names.append(adversary)
-        tmp = tmp_path if not made else tmp_path / f"fed-{len(made)}"
+        tmp = at if at is not None else tmp_path if not made else tmp_path / f"fed-{len(made)}"
         fb = start_fed_broker(tmp, kind, names, federation=federation, **broker)
         fed = AttackFed(fb.broker, fb.state_dir, fb.devices, fb.coordinator, tmp=tmp, view=view,
                         topics=Topics(federation))

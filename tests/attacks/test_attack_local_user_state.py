@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedtestlib import device_toml, federation_toml, finished, start_fed_broker
+from fedtestlib import device_toml, federation_toml, finished
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
@@ -95,8 +95,9 @@ def _readable_as_nobody(paths: list[Path]) -> list[str]:
     return got
 
 
-def test_another_local_user_reads_no_state_of_the_tutorials_folders(project: Path, digits: Any) -> None:
-    fb = start_fed_broker(project / ".flayer", "mosquitto", ["dev-a"])
+def test_another_local_user_reads_no_state_of_the_tutorials_folders(project: Path, digits: Any,
+                                                                   attack_fed: Any) -> None:
+    fb = attack_fed(["dev-a"], view="none", at=project / ".flayer")  # the adversary: another local user, no account
     coord_dir, dev_dir = project / "runs/federation", project / "runs/dev-a"
     fed = federation_toml(project / "federation.toml", fb.state_dir / "credentials/coordinator.toml", coord_dir,
                           strategy="fedavg", rounds=1, dataset="digits")
@@ -116,7 +117,7 @@ def test_another_local_user_reads_no_state_of_the_tutorials_folders(project: Pat
         assert client.wait(60) and client.error is None
     finally:
         client.stop()
-        fb.broker.stop()
+        fb.broker.stop()  # before the state is read (the harness's stop after the test is then a no-op)
     secrets = [coord_dir / "journal/round-000001.jnl", coord_dir / "checkpoint.safetensors",
                coord_dir / "metrics.jsonl", dev_dir / "upload.bin", dev_dir / "client_state.safetensors",
                dev_dir / "personal.safetensors", fb.state_dir / "passwd", fb.state_dir / "credentials/dev-a.toml"]
