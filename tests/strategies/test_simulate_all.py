@@ -16,7 +16,10 @@ from flayer.update import float_state
 METHODS = ["local", "fedavg", "fedper", "fedrep", "lgfedavg", "ditto", "fedala", "fedbabu", "playerfl"]
 
 
-@pytest.mark.parametrize("method", METHODS)
+# playerfl's two simulated rounds run again in test_calibration_end_to_end (its calibration, its upload size):
+# slow here (-m slow; CI runs it)
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "playerfl" else m
+                                    for m in METHODS])
 def test_two_rounds_through_simulate(method, digits_spec, train_cfg, digits_clients):
     strategy = make_strategy(method, digits_spec, train_cfg)
     result = simulate(strategy, digits_clients, 2, seed=0)
