@@ -6,6 +6,11 @@ figure ``flayer simulate --dp-plan`` prints, rounded up to 4 decimals), at the d
 min(1e-5, 1/(10 N)); the run is ``flayer simulate --dp central --dp-noise z --target-epsilon EPS``, its
 noise from the CSPRNG. ``none`` is the run without ``[privacy]``; ``public`` is FLAYER without noise but
 with the private runs' data-independent positions (``--set flayer.positions=public``), against its top-k.
+``--variants`` adds the clip's cost without noise (``flayer simulate --clip-only C``, not private, no epsilon):
+``clip`` sums the clipped uploads over the fixed denominator m as private rounds do, ``clip-weighted`` averages
+them by sample counts. ``--server-lr`` / ``--server-momentum`` (comma lists: their grid) add the server step
+(``--dp-server-lr``, ``--dp-server-momentum``) to the private and clip runs; the plain step (1, 0) adds no flag,
+so the runs without it keep their folders.
 ``--max-participations K`` (``--min-separation B``) runs under the participation schema: z for K-fold
 composition (``noise_for_target(most=K)``), the flags passed on to ``flayer simulate``.
 Every run's folder is keyed by a digest of its whole command line (reused only under the same settings:
@@ -45,13 +50,25 @@ def noise_for(eps: float, clients: int, join_ratio: float, rounds: int, seed: in
     return math.ceil(noise_for_target(eps, delta, 1.0, rounds, most) * 1e4) / 1e4, 1.0, delta
 
 
+def step_flags(lr: float, momentum: float) -> list[str]:
+    """The server step's flags; none for the plain average (1, 0), whose runs predate the step."""
+    return ([] if lr == 1 else ["--dp-server-lr", f"{lr:g}"]) + ([] if momentum == 0 else
+                                                                  ["--dp-server-momentum", f"{momentum:g}"])
+
+
 def schema_flags(a: argparse.Namespace) -> list[str]:
     """The participation schema's flags (none without --max-participations / --min-separation)."""
     return ((["--max-participations", str(a.max_participations)] if a.max_participations else [])
             + (["--min-separation", str(a.min_separation)] if a.min_separation else []))
 
 
-def command(a: argparse.Namespace, method: str, variant: str, seed: int) -> list[str]:
+def noise_flags(a: argparse.Namespace) -> list[str]:
+    """Banded correlated noise's flags (none for independent noise, whose runs keep their folders)."""
+    return ["--dp-noise-kind", "banded", "--dp-bands", str(a.bands)] if a.noise_kind == "banded" else []
+
+
+def command(a: argparse.Namespace, method: str, variant: str, seed: int, lr: float = 1.0,
+            momentum: float = 0.0) -> list[str]:
     cmd = ["simulate", "--dataset", "fmnist", "--partition", "dir0.1", "--clients", str(a.clients),
            "--samples", str(a.samples), "--join-ratio", str(a.join_ratio), "--rounds", str(a.rounds),
            "--seed", str(seed), "--strategy", method, "--threads", "1"]
@@ -61,10 +78,13 @@ def command(a: argparse.Namespace, method: str, variant: str, seed: int) -> list
                "--strategy", method, "--threads", "1"]
     if variant == "public":
         return [*cmd, "--set", "flayer.positions=public"]
+    if variant in ("clip", "clip-weighted"):  # measurement, not private: no noise, no epsilon
+        average = "fixed" if variant == "clip" else "weighted"
+        return [*cmd, "--clip-only", str(a.clip), "--clip-average", average, *step_flags(lr, momentum)]
     if variant != "none":
         z, _, _ = noise_for(float(variant), a.clients, a.join_ratio, a.rounds, seed, a.max_participations)
         cmd += ["--dp", a.dp_mode, "--dp-clip", str(a.clip), "--dp-noise", f"{z:.4f}", "--target-epsilon", variant,
-                *schema_flags(a)]
+                *step_flags(lr, momentum), *schema_flags(a), *noise_flags(a)]
     return cmd
 
 
@@ -96,6 +116,11 @@ def run_one(out: Path, cmd: list[str], name: str, deadline: float | None = None)
     return {"cmd": cmd, **summary}
 
 
+def name(method: str, variant: str, seed: int, lr: float = 1.0, momentum: float = 0.0) -> str:
+    """A run's folder prefix: method, variant, seed, and the server step unless plain."""
+    return f"{method}-{variant}-s{seed}" + ("" if (lr, momentum) == (1, 0) else f"-lr{lr:g}-m{momentum:g}")
+
+
 def _flag(cmd: list[str], name: str, default: str | None = None) -> str | None:
     return cmd[cmd.index(name) + 1] if name in cmd else default
 
@@ -110,33 +135,42 @@ def summarize(out: Path, table: str) -> list[dict[str, Any]]:
         cmd = (summary.parent / "command.txt").read_text().split()[1:]
         s = json.loads(summary.read_text())
         variant = "public" if "flayer.positions=public" in cmd else _flag(cmd, "--target-epsilon", "none")
+        if "--clip-only" in cmd:
+            variant = "clip" if _flag(cmd, "--clip-average") == "fixed" else "clip-weighted"
         mode = _flag(cmd, "--dp", "-") or "-"
-        groups.setdefault((str(_flag(cmd, "--strategy")), str(variant), mode), []).append(s)
-    order = {"none": 0, "public": 1, "8": 2, "4": 3, "1": 4}
+        mode += f" banded {_flag(cmd, '--dp-bands')}" if _flag(cmd, "--dp-noise-kind") == "banded" else ""
+        step = f"{float(_flag(cmd, '--dp-server-lr', '1') or 1):g}/{float(_flag(cmd, '--dp-server-momentum', '0') or 0):g}"
+        groups.setdefault((str(_flag(cmd, "--strategy")), str(variant), mode, step), []).append(s)
+    order = {"none": 0, "public": 1, "clip-weighted": 2, "clip": 3, "8": 4, "4": 5, "1": 6}
     rows = []
-    for (method, variant, mode), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9),
-                                                                                 kv[0][2])):
+    for (method, variant, mode, step), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9),
+                                                                                       kv[0][2], kv[0][3])):
         def stat(key: str) -> tuple[float, float]:
-            xs = [float(r[key]) for r in runs]
-            return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+            xs = [float(r[key]) for r in runs if r.get(key) is not None]
+            return (statistics.mean(xs) if xs else float("nan")), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
         eps = [r["epsilon"] for r in runs if isinstance(r["epsilon"], (int, float))]
-        rows.append({"method": method, "variant": variant, "mode": mode, "seeds": sorted(r["seed"] for r in runs),
+        rows.append({"method": method, "variant": variant, "mode": mode, "server_step": step,
+                     "seeds": sorted(r["seed"] for r in runs), "best_val_acc": stat("best_val_acc"),
                      "best_acc": stat("best_acc"), "final_round_acc": stat("final_round_acc"),
                      "final_personal_acc": stat("final_personal_acc"),
                      "epsilon": statistics.mean(eps) if eps else None,
                      "rounds": [len(r["acc"]) for r in runs], "diverged": sum(bool(r["diverged"]) for r in runs),
                      "upload_kb": statistics.mean(r["upload_bytes_total"] / max(1, r["uploads"]) / 1e3 for r in runs)})
-    lines = ["| method | privacy | noise | seeds | epsilon spent (mean) | rounds run | best acc | final-round acc "
-             "| personal acc | upload KB per update |", "|---|---|---|---|---|---|---|---|---|---|"]
+    steps = any(r["server_step"] != "1/0" for r in rows)
+    lines = ["| method | privacy | noise |" + (" server step eta/beta | best val acc |" if steps else "")
+             + " seeds | epsilon spent (mean) | rounds run | best acc | final-round acc "
+             "| personal acc | upload KB per update |", "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if steps else "")]
     for r in rows:
         priv = {"none": "none" + (" (top-k)" if r["method"] == "flayer" else ""),
-                "public": "none, public positions"}.get(r["variant"], f"target {r['variant']}")
+                "public": "none, public positions", "clip": "clip only, fixed m (not private)",
+                "clip-weighted": "clip only, weighted average (not private)"}.get(r["variant"], f"target {r['variant']}")
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
         rounds = "/".join(str(x) for x in r["rounds"]) + (f" ({r['diverged']} diverged)" if r["diverged"] else "")
         acc = " | ".join(f"{m:.4f} ± {sd:.4f}" for m, sd in (r["best_acc"], r["final_round_acc"],
                                                              r["final_personal_acc"]))
-        lines.append(f"| {r['method']} | {priv} | {r['mode']} | {len(r['seeds'])} | {eps} | {rounds} | {acc} "
+        val = f" {r['server_step']} | {r['best_val_acc'][0]:.4f} ± {r['best_val_acc'][1]:.4f} |" if steps else ""
+        lines.append(f"| {r['method']} | {priv} | {r['mode']} |{val} {len(r['seeds'])} | {eps} | {rounds} | {acc} "
                      f"| {r['upload_kb']:.1f} |")
     (out / table).parent.mkdir(parents=True, exist_ok=True)
     (out / f"{table}.json").write_text(json.dumps(rows, indent=1) + "\n")
@@ -164,9 +198,17 @@ def main() -> int:
     p.add_argument("--deadline", default=None, metavar="HH:MM",
                    help="start no new run after this UTC time today (finished runs are still tabulated)")
     p.add_argument("--table", default="results", help="the table files written, relative to --out (NAME.md, NAME.json)")
+    p.add_argument("--variants", default="",
+                   help="extra runs without noise, comma-separated: clip (clipped, over the fixed m), clip-weighted "
+                        "(clipped, sample-weighted average); not private, no epsilon")
+    p.add_argument("--server-lr", default="1", help="server step eta, comma-separated (a grid with --server-momentum)")
+    p.add_argument("--server-momentum", default="0", help="server step beta, comma-separated")
     p.add_argument("--max-participations", type=int, default=None, metavar="K",
                    help="participation schema: each device in at most K rounds; z from K-fold composition")
     p.add_argument("--min-separation", type=int, default=0, metavar="B", help="participation schema: B rounds apart")
+    p.add_argument("--noise-kind", choices=("independent", "banded"), default="independent",
+                   help="central noise: independent draws, or banded correlated noise (--dp-noise-kind)")
+    p.add_argument("--bands", type=int, default=5, help="banded noise: the strategy's bands (<= --min-separation)")
     p.add_argument("--no-public", action="store_true", help="leave out FLAYER's public positions without noise")
     p.add_argument("--summary", action="store_true",
                    help="run nothing: tabulate every finished run under --out over its seeds (mean ± std)")
@@ -175,10 +217,12 @@ def main() -> int:
         summarize(a.out, a.table)
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
-    jobs = [(m, v, s) for s in (int(x) for x in a.seeds.split(",")) for m in a.methods.split(",")
-            for v in a.epsilons.split(",")]
+    grid = [(float(lr), float(mom)) for lr in a.server_lr.split(",") for mom in a.server_momentum.split(",")]
+    variants = [v for v in a.epsilons.split(",") if v] + [v for v in a.variants.split(",") if v]
+    jobs = [(m, v, s, lr, mom) for s in (int(x) for x in a.seeds.split(",")) for m in a.methods.split(",")
+            for v in variants for lr, mom in (grid if v != "none" else [(1.0, 0.0)])]
     if "flayer" in a.methods.split(",") and not a.no_public:
-        jobs += [("flayer", "public", s) for s in (int(x) for x in a.seeds.split(","))]
+        jobs += [("flayer", "public", s, 1.0, 0.0) for s in (int(x) for x in a.seeds.split(","))]
     deadline = None
     if a.deadline:
         import datetime as dt
@@ -187,31 +231,34 @@ def main() -> int:
         now = dt.datetime.now(dt.timezone.utc)
         deadline = now.replace(hour=hh, minute=mm, second=0, microsecond=0).timestamp()
     with ThreadPoolExecutor(a.jobs) as pool:
-        results = list(pool.map(lambda j: (j, run_one(a.out, command(a, *j), f"{j[0]}-{j[1]}-s{j[2]}", deadline)),
-                                jobs))
+        results = list(pool.map(lambda j: (j, run_one(a.out, command(a, *j), name(*j), deadline)), jobs))
     rows = []
-    for (method, variant, seed), s in results:
+    for (method, variant, seed, lr, mom), s in results:
         if s is None:
             continue
-        z = None if variant in ("none", "public") else noise_for(float(variant), a.clients, a.join_ratio, a.rounds,
+        z = None if variant in ("none", "public", "clip", "clip-weighted") else noise_for(float(variant), a.clients, a.join_ratio, a.rounds,
                                                                   seed, a.max_participations)[0]
-        rows.append({"method": method, "variant": variant, "seed": seed, "z": z, "epsilon": s["epsilon"],
+        rows.append({"method": method, "variant": variant, "seed": seed, "z": z, "server_lr": lr,
+                     "server_momentum": mom, "best_val_acc": s.get("best_val_acc"), "epsilon": s["epsilon"],
                      "delta": s["delta"], "rounds_run": len(s["acc"]), "best_acc": s["best_acc"],
                      "final_round_acc": s["final_round_acc"], "final_personal_acc": s["final_personal_acc"],
                      "upload_bytes_per_upload": s["upload_bytes_total"] / max(1, s["uploads"]),
                      "wall_s": s["wall_seconds"], "diverged": s["diverged"], "command": "flayer " + " ".join(s["cmd"])})
     (a.out / a.table).parent.mkdir(parents=True, exist_ok=True)
     (a.out / f"{a.table}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    header = ("| method | privacy | z | epsilon spent | rounds | best acc | final-round acc | personal acc "
-              "| upload KB per update | wall s |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
+    header = ("| method | privacy | z | server step eta/beta | epsilon spent | rounds | best val acc | best acc "
+              "| final-round acc | personal acc | upload KB per update | wall s |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         none = "none (top-k)" if r["method"] == "flayer" else "none"
-        priv = {"none": none, "public": "none, public positions"}.get(r["variant"],
-                                                                       f"target {r['variant']} ({a.dp_mode})")
+        priv = {"none": none, "public": "none, public positions", "clip": "clip only, fixed m (not private)",
+                "clip-weighted": "clip only, weighted (not private)"}.get(r["variant"],
+                                                                          f"target {r['variant']} ({a.dp_mode})")
+        bv = "-" if r["best_val_acc"] is None else f"{r['best_val_acc']:.4f}"
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.3f}" if isinstance(r["epsilon"], float) else r["epsilon"]
-        lines.append(f"| {r['method']} | {priv} | {'-' if r['z'] is None else format(r['z'], '.3f')} | {eps} "
-                     f"| {r['rounds_run']}{' (diverged)' if r['diverged'] else ''} | {r['best_acc']:.4f} | {r['final_round_acc']:.4f} "
+        lines.append(f"| {r['method']} | {priv} | {'-' if r['z'] is None else format(r['z'], '.3f')} "
+                     f"| {r['server_lr']:g}/{r['server_momentum']:g} | {eps} "
+                     f"| {r['rounds_run']}{' (diverged)' if r['diverged'] else ''} | {bv} | {r['best_acc']:.4f} | {r['final_round_acc']:.4f} "
                      f"| {r['final_personal_acc']:.4f} | {r['upload_bytes_per_upload'] / 1e3:.1f} | {r['wall_s']:.0f} |")
     (a.out / f"{a.table}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

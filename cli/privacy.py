@@ -25,6 +25,10 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
                    help="stop before a round would bring epsilon above EPS")
     g.add_argument("--dp-clipping", choices=("fixed", "adaptive"), default=None,
                    help="adaptive: C follows a private estimate of the update norms' quantile (Andrew et al. 2021)")
+    g.add_argument("--dp-server-lr", type=float, metavar="ETA",
+                   help="server step on the noised average: next = prev + ETA * v (1.0; post-processing, no epsilon)")
+    g.add_argument("--dp-server-momentum", type=float, metavar="BETA",
+                   help="server step's momentum: v <- BETA * v + (sum + noise) / m, in [0, 1) (0.0)")
     g.add_argument("--secure-agg", action="store_true", default=None,
                    help="secure aggregation (SecAgg+): the coordinator learns only each round's sum "
                         "(docs/explanation/secure-aggregation.md)")
@@ -54,6 +58,7 @@ def privacy_overrides(a: dict[str, Any]) -> dict[str, Any]:
     return {"enabled": True if a.get("dp") else None, "mode": a.get("dp"), "clip": a.get("dp_clip"),
             "noise_multiplier": a.get("dp_noise"), "delta": a.get("dp_delta"),
             "target_epsilon": a.get("target_epsilon"), "clipping": a.get("dp_clipping"),
+            "server_lr": a.get("dp_server_lr"), "server_momentum": a.get("dp_server_momentum"),
             "secure_aggregation": a.get("secure_agg"), "secure_dropout": a.get("secure_dropout"),
             "secure_keep": a.get("secure_keep"), "max_participations": a.get("max_participations"),
             "min_separation": a.get("min_separation"), "noise_kind": a.get("dp_noise_kind"),

@@ -49,6 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dp-seeded-noise", action="store_true",
                    help="draw the privacy noise from --seed instead of the operating system's CSPRNG: a "
                         "reproducible run that is NOT private (anyone who knows the seed subtracts the noise)")
+    p.add_argument("--clip-only", type=float, default=None, metavar="C",
+                   help="measurement, NOT private (no noise, no epsilon): the uploads of a private round clipped to "
+                        "norm C, averaged as --clip-average says; for what the clip costs (docs/results/privacy.md)")
+    p.add_argument("--clip-average", choices=("weighted", "fixed"), default="fixed",
+                   help="--clip-only: sum over the fixed denominator m as private rounds do (fixed), or the "
+                        "strategy's sample-weighted average (weighted)")
     p.set_defaults(func=run)
 
 
@@ -148,7 +154,7 @@ def simulate_round_record(rec: Any, now: float) -> dict[str, Any]:
 def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = None,
                    quiet: bool = False, save_models: bool = False, runtime: str = "torch",
                    blowup: float | None = None, thin: Any = None, secure_drop: float = 0.0,
-                   seeded_noise: bool = False) -> dict[str, Any]:
+                   seeded_noise: bool = False, clip_only: tuple[float, str] | None = None) -> dict[str, Any]:
     """Run one simulation, writing metrics.jsonl and summary.json under ``out``; returns the summary.
     ``thin``: :class:`emulator.thinsim.ThinOptions` (what the links carry, both ways counted; None: no link hooks,
     the updates folded as trained and sized as fp32 blobs)."""
@@ -177,6 +183,9 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
                        "(its largest values, its residual); private rounds cannot honour them")
     clients = [client_data(prepared.dataset, c) for c in prepared.partition.clients]
     check_privacy(cfg, strategy, len(clients))
+    if clip_only is not None and (cfg.privacy.enabled or not (math.isfinite(clip_only[0]) and 1e-6 <= clip_only[0] <= 1e6)):
+        raise CliError(f"--clip-only {clip_only[0]}: a finite C in [1e-6, 1e6], and no --dp (it measures the clip "
+                       f"without noise)")
     metrics = MetricsFile(out / "metrics.jsonl", "w")
     metrics.write(run_record("simulate", time.time(), cfg.strategy, cfg.rounds, len(clients),
                              dataset=cfg.data.dataset, seed=cfg.seed))
@@ -202,7 +211,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
             result = simulate(strategy, clients, cfg.rounds, cfg.seed, cfg.join_ratio, device, global_state=g0,
                               on_round=on_round, on_client=on_client, sizer=update_sizer(), val=True,
                               blowup=blowup, links=links, privacy=cfg.privacy, secure_drop=secure_drop,
-                              seeded_noise=seeded_noise)
+                              seeded_noise=seeded_noise, clip_only=clip_only)
         if not result.rounds:
             raise CliError(result.budget_stop or "no round ran")
         metrics.write(end_record("simulate", time.time(), len(result.rounds), result.diverged is None,
@@ -241,6 +250,8 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "secure_abandoned_rounds": sum(r.abandoned is not None for r in result.rounds),
         "epsilon": epsilon_value(result.epsilon), "delta": result.delta, "budget_stop": result.budget_stop,
         "epsilon_coordinator": epsilon_value(result.epsilon_coordinator),
+        "clip_only": list(clip_only) if clip_only is not None else None,
+        "server_step": [cfg.privacy.server_lr, cfg.privacy.server_momentum],
         "dp_noise": None if not private else "seeded: not private" if seeded_noise else "csprng",
     }
     write_json(out / "summary.json", summary)
@@ -279,7 +290,8 @@ def run(args: argparse.Namespace) -> int:
     write_json(out / "partition.json", prepared.partition.summary)
     s = run_simulation(cfg, prepared, out, save_models=args.save_models, runtime=args.runtime,
                        blowup=args.blowup, thin=thin, secure_drop=args.secure_drop,
-                       seeded_noise=args.dp_seeded_noise)
+                       seeded_noise=args.dp_seeded_noise,
+                       clip_only=None if args.clip_only is None else (args.clip_only, args.clip_average))
     if args.tensorboard:
         TensorBoardSink(args.tensorboard, out / "metrics.jsonl").close()
     rows = [(i + 1, a, "-" if v is None else v) for i, (a, v) in enumerate(zip(s["acc"], s["val_acc"]))]

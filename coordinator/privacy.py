@@ -25,6 +25,9 @@ Rules, in the order the coordinator applies them:
    against each adversary (:class:`flayer.engine.adversaries.Accounts`); adaptive clipping moves C; the
    ledgers and C go into the same atomic checkpoint as the model, so a restart neither forgets a round nor
    composes one twice.
+5. The next model is the server step on the noised average (``server_lr``, ``server_momentum``:
+   :class:`flayer.engine.server_step.ServerStep`, the simulator's code; post-processing, no epsilon); its
+   velocity goes into the checkpoint with the ledgers.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from flayer.engine.adversaries import Accounts
 from flayer.engine.privacy import RoundPrivacy, next_clip, private_strategy
 from flayer.engine.round import OpenAggregate
 from flayer.engine.selection import eligible
+from flayer.engine.server_step import ServerStep
 from flayer.privacy_config import PrivacySettings
 from flayer.strategies.base import Strategy
 
@@ -61,6 +65,7 @@ class FederationPrivacy:
     accounts: Accounts = field(default_factory=lambda: Accounts("central", False))
     z: float = 0.0  # the multiplier of the last closed round's sum
     taken: dict[str, list[int]] = field(default_factory=dict)  # the schema's history: device -> rounds selected
+    step: ServerStep = field(default_factory=ServerStep)  # rule 5: the server step on the noised average
     _warned_population: bool = False
 
     @classmethod
@@ -87,6 +92,7 @@ class FederationPrivacy:
         s = settings.resolve(settings.population, buffer if asynchronous else quorum)
         out = cls(s, asynchronous, s.clip, max(1, fewest),
                   Accounts(s.mode, s.secure_aggregation, most=s.max_participations))
+        out.step = ServerStep(s.server_lr, s.server_momentum)
         if rounds > 0:
             for line in s.warnings(out.accounts.public.epsilon_after(s.noise_multiplier, 1.0, out.delta, rounds,
                                                                      s.max_participations), rounds):
@@ -195,6 +201,8 @@ class FederationPrivacy:
     def state(self) -> dict[str, Any]:
         """What the checkpoint keeps: the composed rounds as ``[z, q, rounds]`` runs and the clip bound."""
         out = {**self.accounts.state(), "clip": self.clip}
+        if not self.step.plain:
+            out["server_step"] = self.step.state()
         if self.settings.schema.active:
             out["participations"] = {d: list(r) for d, r in sorted(self.taken.items())}
         return out
@@ -231,6 +239,10 @@ class FederationPrivacy:
         if self.settings.schema.active and rounds_done > 0 and "participations" not in raw:
             raise PrivacyStateError("checkpoint: written without a participation schema; the schema cannot be applied "
                                     "to rounds whose cohorts it does not hold (use another state_dir)")
+        try:
+            self.step.load(raw.get("server_step", {}))
+        except ValueError as exc:
+            raise PrivacyStateError(f"checkpoint: {exc}") from None
         accounts.most = self.settings.max_participations
         self.accounts, self.clip = accounts, float(clip)
         self.taken = {d: sorted(set(rs)) for d, rs in taken.items()}

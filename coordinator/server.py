@@ -346,6 +346,8 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
             log.warning("round %d: %s", r, withheld)
             rnd.aggregate.withhold()
         self.global_state, left_out = rnd.close(self.quarantine)
+        if self.privacy is not None and withheld is None:  # rule 5 of coordinator.privacy: post-processing
+            self.global_state = self.privacy.step.apply(old_state, self.global_state)
         if left_out:
             self.counters["quarantined"] += len(left_out)
         self.norms.add(rnd.norms, rnd.norm_clients)

@@ -12,10 +12,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-__all__ = ["ParticipationSchema", "PrivacySettings", "default_delta"]
+__all__ = ["SERVER_LR_RANGE", "ParticipationSchema", "PrivacySettings", "check_server_step", "default_delta"]
 
 NOISE_KINDS = ("independent", "banded")  # flayer.engine.correlated
 MAX_BANDS = 64
+SERVER_LR_RANGE = (1e-3, 100.0)  # eta outside it is refused: 0 freezes the model, a huge eta multiplies the noise
+
+
+def check_server_step(lr: object, momentum: object) -> None:
+    """ValueError naming the bad value unless ``lr`` (the server step's eta) is a finite number in
+    SERVER_LR_RANGE and ``momentum`` (beta) a finite number in [0, 1) (:mod:`flayer.engine.server_step`)."""
+    lo, hi = SERVER_LR_RANGE
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lo <= lr <= hi):
+        raise ValueError(f"server_lr must be a finite number in [{lo:g}, {hi:g}], got {lr!r}")
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) \
+            or not (math.isfinite(momentum) and 0.0 <= momentum < 1.0):
+        raise ValueError(f"server_momentum must be a finite number in [0, 1), got {momentum!r}")
 
 
 def default_delta(population: int) -> float:
@@ -116,6 +128,9 @@ class PrivacySettings:
     count_stddev: float | None = None  # adaptive: sigma_b on the clip-bit count; default max(m / 20, 2 z)
     population: int | None = None  # N, the devices that could be selected (coordinator: required)
     expected_contributions: int | None = None  # m, the fixed denominator; default: who a round asks
+    # the server step on the noised average, post-processing (no epsilon): flayer.engine.server_step
+    server_lr: float = 1.0  # eta in [0.001, 100]: next = prev + eta * v (1: the plain average)
+    server_momentum: float = 0.0  # beta in [0, 1): v <- beta * v + (sum + noise) / m, carried across rounds
     device_budget: float | None = None  # each device refuses private rounds past this epsilon of its own (q = 1)
     # the participation schema (ParticipationSchema): each device selected at most k times, b rounds apart at least
     max_participations: int | None = None
@@ -146,6 +161,7 @@ class PrivacySettings:
             if self.noise_multiplier <= 0:
                 raise ValueError("target_epsilon needs noise: noise_multiplier (z) must be > 0 (z = 0 spends an "
                                  "infinite epsilon in the first round)")
+        check_server_step(self.server_lr, self.server_momentum)
         if self.device_budget is not None and not (math.isfinite(self.device_budget) and self.device_budget > 0):
             raise ValueError(f"device_budget must be a finite epsilon > 0, got {self.device_budget}")
         ParticipationSchema(self.max_participations, self.min_separation)  # ValueError naming the bad value

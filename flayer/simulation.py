@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .aggregate import UpdateError
+from .aggregate import DPSumAggregator, UpdateError
 from .engine import (
     Bounds,
     ClientEval,
@@ -45,6 +45,7 @@ from .engine.privacy import (
     server_bound,
 )
 from .engine.round import noise_seed
+from .engine.server_step import ServerStep
 from .engine.secure import abandon_kind, drops_for, secure_sum
 from .links import LinkHooks
 from .secagg.prg import KeystreamRandom
@@ -101,7 +102,7 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
              sizer: Callable[[Update], int] | None = None, val: bool = False,
              blowup: float | None = None, links: LinkHooks | None = None,
              privacy: PrivacySettings | None = None, secure_drop: float = 0.0,
-             seeded_noise: bool = False) -> SimulationResult:
+             seeded_noise: bool = False, clip_only: tuple[float, str] | None = None) -> SimulationResult:
     """Run ``rounds`` federated rounds of ``strategy`` over ``clients``.
 
     ``on_round(record)`` after each round, ``on_client(round, done)`` after each client (progress);
@@ -121,6 +122,11 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     protocol step with this probability (planning a fleet's dropouts). The privacy noise (central, the
     devices' local shares, the secure rounds' entropy) comes from the operating system's CSPRNG;
     ``seeded_noise`` draws it from the run seed instead, for a reproducible run that protects nothing.
+    A private run's next model takes the server step of ``privacy.server_lr`` / ``server_momentum``
+    (:class:`flayer.engine.server_step.ServerStep`, post-processing). ``clip_only`` ``(C, average)``, for
+    measuring what the clip costs, not private (no noise, no epsilon): the uploads as a private round's (public
+    positions), clipped to norm C, averaged by the strategy's sample weights (``"weighted"``) or summed over the
+    fixed denominator m of a private round (``"fixed"``), the server step applied as in a private run.
     """
     g = dict(global_state) if global_state is not None else initial_global_state(strategy, seed)
     resolved: dict[str, Any] = {}
@@ -128,8 +134,14 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         strategy, resolved = calibrate(strategy, clients, g, seed, device)
     dp = privacy if privacy is not None and privacy.enabled else None
     secure = privacy if privacy is not None and privacy.secure_aggregation else None
-    if dp is not None or secure is not None:
+    if clip_only is not None and (dp is not None or clip_only[1] not in ("weighted", "fixed")
+                                  or not 1e-6 <= clip_only[0] <= 1e6):
+        raise ValueError(f"clip_only needs no [privacy] noise, C in [1e-6, 1e6] and 'weighted' or 'fixed', got {clip_only}")
+    if dp is not None or secure is not None or clip_only is not None:
         strategy = private_strategy(strategy)
+    step = ServerStep(privacy.server_lr, privacy.server_momentum) \
+        if privacy is not None and (dp is not None or clip_only is not None) else None
+    fixed_m = len(select_clients(len(clients), join_ratio, seed, 1))
     if dp is not None:
         dp = dp.resolve(len(clients), len(select_clients(len(clients), join_ratio, seed, 1)))
     private = _Private(dp, rounds) if dp is not None else None
@@ -159,6 +171,10 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         if private is not None and private.s.banded:  # correlated noise: this round's w_t, drawn here
             agg.aggregator.use_noise(private.banded_noise(g, noise_seed(seed, r) if seeded_noise else None))
         bounds = Bounds(server_bound(rp, agg.coordinates), "clip") if rp is not None else Bounds()
+        if clip_only is not None:
+            bounds = Bounds(clip_only[0], "clip")
+            if clip_only[1] == "fixed":
+                agg.aggregator = DPSumAggregator(g, fixed_m, 0.0)
         evals: list[ClientEval] = []
         losses: list[float] = []
         nbytes = 0
@@ -210,7 +226,8 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         unsent, t = agg.unsent(), agg.tally
         epsilon = private.close(agg) if private is not None and rp is not None else None
         if diverged is None:  # a refused update leaves the global model as it was
-            g = agg.result() if links is None else links.publish(r, g, agg.result())
+            new = agg.result() if step is None else step.apply(g, agg.result())
+            g = new if links is None else links.publish(r, g, new)
         acc, loss = weighted(evals)
         vals = [e.val for e in evals if e.val is not None]
         rec = RoundRecord(r, acc, loss, float(np.mean(losses)) if losses else float("nan"), tuple(sorted(selected)),
