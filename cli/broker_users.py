@@ -92,7 +92,6 @@ def _revoke(args: argparse.Namespace) -> int:
     from mqtt_broker.evict import identity_mode
     from mqtt_broker.kit import revoke_device
     from mqtt_broker.state import BrokerFiles
-
     from mqtt_broker.tls import client_cert_paths
 
     files = BrokerFiles.at(args.state_dir)

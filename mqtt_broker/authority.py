@@ -26,7 +26,14 @@ from pathlib import Path
 
 from mqtt_broker.config import BrokerConfigError
 from mqtt_broker.fsutil import atomic_write, private_dir
-from protocol.certs import DeviceCert, Revocations, issue_cert, parse_cert, parse_revocations, sign_revocations
+from protocol.certs import (
+    DeviceCert,
+    Revocations,
+    issue_cert,
+    parse_cert,
+    parse_revocations,
+    sign_revocations,
+)
 from protocol.signing import SignatureError, SigningKey, VerifyKey
 
 __all__ = ["AUTHORITY_KEY", "AUTHORITY_PUB", "REVOCATION_LIST", "authority_public", "certify", "current_cert",

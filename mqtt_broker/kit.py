@@ -197,11 +197,11 @@ def revoke_device(state_dir: str | Path, device_id: str) -> bool:
         if path.exists() and Credentials.load(path).role != "device":
             raise BrokerConfigError(f"{device_id!r} is not a device")
         removed = remove_passwd_entry(files.passwd, device_id)
-        cert = current_cert(files.state_dir, cfg.federation, device_id)
+        certified = current_cert(files.state_dir, cfg.federation, device_id)
         listed = read_revocations(files.state_dir, cfg.federation)
-        if cert is not None and not (listed and listed.revokes(device_id, cert.serial)):
+        if certified is not None and not (listed and listed.revokes(device_id, certified.serial)):
             # on the authority's signed list: the devices refuse this certificate once the list arrives
-            revoke_serial(files.state_dir, cfg.federation, device_id, cert.serial)
+            revoke_serial(files.state_dir, cfg.federation, device_id, certified.serial)
         set_device_key(files.state_dir, device_id, None)  # what its key signs is refused from now on
         path.unlink(missing_ok=True)
         cert, _ = client_cert_paths(files.tls_dir, device_id)

@@ -32,7 +32,7 @@ def _publish_once(creds: Credentials, topic: str, payload: bytes, timeout: float
     client = make_client(settings)
     done, ok = threading.Event(), [False]
 
-    def on_connect(c, userdata, flags, reason, props=None):  # type: ignore[no-untyped-def]
+    def on_connect(c, userdata, flags, reason, props=None):
         if reason.is_failure:
             done.set()
             return
@@ -41,7 +41,7 @@ def _publish_once(creds: Credentials, topic: str, payload: bytes, timeout: float
         if not ok[0]:
             done.set()
 
-    def on_publish(c, userdata, mid, reason, props=None):  # type: ignore[no-untyped-def]
+    def on_publish(c, userdata, mid, reason, props=None):
         done.set()
 
     client.on_connect, client.on_publish = on_connect, on_publish
