@@ -25,7 +25,7 @@ from pathlib import Path
 from protocol import SignatureError, VerifyKey
 from protocol.certs import DeviceCert, Revocations, parse_cert, parse_revocations
 
-__all__ = ["CertifiedKeys", "REVOCATIONS_FILE"]
+__all__ = ["REVOCATIONS_FILE", "CertifiedKeys"]
 
 log = logging.getLogger(__name__)
 REVOCATIONS_FILE = "revocations.json"
