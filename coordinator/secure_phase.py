@@ -18,14 +18,20 @@ from typing import Any
 from flayer.engine.secure import abandon_kind, central_noise, plan_round, plan_secure
 from flayer.engine.secure_fit import keep_layout
 from flayer.engine.secure_layout import round_layout
+from flayer.engine.secure_plan import failure_problem
 from flayer.secagg import SecAggAbandoned
+from flayer.secagg.graph import round_failure
 from protocol import Envelope, Kind, Metrics, SignatureError, WireError, check_topic, decode_envelope
 from protocol.signing import advert_verifier, survivor_verifier
 
 from .secure_fit import round_keep
 from .secure_round import SecureRound
+from .secure_timing import StageTiming
 
 __all__ = ["SecurePhase", "secure_strategy"]
+
+VOID_KEPT = 8  # the abandoned rounds a plan names (a device offline for longer keeps them booked: over, never under)
+VOID_CHARS = 256  # the most a plan's string value holds (protocol.messages)
 
 log = logging.getLogger("coordinator.server")
 
@@ -52,6 +58,12 @@ class SecurePhase:
         # device -> the proof (a refused key, a false share): left out of every later round's selection, as a
         # device over its strikes is cut off; checkpointed with each round, so a restart keeps them out
         self.excluded: dict[str, str] = {}
+        # each stage's limit from the fleet's measured latencies (coordinator.secure_timing), at most a third of the
+        # round's deadline; and the recent rounds abandoned before any unmask request went out, which the plan names
+        # so that the devices that booked them provisionally take them back (edge_client.secure)
+        privacy = coord.cfg.run.privacy
+        self.timing = StageTiming(privacy.secure_stage_s, max(privacy.secure_stage_s, coord.fs.deadline_s / 3))
+        self.void: list[tuple[int, str]] = []
         if self.enabled and getattr(coord, "privacy", None) is None and coord.fs.norm_bound is None:
             log.warning("secure rounds without DP and without [federation] norm_bound: no single update's norm is "
                         "ever seen, so the automatic bound stays at norm_auto x the model's own norm, and one "
@@ -84,9 +96,19 @@ class SecurePhase:
         rnd.stats.extra.update({"secure_keep": keep, "secure_budget": budget})
         params = planned.params
         fed = c.creds.federation
-        rnd.secure = SecureRound(planned, layout, c.clock() + s.secure_stage_s,
+        self.timing.new_round()
+        rnd.secure = SecureRound(planned, layout, c.clock() + self.timing.limit(1),
                                  verify=survivor_verifier(c.device_keys, fed, rnd.number),
-                                 verify_advert=advert_verifier(c.device_keys, fed, rnd.number))
+                                 verify_advert=advert_verifier(c.device_keys, fed, rnd.number), timing=self.timing,
+                                 gone=lambda device: not c.registry.is_online(device, c.clock()))
+        rnd.stats.extra["secure_stage_limits"] = self.timing.limits()
+        need = rnd.secure.needed
+        fail = round_failure(len(selected), params.degree, params.threshold, need, planned.dropout)
+        rnd.stats.extra["secure_failure"] = float(f"{fail:.3g}")
+        rnd.secure.refused = failure_problem(len(selected), params.degree, params.threshold, planned.dropout,
+                                             planned.corrupt_fraction)
+        if rnd.secure.refused is not None:
+            log.warning("round %d: secure round %s", rnd.number, rnd.secure.refused)
         rnd.ctx = dataclasses.replace(rnd.ctx, masked=rnd.secure.masked)
         log.info("round %d: secure aggregation over %d devices, t = %d, %d neighbours each, %d coordinates, "
                  "contributions clipped to L2 %.4g, keep %.4g (budget %d bytes)", rnd.number, len(selected),
@@ -96,7 +118,10 @@ class SecurePhase:
         sec = rnd.secure if rnd is not None else None
         if sec is None:
             return {}
-        return plan_secure(sec.planned)
+        void = [session for _, session in self.void]  # a plan's values are scalars: the sessions, space-separated
+        while len(" ".join(void)) > VOID_CHARS:
+            void = void[1:]
+        return {**plan_secure(sec.planned), "void": " ".join(void)}
 
     def on_message(self, client: str, parsed: Any, payload: bytes) -> None:
         """A device's protocol message: checked, handed to the round's protocol, stages moved on."""
@@ -117,11 +142,13 @@ class SecurePhase:
         if client not in rnd.selected:
             inbox.count("not_selected", f"secure-round message from {client}, not selected", client)
             return
-        why = rnd.secure.receive(client, env.body)
+        now = self.coord.clock()
+        self._send(rnd, rnd.secure.ask_late(client))  # heard from while the survivor set is signed: it may sign
+        why = rnd.secure.receive(client, env.body, now)
         if why is not None:
             inbox.count("secure", f"{client} round {env.round}: {why}", client)
             return
-        self.tick(rnd, self.coord.clock())
+        self.tick(rnd, now)
 
     def metrics(self, client: str, msg: Metrics) -> bool:
         """A secure round's evaluation report (the counts the round record shows, outside the masked sum)."""
@@ -151,7 +178,7 @@ class SecurePhase:
         round), and the sum when the unmasking is over (or abandon the round)."""
         sec = rnd.secure
         try:
-            if sec.stage in (1, 2):
+            if sec.stage in (1, 2) or (sec.stage == 3 and closing is None):  # stage 3: ended once too few can come
                 self._send(rnd, sec.advance(now))
             if sec.stage == 3 and closing is not None:
                 rnd.stats.extra["secure_closed"] = closing
@@ -169,6 +196,8 @@ class SecurePhase:
             rnd.aggregate.fold_sum(out.update, len(out.survivors), out.bits, out.noised)
         else:
             log.warning("round %d: secure round abandoned: %s; the model stays as it was", rnd.number, out.reason)
+            if not rnd.secure.server.asked:  # no unmask request went out: no device's input can have been revealed
+                self.void = [*self.void, (rnd.number, rnd.secure.planned.params.session)][-VOID_KEPT:]
             self.coord.counters["secure_abandoned"] += 1
             private = rnd.aggregate.privacy
             if abandon_kind(out.reason) == "sum_check" and private is not None and self.coord.privacy is not None:

@@ -51,6 +51,8 @@ from flayer.secagg import (
 )
 from flayer.secagg.signed_adverts import AdvertSignatureError
 
+from .secure_timing import StageTiming
+
 __all__ = ["SecureRound"]
 
 log = logging.getLogger(__name__)
@@ -70,21 +72,51 @@ class SecureRound:
     sent_bytes: int = 0  # protocol messages sent to devices (the update path counts the masked inputs)
     verify: Callable[[str, bytes, bytes], bool] | None = None  # the devices' keys (the survivor signatures)
     verify_advert: Callable[[str, bytes, bytes], bool] | None = None  # the same keys for the adverts (None: verify)
+    timing: StageTiming | None = None  # each stage's limit from the fleet's measured latencies (None: stage_s)
+    gone: Callable[[str], bool] = lambda device: False  # a device known to be offline (it cannot answer now)
+    opened: float = 0.0  # when the current stage opened (latencies are measured from it)
+    asked: set[str] = field(default_factory=set)  # the devices sent the survivor set to sign
+    stage_opened: dict[int, float] = field(default_factory=dict)  # stage -> when it opened
+    refused: str | None = None  # why the round must not run (flayer.engine.secure_plan.failure_problem): ended at once
 
     def __post_init__(self) -> None:
         self.server = SecAggServer(self.planned.params, ServerConsistency(self.verify, self.planned.corrupt_fraction,
                                                                           self.verify_advert))
+        self.opened = self.stage_end - self._limit(1)
+        self.stage_opened[1] = self.opened
+
+    def _limit(self, stage: int) -> float:
+        return self.timing.limit(stage) if self.timing is not None else self.planned.stage_s
+
+    @property
+    def needed(self) -> int:
+        """The fewest survivors (and signers) the unmasking needs: max(t, T) (devices refuse a smaller set)."""
+        return self.server.signatures_needed
+
+    def observe(self, msg: object, now: float) -> None:
+        """Note how long a stage's message took (late ones too: what the fleet takes, :mod:`.secure_timing`)."""
+        stage = {KeyAdvert: 1, ShareBatch: 2, SurvivorSignature: 4, UnmaskShares: 5}.get(type(msg))
+        if self.timing is not None and stage is not None:
+            start = self.stage_opened.get(stage)
+            if start is not None:
+                self.timing.observe(stage, now - start)
+
+    def _open_stage(self, stage: int, now: float) -> None:
+        self.stage, self.opened, self.stage_end = stage, now, now + self._limit(stage)
+        self.stage_opened[stage] = now
 
     @property
     def participants(self) -> tuple[str, ...]:
         return self.planned.params.participants
 
-    def receive(self, client: str, body: bytes) -> str | None:
+    def receive(self, client: str, body: bytes, now: float | None = None) -> str | None:
         """A device's protocol message (keys, shares, unmasking shares); the reason it is refused, or None."""
         try:
             msg = decode_message(body)
         except SecAggError as exc:
             return f"malformed secure-round message: {exc}"
+        if now is not None and getattr(msg, "device", None) == client:
+            self.observe(msg, now)
         want = _STAGE_MESSAGE.get(self.stage)
         if want is None or not isinstance(msg, want):
             return f"{type(msg).__name__} in stage {self.stage} of the secure round"
@@ -133,33 +165,61 @@ class SecureRound:
 
     def advance(self, now: float, masked_done: bool = False) -> list[tuple[str, bytes]]:
         """Stage transitions due now: the messages to send, as (device, bytes). ``masked_done``: the round's
-        timer ended stage 3. SecAggAbandoned when a stage closes with too few devices."""
-        s, out = self.server, []
-        stage_s, t = self.planned.stage_s, self.planned.params.threshold
-        for stage, members, what in ((1, s.advertised, "advertised keys"), (2, s.shared, "sent their shares"),
-                                     (3, s.survivors, "sent a masked input")):
-            closing = {1: s.advertised == frozenset(self.participants) or now >= self.stage_end,
-                       2: s.shared == s.advertised or now >= self.stage_end, 3: masked_done}[stage]
-            if self.stage == stage and closing and len(members) < t:
-                raise SecAggAbandoned(f"{len(members)} devices {what}, fewer than t={t}")
-        if self.stage == 1 and (s.advertised == frozenset(self.participants) or now >= self.stage_end):
+        timer ended stage 3. SecAggAbandoned when a stage closes with too few devices, or as soon as too few can
+        still come: the survivor set must hold max(t, T) devices and T participants must sign it."""
+        if self.refused is not None:
+            raise SecAggAbandoned(self.refused)
+        s, out, need = self.server, [], self.needed
+        everyone = frozenset(self.participants) - frozenset(s.faulty)
+        waiting = {1: everyone - s.advertised, 2: s.advertised - s.shared - frozenset(s.faulty),
+                   3: s.shared - s.survivors - frozenset(s.faulty)}.get(self.stage, frozenset())
+        can_come = {d for d in waiting if not self.gone(d)}
+        if self.stage in (1, 2, 3):  # the survivor set can only shrink from here: U1 >= U2 >= U3
+            have = {1: s.advertised, 2: s.shared, 3: s.survivors}[self.stage]
+            what = {1: "advertised keys", 2: "sent their shares", 3: "sent a masked input"}[self.stage]
+            closing = masked_done if self.stage == 3 else (not can_come or now >= self.stage_end)
+            if len(have) + (0 if closing else len(can_come)) < need:
+                raise SecAggAbandoned(f"{len(have)} devices {what}{'' if closing else f' and {len(can_come)} more can'}"
+                                      f", fewer than the {need} the unmasking needs (t={self.planned.params.threshold}, "
+                                      f"T={need}): ended at once")
+        if self.stage == 1 and (not can_come or now >= self.stage_end):
             out = [(d, s.key_bundle(d).to_bytes()) for d in sorted(s.advertised)]
-            self.stage, self.stage_end = 2, now + stage_s
-        elif self.stage == 2 and (s.shared == s.advertised or now >= self.stage_end):
+            self._open_stage(2, now)
+        elif self.stage == 2 and (not can_come or now >= self.stage_end):
             out = [(d, s.shares_for(d).to_bytes()) for d in sorted(s.shared)]
-            self.stage = 3
-        elif self.stage == 3 and masked_done:
-            out = [(d, s.consistency_request(d).to_bytes()) for d in sorted(s.survivors)]
-            self.stage, self.stage_end = 4, now + stage_s
-        elif self.stage == 4 and (s.signed == s.survivors or now >= self.stage_end):
-            out = [(d, s.unmask_request(d).to_bytes()) for d in sorted(s.survivors)]
-            self.stage, self.stage_end = 5, now + stage_s
+            self.stage, self.opened = 3, now
+        elif self.stage == 3 and masked_done:  # every participant in good standing may sign (witnesses too)
+            self.asked = set(everyone)
+            out = [(d, s.consistency_request(d).to_bytes()) for d in sorted(everyone)]
+            self._open_stage(4, now)
+        elif self.stage == 4:
+            unsigned = {d for d in everyone - s.signed if not self.gone(d)}
+            if len(s.signed) + (0 if now >= self.stage_end else len(unsigned)) < need:
+                raise SecAggAbandoned(f"{len(s.signed)} devices signed the survivor set and {len(unsigned)} more "
+                                      f"can, fewer than T={need}: ended at once")
+            if not unsigned or now >= self.stage_end:
+                out = [(d, s.unmask_request(d).to_bytes()) for d in sorted(s.survivors)]
+                self._open_stage(5, now)
         self.sent_bytes += sum(len(b) for _, b in out)
         return out
 
+    def ask_late(self, device: str) -> list[tuple[str, bytes]]:
+        """A participant heard from during the signing stage that was not asked yet (its plan came late): the
+        survivor set to sign, while the round is open."""
+        s = self.server
+        if self.stage != 4 or device in self.asked or device in s.faulty or not self.planned.params.is_participant(device):
+            return []
+        self.asked.add(device)
+        out = [(device, s.consistency_request(device).to_bytes())]
+        self.sent_bytes += len(out[0][1])
+        return out
+
     def unmask_done(self, now: float) -> bool:
-        """The unmasking (stage 5) is over: every survivor answered, or its time is up."""
-        return self.stage == 5 and (self.server.responded == self.server.survivors or now >= self.stage_end)
+        """The unmasking (stage 5) is over: every survivor answered, or its time is up, or every one still missing
+        is known offline."""
+        s = self.server
+        missing = [d for d in s.survivors - s.responded if not self.gone(d)]
+        return self.stage == 5 and (not missing or now >= self.stage_end)
 
     def finish(self, central: tuple[float, float] | None = None) -> SecureSum:
         """The round's sum, decoded and checked, or why it cannot be had (the model then stays as it was);

@@ -11,14 +11,18 @@ A selected device:
 3. once it has trained and holds the shares addressed to it, lays its upload out on the round's common
    positions, quantises it into the ring and masks it (:meth:`SecureSession.masked_blob`): that blob is its
    update of the round, sent, stored and re-sent like any update;
-4. signs the whole survivor set the coordinator shows it (``ConsistencyRequest``), once, with its own key;
+4. signs the whole survivor set the coordinator shows it (``ConsistencyRequest``), once, with its own key -- also
+   when the set leaves it out (a witness: its keys, shares or masked input came late), which then sends nothing more;
 5. answers the ``UnmaskRequest`` with the shares it holds (one kind per neighbour: never both), and only when the
-   request carries T valid signatures of other devices over the set it signed, checked against their certificates
-   from the federation's authority (:mod:`edge_client.certified_keys`; :mod:`flayer.secagg.consistency`).
+   request carries T valid signatures of other devices over the set it signed, checked against the federation's
+   key registry (:mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
 
-Without a certificate and the authority's key in its kit (nor an earlier kit's copy of ``signing_keys.json``, nor the
-broker folder's registry in place: :mod:`edge_client.peer_keys`) a device can check none of the other devices' keys,
-so it takes no part in secure rounds: it sends no advert (it would refuse every bundle, and before this every unmask
+A private round is booked in the device's ledger before its masked input leaves, provisionally: final once it
+answers the unmask request (written before the answer leaves), taken back when it witnessed a set without itself or
+a later plan names the round abandoned before its unmasking (:mod:`edge_client.booking`).
+
+Without a key registry (``signing_keys.json`` from its kit) a device can check none of the other devices' keys, so
+it takes no part in secure rounds: it sends no advert (it would refuse every bundle, and before this every unmask
 request). The keys and the shares live in this object only, never on disk: a restarted device cannot finish the round
 and counts as dropped (its masked input, if it was sent, is unmasked with its neighbours' shares).
 """
@@ -56,6 +60,8 @@ from protocol import (
 )
 from protocol.signing import advert_signer, advert_verifier, survivor_signer, survivor_verifier
 
+from . import booking
+from .budget import DeviceLedger
 from .download import Pending
 from .store import StoredState, UploadRecord
 from .work import plan_terms
@@ -76,6 +82,7 @@ class SecureSession:
         self.masked_sent = False
         self.privacy: dict[str, Any] = {}  # the plan's privacy parameters (a private round: counted when sent)
         self.terms = ""  # edge_client.work.plan_terms of the plan the session was opened under
+        self.answered = False  # it answered the unmask request: its provisional booking is final (edge_client.booking)
 
     @property
     def round(self) -> int:
@@ -104,12 +111,16 @@ class SecureSession:
         if isinstance(msg, ConsistencyRequest):
             return [self.client.sign_survivors(msg).to_bytes()]
         if isinstance(msg, UnmaskRequest):
-            return [self.client.unmask(msg).to_bytes()]
+            out = [self.client.unmask(msg).to_bytes()]
+            self.answered = True  # booked for good before the answer leaves (SecureRounds._on_secreq)
+            return out
         raise SecAggError(f"a {type(msg).__name__} is not a message for a device")
 
     def masked_blob(self) -> bytes | None:
         """The masked input once the update and the shares are both here (None: not yet); SecAggError when
         the update's layout is not the round's (it cannot join the sum)."""
+        if self.client.left_out:  # it signed a survivor set without itself: its input would be in no sum
+            self.masked_sent = True
         if self.masked_sent or self.update is None or self.shares is None:
             return None
         sent = self.planned.fitted(self.update)  # the round's kept share of the common positions (from the run seed)
@@ -157,6 +168,7 @@ class SecureRounds:
 
     def _secure_plan(self, plan: Any) -> None:
         """A plan: open this device's session of a secure round it is selected for, and send its keys."""
+        self._secure_void(plan)
         try:
             planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected),
                                        self.settings.secure_corrupt_fraction, plan.privacy)
@@ -210,11 +222,26 @@ class SecureRounds:
             log.info("%s: a secure-round message of round %d, no such round here", self.id, env.round)
             return
         try:
-            self._secure_publish(sec.on_message(env.body), sec.round)
+            out = sec.on_message(env.body)
         except SecAggError as exc:
             log.warning("%s: secure round %d: refused a message: %s", self.id, sec.round, exc)
             return
+        if (sec.answered or sec.client.left_out) and booking.settle(self.stored.extra, sec.round, sec.session,
+                                                                    sec.answered):
+            self.store.save(self.stored)  # the booking made final (or taken back) on disk before the answer leaves
+        self._secure_publish(out, sec.round)
         self._secure_send_masked()
+
+    def _secure_void(self, plan: Any) -> None:
+        """Take back the provisional booking of a round the plan names as abandoned before its unmasking."""
+        try:
+            void = booking.void_sessions((plan.secure or {}).get("void"))
+        except ValueError as exc:
+            log.warning("%s: %s: ignored (a provisional booking stays)", self.id, exc)
+            return
+        mine = booking.pending(self.stored.extra) if void else None
+        if mine is not None and mine[1] in void and booking.settle(self.stored.extra, mine[0], mine[1], False):
+            self.store.save(self.stored)
 
     def _secure_trained(self, up: Any, round_: int) -> None:
         """The local round of a secure round is done: keep the state, mask the update once the shares are here."""
@@ -244,6 +271,12 @@ class SecureRounds:
         self._progress("trained", round=round_, bytes=0, acc=up.eval.acc if up.eval else None, secure=True)
         self._secure_send_masked()
 
+    def _ledger_rounds(self) -> int:
+        try:
+            return DeviceLedger.from_extra(self.stored.extra).rounds
+        except ValueError:
+            return 0
+
     def _secure_send_masked(self) -> None:
         sec = self._secure
         if sec is None or self._busy:
@@ -266,7 +299,9 @@ class SecureRounds:
         payloads = tuple(chunk_blob(blob, Kind.UPDATE_CHUNK, self.creds.federation, self.id, r,
                                     self.creds.max_payload, key=self.signer))
         self.store.save_upload(blob)  # the masked input (nothing of the update readable), re-sent like an update
-        self._record_contribution(sec.privacy, True, r)  # a private round: in the ledger with the state below
+        before = self._ledger_rounds()
+        self._record_contribution(sec.privacy, True, r)  # a private round: in the ledger with the state below,
+        booking.mark_pending(self.stored.extra, sec.privacy, r, sec.session, before)  # provisional until unmasked
         self.stored = StoredState(self.stored.state, r, UploadRecord(r, digest, len(blob)), False, self.stored.extra,
                                   self.stored.on_disk)  # a released state stays the state file's
         self.store.save(self.stored)

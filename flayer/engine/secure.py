@@ -199,7 +199,8 @@ def abandon_kind(reason: str | None) -> str | None:
     coordinator restart, or other (None: not abandoned)."""
     if reason is None:
         return None
-    for kind, marks in (("restart", ("restarted",)), ("too_few", ("fewer than t", "fewer than T", "needs >= 2")),
+    for kind, marks in (("restart", ("restarted",)), ("too_few", ("fewer than t", "fewer than T", "needs >= 2",
+                                                                                  "the unmasking needs")),
                         ("split", ("split",)), ("sum_check", ("unmasked sum", "clip-bit", "out of range")),
                         ("shares", ("shares of", "rebuild"))):
         if any(m in reason for m in marks):

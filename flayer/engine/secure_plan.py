@@ -19,11 +19,12 @@ from typing import Any
 
 from flayer.secagg import neighbour_count
 from flayer.secagg.consistency import consistency_threshold
-from flayer.secagg.graph import threshold_floor
+from flayer.secagg.graph import round_failure, threshold_floor
 
 from .privacy import RoundPrivacy
 
-__all__ = ["MIN_COHORT", "check_noise", "cohort_problem", "plan_context", "plan_floor_problem", "round_degree"]
+__all__ = ["MAX_FAILURE", "MIN_COHORT", "SMALL_COHORT", "check_noise", "cohort_problem", "failure_problem", "plan_context",
+           "plan_floor_problem", "round_degree"]
 
 # The least cohort a secure round runs with: the consistency round unmasks only a survivor set S of at least
 # T = floor((P + c)/2) + 1 devices, c = max(1, ceil(gamma P)) of them possibly colluding, so S holds at least T - c
@@ -44,6 +45,28 @@ def cohort_problem(cohort: int, corrupt_fraction: float) -> str | None:
                 f"beside the {colluders} colluder(s) assumed, and a sum of one honest input is that input (at least "
                 f"{MIN_COHORT} devices, two honest inputs in any sum)")
     return None
+
+
+# The most a round of more than SMALL_COHORT devices may be expected to fail by random dropouts at the design rate, or
+# the coordinator refuses to run it: the sparse rule aims at 2^-20 a round, but the complete graph it falls back to at
+# high dropout needs a majority of the cohort alive (P = 99 at dropout 0.45: 0.21). A cohort of at most SMALL_COHORT
+# devices always has the complete graph; its figure is stated in the round record, never refused (3 devices at 0.1: 0.27)
+MAX_FAILURE = 0.01
+SMALL_COHORT = 8
+
+
+def failure_problem(cohort: int, degree: int, threshold: int, dropout: float, corrupt_fraction: float) -> str | None:
+    """Why the coordinator refuses to run a round of more than :data:`SMALL_COHORT` devices (None: its failure bound is
+    at most :data:`MAX_FAILURE`, or the cohort is small): the
+    chance that fewer than max(t, T) of the cohort survive dropouts at the design rate, and with a sparse graph the
+    rule's own bounds (:func:`flayer.secagg.graph.round_failure`). Liveness only: a device does not check it."""
+    need = max(threshold, consistency_threshold(cohort, corrupt_fraction))
+    fail = round_failure(cohort, degree, threshold, need, dropout)
+    if fail <= MAX_FAILURE or cohort <= SMALL_COHORT:
+        return None
+    return (f"refused: at the design dropout {dropout:g}, {cohort} devices (k={degree}, t={threshold}, T={need}) fail "
+            f"to unmask with probability {fail:.3g}, above {MAX_FAILURE:g} (the unmasking needs {need} of them alive); "
+            f"select more devices or lower the dropout")
 
 
 def round_degree(cohort: int, dropout: float, corrupt_fraction: float) -> tuple[int, int]:

@@ -171,6 +171,8 @@ class SecAggClient:
         """Stage 3: open the shares routed to this device and mask ``vector`` (uint32, ring-encoded)."""
         self._enter(2, "masked_input")
         p, me = self.params, self.device
+        if self._signed is not None:  # it vouched for a survivor set without itself: its input joins no sum
+            raise self._refuse("a masked input after this device signed a survivor set that leaves it out")
         assert self._c is not None and self._s is not None and self._b is not None
         if not (isinstance(vector, np.ndarray) and vector.dtype == np.uint32 and vector.shape == (p.length,)):
             raise ValueError(f"vector must be a uint32 array of shape ({p.length},), got "
@@ -254,9 +256,16 @@ class SecAggClient:
         return b_share, s_share
 
     def sign_survivors(self, request: ConsistencyRequest) -> SurvivorSignature:
-        """The consistency round: sign the whole survivor set shown, once (a second set is refused)."""
-        self._enter(3, "sign_survivors")
+        """The consistency round: sign the whole survivor set shown, once (a second set is refused). A participant
+        left out of the set -- its keys, shares or masked input came late, or never -- signs it too, as a witness
+        (any participant's one signature binds as much: T counts the cohort, :mod:`.consistency`); it then sends
+        no masked input this round."""
         p, me, cons = self.params, self.device, self._consistency
+        witness = me not in frozenset(request.survivors) and self._stage != _FAILED and self._signed is None
+        if not witness:
+            self._enter(3, "sign_survivors")
+        elif self._stage > 3:
+            self._enter(3, "sign_survivors")  # it answered an unmasking already: refused as before
         if cons is None:
             raise self._refuse("asked to sign a survivor set, but this device runs no consistency round")
         if request.round != p.round or request.device != me:
@@ -267,8 +276,6 @@ class SecAggClient:
         strangers = sorted(d for d in survivors if not p.is_participant(d))
         if strangers:
             raise self._refuse(f"the survivor set names {strangers[:5]}, not participants of the round")
-        if me not in survivors:
-            raise self._refuse("the survivor set leaves out this device, which sent its masked input")
         need = consistency_threshold(len(p.participants), cons.corrupt_fraction)
         if len(survivors) < max(need, p.threshold):
             raise self._refuse(f"{len(survivors)} survivors listed, fewer than the {max(need, p.threshold)} "
@@ -276,12 +283,18 @@ class SecAggClient:
         if not connected(p.graph, survivors):  # each part's masks would cancel alone: its sum exposed
             raise self._refuse("the survivor set's neighbour graph is split: each part's sum could be unmasked "
                                "on its own")
-        unknown = sorted((survivors & p.neighbours(me)) - self._partners)
+        unknown = sorted((survivors & p.neighbours(me)) - self._partners) if not witness else []
         if unknown:
             raise self._refuse(f"the survivor set holds neighbours {unknown}, whose shares never reached this device")
         self._signed = survivors
         message = survivor_set_message(p.session, p.round, survivors, p.transcript)
         return SurvivorSignature(p.round, me, cons.sign(message))
+
+    @property
+    def left_out(self) -> bool:
+        """This device signed a survivor set without itself: no honest holder reveals its self-mask seed's share
+        (every one that answers saw that set, :mod:`.consistency`), so its input, if sent, is in no sum."""
+        return self._signed is not None and self.device not in self._signed
 
     def _check_consistent(self, request: UnmaskRequest) -> None:
         """With the consistency round: the request is this device's view of the set it signed, and T devices of that
@@ -294,7 +307,7 @@ class SecAggClient:
         if set(request.survivors) != mine or set(request.dropped) != self._partners - signed:
             raise self._refuse("the unmask request does not match the survivor set this device signed")
         message = survivor_set_message(p.session, p.round, signed, p.transcript)
-        good = count_valid(message, signed, request.signatures, cons.verify)
+        good = count_valid(message, frozenset(p.participants), request.signatures, cons.verify)  # witnesses count
         good.add(me)
         need = consistency_threshold(len(p.participants), cons.corrupt_fraction)
         if len(good) < need:
@@ -330,6 +343,9 @@ class SecAggClient:
         held = self._held  # a neighbour complained of is listed, but this device holds nothing of it
         b_out = [(me, self._own_b_share)] + [(v, held[v][0]) for v in sorted(request.survivors) if v in held]
         s_out = [(v, held[v][1]) for v in sorted(request.dropped) if v in held]
+        assert self._s is not None  # a dropped neighbour whose shares did not open: the pair's own mask seed
+        seeds = [(v, keys.derive_mask_seed(keys.agree(self._s.private, self._peers[v].s_pk), p.session, p.round, me, v))
+                 for v in sorted(request.dropped) if v not in held]
         self._stage = 4
         self._b, self._s, self._c, self._held, self._pairs = None, None, None, {}, {}  # nothing is needed again
-        return UnmaskShares(p.round, me, tuple(b_out), tuple(s_out))
+        return UnmaskShares(p.round, me, tuple(b_out), tuple(s_out), tuple(seeds))

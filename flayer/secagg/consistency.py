@@ -7,9 +7,11 @@ signatures it collected in each unmask request. A device answers an unmask reque
 
 * the request's survivors and dropped are exactly its view of S (its surviving neighbours, and the neighbours
   whose shares it holds that are not in S), and
-* it holds valid signatures over **the same S** from at least T distinct devices of S, itself counted, where
-  ``T = floor((P + c) / 2) + 1`` with P the round's participants and c = max(1, ceil(gamma P)) the colluders
-  assumed (:func:`consistency_threshold`).
+* it holds valid signatures over **the same S** from at least T distinct participants of the round, itself
+  counted, where ``T = floor((P + c) / 2) + 1`` with P the round's participants and c = max(1, ceil(gamma P)) the
+  colluders assumed (:func:`consistency_threshold`). Any participant may sign, a survivor or not (a **witness**:
+  its keys, shares or masked input came late or never): the argument below counts signers among the P, whoever
+  they are, so a device that missed a stage still helps a majority form; a witness sends no masked input after.
 
 Why it holds: an honest device signs one set per round. Two different sets each carrying T signatures need
 2T <= (P - c') + 2c' signers, c' the colluding devices (they may sign both), so c' >= 2T - P > c. With at most
@@ -19,8 +21,8 @@ an honest device need t colluding holders. The coordinator cannot forge a signat
 come from the federation's key registry, never from the coordinator (the caller's ``verify``).
 
 The threshold is global (a majority of the cohort), not the neighbourhood's t: a majority of one neighbourhood
-binds nothing across two holders whose own neighbourhoods barely meet in a sparse graph. Its price: a round in
-which fewer than T of the P selected devices survive to sign cannot be unmasked, and each device receives and
+binds nothing across two holders whose own neighbourhoods barely meet in a sparse graph. Its price: a round
+in which fewer than T of the P selected devices are there to sign (survivors and witnesses) cannot be unmasked, and each device receives and
 checks T signatures (measured in docs/results/secure-aggregation.md).
 """
 
@@ -103,12 +105,13 @@ class ServerConsistency:
             raise ValueError(f"corrupt_fraction must be in [0, 0.5), got {self.corrupt_fraction!r}")
 
 
-def count_valid(message: bytes, survivors: frozenset[str], signatures: Sequence[tuple[str, bytes]],
+def count_valid(message: bytes, members: frozenset[str], signatures: Sequence[tuple[str, bytes]],
                 verify: Verify) -> set[str]:
-    """The distinct survivors whose signature over ``message`` verifies (others are ignored)."""
+    """The distinct ``members`` (the round's participants) whose signature over ``message`` verifies (others are
+    ignored)."""
     good: set[str] = set()
     for signer, sig in signatures:
-        if signer in survivors and signer not in good and len(sig) == SIGNATURE_LEN and verify(signer, message, sig):
+        if signer in members and signer not in good and len(sig) == SIGNATURE_LEN and verify(signer, message, sig):
             good.add(signer)
     return good
 

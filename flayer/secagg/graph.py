@@ -44,7 +44,8 @@ from collections.abc import Collection, Mapping, Sequence
 
 from .errors import SecAggError
 
-__all__ = ["check_degree", "colluders", "connected", "neighbour_count", "neighbour_graph", "threshold_floor"]
+__all__ = ["check_degree", "colluders", "connected", "neighbour_count", "neighbour_graph", "round_failure",
+           "threshold_floor"]
 
 _DOMAIN = b"flayer-secagg/v1/graph\x00"
 DEFAULT_FAILURE = 2.0**-20
@@ -147,3 +148,16 @@ def neighbour_count(n: int, dropout_rate: float, *, corrupt_fraction: float = 0.
                 return k, t
     k = n - 1
     return k, min(_threshold(n, k, corrupt_fraction, failure_probability), k + 1)
+
+
+def round_failure(n: int, k: int, t: int, need: int, dropout_rate: float) -> float:
+    """An upper bound on the chance that a round of n participants, k neighbours each and threshold t, cannot be
+    unmasked when devices drop independently at ``dropout_rate`` (honest devices): fewer than ``need`` survive
+    (max(t, T): the survivor set devices sign, and the signatures the unmasking needs), plus with a sparse graph
+    the union bounds of :func:`neighbour_count`'s rule (a dropped device without t live holders, a split ring). The
+    complete graph has only the first term: every device holds a share of every other."""
+    p = 1.0 - dropout_rate
+    total = min(1.0, sum(math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(0, min(need, n + 1))))
+    if k < n - 1:
+        total += n * _tail_ge(k, dropout_rate, k - t + 1) + n * dropout_rate ** (k // 2)
+    return min(1.0, total)

@@ -27,6 +27,7 @@ from .shamir import SHARE_LEN
 __all__ = ["MIN_BITS", "ConsistencyRequest", "MaskedInput", "SurvivorSignature", "UnmaskRequest", "UnmaskShares"]
 
 MIN_BITS = 2  # the narrowest ring (flayer.secagg.ring.RingSpec)
+PAIR_SEED_LEN = 32  # a pairwise mask seed (keys.derive_mask_seed)
 MAX_SET = 0xFFFF  # a whole round's survivors (participants travel as u16 Shamir x)
 
 
@@ -140,12 +141,15 @@ class UnmaskRequest:
 
 @dataclass(frozen=True)
 class UnmaskShares:
-    """Stage 4, device -> server: its shares of b_v for surviving v, of s_v for dropped v (68 B each)."""
+    """Stage 4, device -> server: its shares of b_v for surviving v, of s_v for dropped v (68 B each), and for a
+    dropped v whose shares it does not hold (they did not open: a complaint, or not signed) the pairwise mask seed
+    it masked with toward v (``pair_seeds``, 32 B each): v is out of the sum, so only that pair's mask is removed."""
 
     round: int
     device: str
     b_shares: tuple[tuple[str, bytes], ...]
     s_shares: tuple[tuple[str, bytes], ...]
+    pair_seeds: tuple[tuple[str, bytes], ...] = ()
 
     def __post_init__(self) -> None:
         check_round(self.round)
@@ -156,7 +160,12 @@ class UnmaskShares:
             check_list(tuple(owner for owner, _ in entries), f"UnmaskShares {name}")
             for owner, share in entries:
                 check_bytes(share, SHARE_LEN, f"UnmaskShares {name} share of {owner}")
-        both = {o for o, _ in self.b_shares} & {o for o, _ in self.s_shares}
+        seeds = tuple((o, bytes(v)) for o, v in self.pair_seeds)
+        object.__setattr__(self, "pair_seeds", seeds)
+        check_list(tuple(owner for owner, _ in seeds), "UnmaskShares pair_seeds")
+        for owner, seed in seeds:
+            check_bytes(seed, PAIR_SEED_LEN, f"UnmaskShares pair seed toward {owner}")
+        both = {o for o, _ in self.b_shares} & ({o for o, _ in self.s_shares} | {o for o, _ in seeds})
         if both:
             raise SecAggError(f"UnmaskShares reveals both shares of {sorted(both)}")
 
@@ -165,7 +174,7 @@ class UnmaskShares:
             return pack_u16(len(entries), what) + b"".join(pack_id(o) + s for o, s in entries)
 
         return (header(6, self.round) + pack_id(self.device) + block(self.b_shares, "b_shares")
-                + block(self.s_shares, "s_shares"))
+                + block(self.s_shares, "s_shares") + block(self.pair_seeds, "pair_seeds"))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnmaskShares:
@@ -176,8 +185,10 @@ class UnmaskShares:
             count = r.count(f"{name} count", MAX_ENTRIES)
             blocks.append(tuple((r.device(f"{name} {i} owner"), r.take(SHARE_LEN, f"{name} {i} share"))
                                 for i in range(count)))
+        count = r.count("pair_seeds count", MAX_ENTRIES)
+        seeds = tuple((r.device(f"pair seed {i} owner"), r.take(PAIR_SEED_LEN, f"pair seed {i}")) for i in range(count))
         r.done()
-        return cls(round_id, device, blocks[0], blocks[1])
+        return cls(round_id, device, blocks[0], blocks[1], seeds)
 
 
 @dataclass(frozen=True)

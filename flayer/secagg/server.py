@@ -57,6 +57,7 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         self._requests: dict[str, UnmaskRequest] = {}
         self._responded: set[str] = set()
         self._shares: dict[str, dict[str, dict[int, int]]] = {"b": {}, "s": {}}
+        self._seeds: dict[str, dict[str, bytes]] = {}  # dropped v -> {survivor u: the pair's mask seed s_uv}
         self._reconstructed: dict[str, set[str]] = {}
         self._result: np.ndarray | None = None
         self._complaints: set[tuple[str, str]] = set()  # (complainer, accused) pairs checked
@@ -275,25 +276,24 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
                 if share_x != x:
                     raise SecAggError(f"{msg.device} sent a share of {kind}_{owner} at x={share_x}, not {x}")
                 decoded.append((kind, owner, y))
+        for owner, _ in msg.pair_seeds:  # a dropped neighbour whose shares it does not hold: the pair's seed
+            if owner not in request.dropped:
+                raise SecAggError(f"{msg.device} sent its mask seed toward {owner}, which was not called dropped")
         self._responded.add(msg.device)
         for kind, owner, y in decoded:
             self._shares[kind].setdefault(owner, {})[x] = y
+        for owner, seed in msg.pair_seeds:
+            self._seeds.setdefault(owner, {})[msg.device] = seed
 
     def _reconstruct(self, owner: str, kind: str) -> bytes:
         """One secret of ``owner``, checked against what it advertised (the commitment to b_u, the key s_u^PK);
         every share beyond the t used is checked too. SecAggError if its other secret was rebuilt (the never-both
         rule); SecAggAbandoned if no t of the shares give the advertised secret.
 
-        Who is named in :attr:`faulty`, only from what determines the dealer's polynomial (:func:`_decoded`: with m
-        shares, e of them off the polynomial that rebuilds the genuine secret, ``2e <= m - t``, Reed-Solomon's unique
-        decoding: getting it wrong takes more than ``(m - t) / 2`` false shares of this one secret, never one device,
-        never two whose errors cancel at 0):
-
-        * the owner, when its *own* share is off (it dealt that share to itself), or when no t shares rebuild its
-          advertised secret although m > t shares agree on one polynomial: its shares are not of that secret;
-        * never a holder for a share of *another* device's secret that is off: the holder may have lied, or the
-          dealer sealed it that share (a sealed share proves nothing to the coordinator), so the share is skipped.
-        """
+        Who is named in :attr:`faulty`, only from what determines the dealer's polynomial (:func:`_decoded`,
+        Reed-Solomon's unique decoding, ``2e <= m - t``): the owner, when its *own* share is off or when no t shares
+        rebuild its advertised secret although m > t agree on one polynomial; never a holder for an off share of
+        *another* device's secret (it may have lied, or the dealer sealed it that share): that share is skipped."""
         assert kind in _KINDS
         done = self._reconstructed.setdefault(owner, set())
         if done - {kind}:
@@ -344,24 +344,27 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
             return self._result.copy()
         self._at((4,), "result")
         p = self.params
+        by_seeds = {v for v in self.dropped  # every surviving neighbour sent its own pair's seed toward v
+                    if p.neighbours(v) & self.survivors <= set(self._seeds.get(v, {}))}
         for kind, owners in (("b", sorted(self.survivors)), ("s", sorted(self.dropped))):
             for owner in owners:  # every count is checked before any secret is rebuilt
                 have = len(self._shares[kind].get(owner, {}))
-                if have < p.threshold:
+                if have < p.threshold and not (kind == "s" and owner in by_seeds):
                     raise self._abandon(f"{have} shares of {kind}_{owner} arrived, fewer than t={p.threshold}")
         self._stage = 5
         total = self._sum.copy()
         for u in sorted(self.survivors):
             total -= expand(self._reconstruct(u, "b"), p.length)
         for v in sorted(self.dropped):
-            s_sk = self._reconstruct(v, "s")
+            s_sk = self._reconstruct(v, "s") if len(self._shares["s"].get(v, {})) >= p.threshold else None
             for u in sorted(p.neighbours(v) & self.survivors):
-                seed = keys.derive_mask_seed(keys.agree(s_sk, self._adverts[u].s_pk), p.session, p.round, u, v)
+                seed = self._seeds[v][u] if s_sk is None else \
+                    keys.derive_mask_seed(keys.agree(s_sk, self._adverts[u].s_pk), p.session, p.round, u, v)
                 if p.index(v) > p.index(u):  # y_u added PRG(s_uv) for v > u, subtracted it for v < u
                     total -= expand(seed, p.length)
                 else:
                     total += expand(seed, p.length)
-        self._shares = {"b": {}, "s": {}}
+        self._shares, self._seeds = {"b": {}, "s": {}}, {}
         total &= np.uint32(p.ring.modulus - 1)  # the masks cancel mod 2^bits (2^bits divides 2^32)
         self._result = total
         return total.copy()

@@ -25,6 +25,7 @@ class ConsistencyStage:
     _signed_closed: bool
     _set_message: bytes | None
     _masked: set[str]
+    faulty: dict[str, str]
 
     def _at(self, stages: tuple[int, ...], what: str) -> None:
         raise NotImplementedError
@@ -41,6 +42,11 @@ class ConsistencyStage:
         return frozenset(self._signatures)
 
     @property
+    def witnesses(self) -> frozenset[str]:
+        """The signers that are not survivors (their keys, shares or masked input came late, or never)."""
+        return frozenset(self._signatures) - frozenset(self._masked)
+
+    @property
     def signatures_needed(self) -> int:
         assert self.consistency is not None
         return max(self.params.threshold,
@@ -54,15 +60,15 @@ class ConsistencyStage:
         self._close_masked()
         if self._signed_closed:
             raise SecAggError("the consistency round is over")
-        if device not in self._masked:
-            raise SecAggError(f"{device} sent no masked input")
+        if not self.params.is_participant(device) or device in self.faulty:
+            raise SecAggError(f"{device} is no participant of the round in good standing")
         return ConsistencyRequest(self.params.round, device, tuple(sorted(self._masked)))
 
     def receive_signature(self, msg: SurvivorSignature) -> None:
         if self.consistency is None:
             raise SecAggError("this round runs no consistency round")
         self._at((4,), "survivor signature")
-        self._check(msg.round, msg.device, self._masked, "survivor signature")
+        self._check(msg.round, msg.device, self.params.participants, "survivor signature")  # witnesses too
         if self._signed_closed:
             raise SecAggError(f"survivor signature from {msg.device} after the consistency round closed")
         if msg.device in self._signatures:

@@ -60,14 +60,18 @@ def test_a_whole_round_gives_the_sum_and_each_stage_takes_only_its_message():
         assert sec.masked(d, blobs[d]) is None
     assert sec.masked("a", blobs["a"]) is not None  # a second one
     sets = _deliver(sec.advance(102.0, masked_done=True))
-    assert sec.stage == 4 and set(sets) == {"a", "c", "d"} and all(m.survivors == ("a", "c", "d") for m in sets.values())
+    # every participant is asked to sign, b too (a witness: its masked input came late)
+    assert sec.stage == 4 and set(sets) == set(IDS) and all(m.survivors == ("a", "c", "d") for m in sets.values())
     signature_c = clients["c"].sign_survivors(sets["c"]).to_bytes()
     assert "does not verify" in (sec.receive("a", signature_c.replace(b"\x01c", b"\x01a", 1)) or "")  # c's, as a's
     for d in ("a", "d"):
         assert sec.receive(d, clients[d].sign_survivors(sets[d]).to_bytes()) is None
     assert sec.advance(102.0) == [] and sec.stage == 4  # waiting for c's signature
     assert sec.receive("c", signature_c) is None
-    requests = _deliver(sec.advance(102.0))  # every survivor signed: the unmask requests, with the signatures
+    assert sec.advance(102.0) == [] and sec.stage == 4  # b, the witness, can still come
+    assert sec.receive("b", clients["b"].sign_survivors(sets["b"]).to_bytes()) is None
+    assert clients["b"].left_out  # it vouched for a set without itself: its input is in no sum
+    requests = _deliver(sec.advance(102.0))  # every participant signed: the unmask requests, with the signatures
     assert sec.stage == 5 and set(requests) == {"a", "c", "d"}
     from coordinator.intake import IntakeContext, validate
     from protocol import WireLimits
@@ -92,8 +96,28 @@ def test_a_stage_ends_by_its_time_and_too_few_devices_abandon_the_round():
     sec, clients, _ = _round()
     sec.receive("a", clients["a"].advertise().to_bytes())
     assert sec.advance(101.0) == [] and sec.stage == 1  # waiting for the others
-    with pytest.raises(SecAggAbandoned, match="1 devices advertised keys, fewer than t"):
+    with pytest.raises(SecAggAbandoned, match="1 devices advertised keys, fewer than the 3 the unmasking needs"):
         sec.advance(106.0)  # its time is up with one advert
+
+
+def test_a_stage_ends_at_once_when_too_few_devices_can_still_come():
+    """Three of four advertised, then two went offline: the survivor set can no longer hold T = 3, so the round
+    ends on the next tick instead of at the stage's end -- before any masked input (nothing booked)."""
+    from flayer.secagg import SecAggAbandoned
+
+    sec, clients, _ = _round(stage_s=30.0)
+    off: set[str] = set()
+    sec.gone = lambda d: d in off
+    for d in ("a", "b", "c"):
+        sec.receive(d, clients[d].advertise().to_bytes())
+    off.add("d")  # d never advertised and went offline: stage 1 ends at once, without waiting 30 s
+    bundles = _deliver(sec.advance(101.0))
+    assert sec.stage == 2 and set(bundles) == {"a", "b", "c"}
+    sec.receive("a", clients["a"].share_keys(bundles["a"]).to_bytes())
+    assert sec.advance(102.0) == []  # b and c can still send their shares
+    off.update({"b", "c"})
+    with pytest.raises(SecAggAbandoned, match="1 devices sent their shares, fewer than the 3 the unmasking needs"):
+        sec.advance(103.0)
 
 
 def test_the_loop_sleeps_until_the_unmask_stage_ends_instead_of_spinning():

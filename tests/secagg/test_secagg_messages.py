@@ -58,7 +58,7 @@ def test_sizes_are_what_the_layout_says(messages):
     assert len(messages["advert"].to_bytes()) == 10 + 7 + 96 + 2 + 3 * 32 + 2
     assert len(messages["masked"].to_bytes()) == 10 + 7 + 1 + 4 + 4 * 16  # 1: the ring width
     assert len(messages["batch"].to_bytes()) == 10 + 7 + 2 + 1 + 4 * (7 + 7 + 164)  # 1: the signed flag (unsigned)
-    assert len(messages["answer"].to_bytes()) == 10 + 7 + 2 + 5 * (7 + SHARE_LEN) + 2
+    assert len(messages["answer"].to_bytes()) == 10 + 7 + 2 + 5 * (7 + SHARE_LEN) + 2 + 2  # + 2: no pair seeds
 
 
 @pytest.mark.parametrize("name", ["advert", "bundle", "batch", "masked", "request", "answer"])
