@@ -159,6 +159,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
     ``thin``: :class:`emulator.thinsim.ThinOptions` (what the links carry, both ways counted; None: no link hooks,
     the updates folded as trained and sized as fp32 blobs)."""
     from flayer.engine import initial_global_state
+    from flayer.engine.secure import abandon_kind
     from flayer.simulation import simulate
     from flayer.strategies import make_strategy
     from flayer.train import client_data, pick_device, training_engine
@@ -248,6 +249,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "privacy": dataclasses.asdict(cfg.privacy) if private else None,
         "secure_dropped_total": sum(r.dropped for r in result.rounds),
         "secure_abandoned_rounds": sum(r.abandoned is not None for r in result.rounds),
+        "dp_rounds": sum(r.abandoned is None or abandon_kind(r.abandoned) == "sum_check" for r in result.rounds),
         "epsilon": epsilon_value(result.epsilon), "delta": result.delta, "budget_stop": result.budget_stop,
         "epsilon_coordinator": epsilon_value(result.epsilon_coordinator),
         "clip_only": list(clip_only) if clip_only is not None else None,

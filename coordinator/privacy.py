@@ -192,7 +192,8 @@ class FederationPrivacy:
         return {"epsilon": _json_eps(eps["public"]), "epsilon_coordinator": _json_eps(eps["coordinator"]),
                 "delta": self.delta, "dp_clip": clip, "dp_noise_multiplier": self.z, "dp_sample_rate": 1.0,
                 "dp_max_participations": self.settings.max_participations,
-                "dp_min_separation": self.settings.min_separation}
+                "dp_min_separation": self.settings.min_separation,
+                "dp_rounds": self.accounts.public.rounds}  # composed: an abandoned secure round's sum was never revealed
 
     def epsilon(self) -> float:
         """Against readers of the published models, devices and observers (docs/explanation/privacy.md)."""

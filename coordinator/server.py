@@ -318,9 +318,10 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         if self.asynchronous:
             self._tick_async(rnd, now)
             return
-        if rnd.secure is not None and rnd.secure.stage != 3:  # keys, shares, unmasking (coordinator.secure_phase)
-            self.secure_phase.tick(rnd, now)
-            return
+        if rnd.secure is not None:  # keys, shares, unmasking (coordinator.secure_phase); in the masked inputs'
+            self.secure_phase.tick(rnd, now)  # stage: ended at once when too few of them can still come
+            if rnd.secure.stage != 3 or self.open is not rnd:
+                return
         decision = rnd.timer.decide(len(rnd.accepted), now)
         if decision.action == "extend":
             log.warning("round %d: %s", rnd.number, decision.reason)
