@@ -102,3 +102,28 @@ def test_a_device_believes_certified_keys_refuses_revoked_ones_and_rollbacks(tmp
     again = CertifiedKeys("f1", pub, tmp_path / "dev-1-state", own)  # the highest version survives a restart
     assert again.revocations is not None and again.revocations.version == 2
     assert again.offer_revocations(v1) is None
+
+
+def test_rekey_kit_replaces_the_same_devices_kit_and_names_the_flag_for_another_file(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from cli.main import main
+
+    state = tmp_path / "broker"
+    write_broker_files(BrokerConfig(federation="f1", port=1883), state)
+    for d in ("dev-1", "dev-2"):
+        add_device(state, d)
+        write_kit(state, d, tmp_path / f"{d}.tar.gz")
+    before = (tmp_path / "dev-1.tar.gz").read_bytes()
+    assert main(["broker", "rekey", "dev-1", "--state-dir", str(state), "--kit", str(tmp_path / "dev-2.tar.gz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a kit of dev-1" in err[0] and "--kit" in err[0]
+    assert current_cert(state, "f1", "dev-1").serial == 1  # type: ignore[union-attr]  # nothing re-keyed
+    assert main(["broker", "rekey", "dev-1", "--state-dir", str(state), "--kit", str(tmp_path / "dev-1.tar.gz")]) == 0
+    out = capsys.readouterr().out
+    assert "startup kit" in out and "no running broker recorded" in out
+    assert (tmp_path / "dev-1.tar.gz").read_bytes() != before
+    with tarfile.open(tmp_path / "dev-1.tar.gz") as tar:
+        cert = tar.extractfile("device.cert").read()  # type: ignore[union-attr]
+        listed = tar.extractfile("revocations.json").read()  # type: ignore[union-attr]
+    pub = authority_public(state)
+    assert pub is not None and parse_cert(cert, pub, "f1").serial == 2
+    assert parse_revocations(listed, pub, "f1").revokes("dev-1", 1)
