@@ -12,7 +12,9 @@ and believes a device's message only when that key signed it (:mod:`protocol.sig
 the registry, so whatever the old key signs is refused from then on (the coordinator re-reads the file when
 it changes). Re-keying the coordinator (``flayer broker rekey --coordinator``) replaces its key pair and
 rewrites every credentials file with the new public key: devices need their new kits, and refuse what the
-old key signs. Revoking a device removes its public key with its password.
+old key signs. Revoking a device removes its public key with its password. The devices do not read this registry to check each
+other (unless they run without a kit, on the broker's machine): they check certificates the federation's authority
+signs (:mod:`mqtt_broker.authority`), so nothing here is copied to them.
 
 Field gateways (:mod:`mqtt_broker.bridge`): a site's devices are made on the site broker, with the
 central coordinator's public key (from the gateway's credentials); their public keys reach the central
