@@ -19,10 +19,18 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 
+from pathlib import Path
+
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+# the federation and broker test helpers (fedtestlib, broker_testlib) for every folder's tests
+_TESTS = Path(__file__).resolve().parent
+for _sub in ("integration", "mqtt_broker"):
+    if str(_TESTS / _sub) not in sys.path:
+        sys.path.insert(0, str(_TESTS / _sub))
 
 
 # The modules that take longest, first. make test runs pytest-xdist with --dist loadscope
@@ -88,6 +96,32 @@ def digits_shard(digits):
         return made[key]
 
     return shard
+
+
+@pytest.fixture
+def fed_broker(tmp_path):
+    """``fed_broker(devices, kind="mosquitto", federation="itest", at=None, **broker_config)``: a broker of
+    ``kind`` on a free loopback port, its state folder ``tmp_path / "broker"`` (``at / "broker"``) holding the
+    accounts of ``devices`` and the coordinator (fedtestlib.start_fed_broker); stopped by its PID after the
+    test. The test is skipped where mosquitto is not installed. The fault, integration and attack tests'
+    federations (tests/attacks/conftest.py builds the adversary's view on it)."""
+    from fedtestlib import start_fed_broker
+
+    from mqtt_broker import mosquitto_available
+
+    started = []
+
+    def start(devices, kind="mosquitto", federation="itest", at=None, **broker):
+        if kind == "mosquitto" and not mosquitto_available():
+            pytest.skip("mosquitto is not installed")
+        tmp = at if at is not None else tmp_path / f"fed-{len(started)}" if started else tmp_path
+        fb = start_fed_broker(tmp, kind, list(devices), federation=federation, **broker)
+        started.append(fb)
+        return fb
+
+    yield start
+    for fb in reversed(started):
+        fb.broker.stop()
 
 
 @pytest.fixture

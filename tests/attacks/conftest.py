@@ -47,26 +47,18 @@ A new attack test, a wide-ACL device replaying a recorded plan to a real edge cl
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-_TESTS = Path(__file__).resolve().parent.parent
-for _sub in ("integration", "mqtt_broker"):
-    if str(_TESTS / _sub) not in sys.path:
-        sys.path.insert(0, str(_TESTS / _sub))
-
 
 @pytest.fixture
-def attack_fed(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+def attack_fed(fed_broker: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
     """A factory of federations with an adversary (module docstring); each is torn down after the test."""
     from attacklib import VIEWS, AttackFed, adversary_creds, widen_acl
-    from fedtestlib import start_fed_broker
 
-    from mqtt_broker import mosquitto_available
     from protocol import Topics
 
     made: list[AttackFed] = []
@@ -76,19 +68,16 @@ def attack_fed(tmp_path: Path) -> Iterator[Callable[..., Any]]:
              **broker: Any) -> AttackFed:
         if view not in VIEWS:
             raise ValueError(f"unknown adversary view {view!r} (one of {', '.join(VIEWS)})")
-        if kind == "mosquitto" and not mosquitto_available():
-            pytest.skip("mosquitto is not installed")
         names = list(devices)
         if view in ("device", "wide") and adversary not in names:
             names.append(adversary)
-        tmp = at if at is not None else tmp_path if not made else tmp_path / f"fed-{len(made)}"
-        fb = start_fed_broker(tmp, kind, names, federation=federation, **broker)
-        fed = AttackFed(fb.broker, fb.state_dir, fb.devices, fb.coordinator, tmp=tmp, view=view,
-                        topics=Topics(federation))
+        fb = fed_broker(names, kind=kind, federation=federation, at=at, **broker)
+        fed = AttackFed(fb.broker, fb.state_dir, fb.devices, fb.coordinator, tmp=fb.state_dir.parent,
+                        view=view, topics=Topics(federation))
         made.append(fed)
         if view == "wide":
             widen_acl(fed, adversary)
-        fed.adversary = adversary_creds(fed, view, adversary, tmp)
+        fed.adversary = adversary_creds(fed, view, adversary, fed.tmp)
         return fed
 
     yield make

@@ -3,15 +3,7 @@ their folders (fedtestlib, broker_testlib); this suite's own live in faultlib.py
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-_TESTS = Path(__file__).resolve().parent.parent
-for _sub in ("integration", "mqtt_broker"):
-    if str(_TESTS / _sub) not in sys.path:
-        sys.path.insert(0, str(_TESTS / _sub))
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +17,8 @@ def digits_shards(digits):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def live_fed(tmp_path):  # type: ignore[no-untyped-def]
+def live_fed(fed_broker):  # type: ignore[no-untyped-def]
     """Mosquitto with devices dev-a, dev-b, dev-c (selected by the bad-input runs), dev-x (never online)."""
     from faultlib import FEDERATION
-    from fedtestlib import start_fed_broker
 
-    fb = start_fed_broker(tmp_path, "mosquitto", ["dev-a", "dev-b", "dev-c", "dev-x"], federation=FEDERATION)
-    yield fb
-    fb.broker.stop()
+    return fed_broker(["dev-a", "dev-b", "dev-c", "dev-x"], federation=FEDERATION)

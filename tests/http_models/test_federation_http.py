@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from fedtestlib import FedBroker, federation_toml, finished, iid_shards, mosquitto_fed
+from fedtestlib import FedBroker, federation_toml, finished, iid_shards
 
 from coordinator.config import load_coordinator_config
 from coordinator.model_files import ModelFiles
@@ -31,8 +31,8 @@ ROUNDS = 2
 
 
 @pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    yield from mosquitto_fed(tmp_path, DEVICES)
+def fed(fed_broker):  # type: ignore[no-untyped-def]
+    return fed_broker(DEVICES)
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from mqtt_broker import BrokerConfig, Credentials, ManagedBroker, add_device, load_credentials, start_broker
 from transport.credentials import mqtt_connect_settings
@@ -45,21 +43,6 @@ def start_fed_broker(tmp: Path, kind: str, devices: list[str], federation: str =
     except BaseException:
         broker.stop()
         raise
-
-
-def mosquitto_fed(tmp: Path, devices: list[str]) -> Iterator[FedBroker]:
-    """For a fixture to ``yield from``: a fresh Mosquitto with ``devices``, stopped after the test (which is
-    skipped when mosquitto is not installed)."""
-    from mqtt_broker import mosquitto_available
-
-    if not mosquitto_available():
-        pytest.skip("mosquitto is not installed")
-    fb = start_fed_broker(tmp, "mosquitto", devices)
-    try:
-        yield fb
-    finally:
-        fb.broker.stop()
-
 
 def iid_shards(ds: Any, clients: int, seed: int = 0) -> list:
     """``ds`` split iid across ``clients``: each client's ClientData."""

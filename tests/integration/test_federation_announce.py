@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from fedtestlib import FedBroker, federation_toml, finished, iid_shards, mosquitto_fed
+from fedtestlib import FedBroker, federation_toml, finished, iid_shards
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
@@ -21,8 +21,8 @@ DEVICES = ["dev-a", "dev-b", "dev-slow"]
 
 
 @pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    yield from mosquitto_fed(tmp_path, DEVICES)
+def fed(fed_broker):  # type: ignore[no-untyped-def]
+    return fed_broker(DEVICES)
 
 
 @pytest.fixture(scope="module")

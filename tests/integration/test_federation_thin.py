@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedtestlib import FedBroker, Recorder, federation_toml, finished, iid_shards, mosquitto_fed
+from fedtestlib import FedBroker, Recorder, federation_toml, finished, iid_shards
 
 from coordinator.config import load_coordinator_config
 from coordinator.deltas import DeltaChain
@@ -36,8 +36,8 @@ DEVICES = ["dev-a", "dev-b"]
 
 
 @pytest.fixture
-def fed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    yield from mosquitto_fed(tmp_path, DEVICES)
+def fed(fed_broker):  # type: ignore[no-untyped-def]
+    return fed_broker(DEVICES)
 
 
 @pytest.fixture(scope="module")
