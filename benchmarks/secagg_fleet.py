@@ -111,6 +111,8 @@ def summary(r: dict[str, Any]) -> dict[str, float]:
     return {"closed": len(rows), "unmasked": sum(1 for x in rows if x["secure"] and not x["abandoned"]),
             "dropped": _mean(rows, lambda x: x["dropped"]),
             "mb_up_dev": _mean(rows, lambda x: x["mb_up"] / max(x["selected"], 1)),
+            "mb_down_dev": _mean(rows, lambda x: x["mb_down"] / max(x["selected"], 1)),
+            "workers_cpu_s": _mean(rows, lambda x: x["workers_cpu_s"]),
             "wall_s": _mean(rows, lambda x: x["wall_s"]),
             "coord_cpu_s": _mean(rows, lambda x: x["coordinator_cpu_s"]),
             "dev_cpu_s": _mean(rows, lambda x: x["workers_cpu_s"] / max(x["reported"], 1)),
@@ -137,20 +139,24 @@ def main() -> None:
                for n in (int(x) for x in args.devices.split(",")) for secure in (False, True)]
     print(f"per round, mean over {args.rounds} rounds (FLAYER, {args.dataset}, public positions in both)")
     print(f"{'devices':>7} {'rounds':>7} {'closed':>6} {'unmasked':>8} {'dropped':>7} {'MB up/dev':>9} "
-          f"{'round s':>8} {'coord CPU s':>11} {'dev CPU s/upd':>13} {'last acc':>8}")
+          f"{'MB down/dev':>11} {'round s':>8} {'coord CPU s':>11} {'workers CPU s':>13} {'dev CPU s/upd':>13} "
+          f"{'last acc':>8}")
     sums = {(r["devices"], r["secure"]): summary(r) for r in results}
     for r in results:
         s = sums[(r["devices"], r["secure"])]
         print(f"{r['devices']:>7} {'secure' if r['secure'] else 'plain':>7} {s['closed']:>6} "
               f"{s['unmasked'] if r['secure'] else '-':>8} {s['dropped']:>7.1f} {s['mb_up_dev']:>9.3f} "
-              f"{s['wall_s']:>8.1f} {s['coord_cpu_s']:>11.2f} {s['dev_cpu_s']:>13.3f} {s['acc']:>8.4f}"
+              f"{s['mb_down_dev']:>11.3f} {s['wall_s']:>8.1f} {s['coord_cpu_s']:>11.2f} {s['workers_cpu_s']:>13.2f} "
+              f"{s['dev_cpu_s']:>13.3f} {s['acc']:>8.4f}"
               + (f"  (secure_dropout {r['secure_dropout']:g})" if r.get("secure_dropout") is not None else ""))
     for n in sorted({r["devices"] for r in results}):
         if (n, True) in sums and (n, False) in sums:
             s, b = sums[(n, True)], sums[(n, False)]
-            print(f"{n:>7} secure/plain: MB up per device x{s['mb_up_dev'] / b['mb_up_dev']:.3f}, round time "
-                  f"x{s['wall_s'] / b['wall_s']:.3f}, coordinator CPU x{s['coord_cpu_s'] / max(b['coord_cpu_s'], 1e-9):.3f}, "
-                  f"device CPU per update x{s['dev_cpu_s'] / max(b['dev_cpu_s'], 1e-9):.3f}")
+            print(f"{n:>7} secure/plain, side by side: MB up per device x{s['mb_up_dev'] / b['mb_up_dev']:.3f}, MB down "
+                  f"per device x{s['mb_down_dev'] / b['mb_down_dev']:.3f}, round time x{s['wall_s'] / b['wall_s']:.3f}, "
+                  f"coordinator CPU a round x{s['coord_cpu_s'] / max(b['coord_cpu_s'], 1e-9):.3f}, device workers' CPU "
+                  f"a round x{s['workers_cpu_s'] / max(b['workers_cpu_s'], 1e-9):.3f}, per update "
+                  f"x{s['dev_cpu_s'] / max(b['dev_cpu_s'], 1e-9):.3f}")
     (out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
 
 

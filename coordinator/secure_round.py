@@ -183,9 +183,11 @@ class SecureRound:
                                       f", fewer than the {need} the unmasking needs (t={self.planned.params.threshold}, "
                                       f"T={need}): ended at once")
         if self.stage == 1 and (not can_come or now >= self.stage_end):
+            self._censor(1, now, can_come)
             out = [(d, s.key_bundle(d).to_bytes()) for d in sorted(s.advertised)]
             self._open_stage(2, now)
         elif self.stage == 2 and (not can_come or now >= self.stage_end):
+            self._censor(2, now, can_come)
             out = [(d, s.shares_for(d).to_bytes()) for d in sorted(s.shared)]
             self.stage, self.opened = 3, now
         elif self.stage == 3 and masked_done:  # every participant in good standing may sign (witnesses too)
@@ -198,10 +200,16 @@ class SecureRound:
                 raise SecAggAbandoned(f"{len(s.signed)} devices signed the survivor set and {len(unsigned)} more "
                                       f"can, fewer than T={need}: ended at once")
             if not unsigned or now >= self.stage_end:
+                self._censor(4, now, unsigned)
                 out = [(d, s.unmask_request(d).to_bytes()) for d in sorted(s.survivors)]
                 self._open_stage(5, now)
         self.sent_bytes += sum(len(b) for _, b in out)
         return out
+
+    def _censor(self, stage: int, now: float, late: set[str]) -> None:
+        """The devices still online that had not answered when the stage closed: latencies of at least its length."""
+        if self.timing is not None and late:
+            self.timing.censored(stage, now - self.stage_opened.get(stage, self.opened), len(late))
 
     def ask_late(self, device: str) -> list[tuple[str, bytes]]:
         """A participant heard from during the signing stage that was not asked yet (its plan came late): the

@@ -6,8 +6,11 @@ batch, survivor signature, unmask answer), late ones included (a message that mi
 the fleet takes). A stage then waits ``FACTOR`` times the ``QUANTILE`` of the latencies measured over the last
 ``WINDOW`` rounds, at least ``FLOOR_S`` (never above the configured ``secure_stage_s``) and at most the ceiling the
 coordinator gives (a third of the round's deadline): ``clamp(2 x p95, min(2 s, secure_stage_s), deadline / 3)``.
-Before any measurement a stage waits ``secure_stage_s``. A stage also ends as soon as every device it waits for has
-answered or none that has not can still come (:class:`coordinator.secure_round.SecureRound`).
+A device still online that had not answered when its stage closed counts at the stage's limit (a censored latency:
+it took at least that long), so a stage that cut off live devices waits twice as long the next round, up to the
+ceiling; a device gone offline counts nothing. Before any measurement a stage waits the ceiling (and, like every
+stage, ends as soon as every device it waits for has answered or none that has not can still come:
+:class:`coordinator.secure_round.SecureRound`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ class StageTiming:
         if stage in STAGES and latency_s >= 0 and self._rounds:
             self._rounds[-1][stage].append(float(latency_s))
 
+    def censored(self, stage: int, limit_s: float, count: int) -> None:
+        """``count`` devices, still online, had not answered when the stage closed after ``limit_s``."""
+        for _ in range(max(0, count)):
+            self.observe(stage, limit_s)
+
     def quantile(self, stage: int) -> float | None:
         """The :data:`QUANTILE` of the stage's measured latencies (None: none measured yet)."""
         xs = sorted(x for r in self._rounds for x in r.get(stage, ()))
@@ -51,7 +59,7 @@ class StageTiming:
         """How long the stage waits this round (module docstring)."""
         q = self.quantile(stage)
         if q is None:
-            return min(self.configured_s, self.ceiling_s)
+            return self.ceiling_s
         return min(self.ceiling_s, max(min(FLOOR_S, self.configured_s), FACTOR * q))
 
     def limits(self) -> dict[int, float]:

@@ -14,7 +14,7 @@ from flayer.secagg.graph import round_failure
 def test_a_stage_waits_twice_its_p95_within_the_floor_and_the_ceiling() -> None:
     t = StageTiming(10.0, 40.0)
     t.new_round()
-    assert t.limit(1) == 10.0  # nothing measured: the configured secure_stage_s
+    assert t.limit(1) == 40.0  # nothing measured: the ceiling (a stage ends early when everyone answered)
     for i in range(100):
         t.observe(1, 0.1 * i)  # 0 .. 9.9 s
     assert t.limit(1) == pytest.approx(FACTOR * 9.5)
@@ -25,7 +25,11 @@ def test_a_stage_waits_twice_its_p95_within_the_floor_and_the_ceiling() -> None:
     for _ in range(5):  # the window forgets old rounds
         t.new_round()
     t.observe(2, 0.01)
-    assert t.limit(1) == 10.0 and t.limit(2) == FLOOR_S
+    assert t.limit(1) == 40.0 and t.limit(2) == FLOOR_S
+    t.new_round()
+    t.observe(3 - 1, 1.0)
+    t.censored(2, 5.0, 10)  # ten live devices cut off at 5 s: the next round waits twice that
+    assert t.limit(2) == pytest.approx(FACTOR * 5.0)
 
 
 def test_the_fallback_is_refused_where_it_would_fail_too_often() -> None:
