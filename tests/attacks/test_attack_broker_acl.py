@@ -40,7 +40,8 @@ T = Topics(FEDERATION)
 DIGEST = "ab" * 32
 
 
-def test_strangers_devices_and_observers_read_and_write_only_what_they_may(tmp_path: Path, attack_fed: Any) -> None:
+def test_strangers_devices_and_observers_read_and_write_only_what_they_may(tmp_path: Path,
+                                                                           attack_fed: Any) -> None:
     rb = attack_fed(DEVICES, adversary="dev-a", view="device", federation=FEDERATION)
     probes = []
     try:

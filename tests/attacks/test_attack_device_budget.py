@@ -49,7 +49,8 @@ def _plans(digits: Any) -> tuple[Any, list[Plan], bytes]:
     return strategy, plans, blob.blob
 
 
-def test_a_coordinator_cannot_draw_more_contributions_than_the_device_budget(tmp_path: Path, digits: Any, attack_fed: Any,
+def test_a_coordinator_cannot_draw_more_contributions_than_the_device_budget(tmp_path: Path, digits: Any,
+                                                                             attack_fed: Any,
                                                                              digits_shard: Any) -> None:
     two, three = (epsilon_for([(Z, 1.0, n)], DELTA) for n in (2, 3))
     budget = (two + three) / 2  # two contributions fit, a third would pass it

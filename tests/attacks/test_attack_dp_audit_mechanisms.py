@@ -30,9 +30,10 @@ from flayer.engine.accountant import noise_for_target
 from flayer.privacy_config import PrivacySettings
 
 DELTA, M = 1e-5, 3
-# the asynchronous twins (the same mode and clipping, through the version buffer's fixed-denominator sum) are slow:
-# about 9 s each on a loaded 2-core machine; CI's slow step runs them
-PLAIN = [pytest.param(n, marks=pytest.mark.slow) if spec[3] else n for n, spec in MECHANISMS.items() if not spec[2]]
+# the asynchronous twins (the same mode and clipping, through the version buffer's fixed-denominator sum) are
+# slow: about 9 s each on a loaded 2-core machine; CI's slow step runs them
+PLAIN = [pytest.param(n, marks=pytest.mark.slow) if spec[3] else n
+         for n, spec in MECHANISMS.items() if not spec[2]]
 SECURE = [n for n, spec in MECHANISMS.items() if spec[2]]
 
 

@@ -42,8 +42,8 @@ NOBODY = 65534
 
 @pytest.fixture
 def fed(attack_fed: Any) -> tuple[FedBroker, Coordinator]:
-    """A real Mosquitto with dev-a and a coordinator of one round on digits, waiting for dev-a (both stopped after
-    the test). The adversaries hold no broker account."""
+    """A real Mosquitto with dev-a and a coordinator of one round on digits, waiting for dev-a (both stopped
+    after the test). The adversaries hold no broker account."""
     fb = attack_fed(["dev-a"], view="none")
     return fb, fb.coordinator_in()
 

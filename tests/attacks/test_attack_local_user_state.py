@@ -97,7 +97,7 @@ def _readable_as_nobody(paths: list[Path]) -> list[str]:
 
 def test_another_local_user_reads_no_state_of_the_tutorials_folders(project: Path, digits: Any,
                                                                    attack_fed: Any) -> None:
-    fb = attack_fed(["dev-a"], view="none", at=project / ".flayer")  # the adversary: another local user, no account
+    fb = attack_fed(["dev-a"], view="none", at=project / ".flayer")  # another local user: no broker account
     coord_dir, dev_dir = project / "runs/federation", project / "runs/dev-a"
     fed = federation_toml(project / "federation.toml", fb.state_dir / "credentials/coordinator.toml", coord_dir,
                           strategy="fedavg", rounds=1, dataset="digits")

@@ -42,7 +42,8 @@ def _coordinator(tmp: Path, policy: str, now: list[float]) -> tuple[Coordinator,
              "[data]", 'dataset = "digits"']
     (tmp / "federation.toml").write_text("\n".join(lines) + "\n")
     # no broker: what the coordinator publishes is recorded (the loop under test is the receiving side)
-    c, plans = brokerless_coordinator(load_coordinator_config(tmp / "federation.toml"), CREDS, lambda: now[0], KEYS)
+    cfg = load_coordinator_config(tmp / "federation.toml")
+    c, plans = brokerless_coordinator(cfg, CREDS, lambda: now[0], KEYS)
     c.device_keys.path = None
     return c, plans
 

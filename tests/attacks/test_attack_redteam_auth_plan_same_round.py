@@ -42,7 +42,8 @@ def _holds(client: EdgeClient, selected: tuple[str, ...], timeout: float) -> boo
     return until(lambda: client.plan is not None and client.plan.selected == selected, timeout)
 
 
-def test_an_earlier_plan_of_the_round_put_back_is_refused(tmp_path: Path, attack_fed: Any, digits_shard: Any) -> None:
+def test_an_earlier_plan_of_the_round_put_back_is_refused(tmp_path: Path, attack_fed: Any,
+                                                          digits_shard: Any) -> None:
     fed = attack_fed(["dev-a", "dev-b"], federation=FED)  # mallory, the mistaken ACL
     shard = digits_shard(0)
     coord = Recorder(fed.coordinator)

@@ -54,7 +54,8 @@ def _send(rec: Recorder, plan: Plan, blob: bytes, key: object) -> None:
     assert rec.link.wait_published(infos, 5)
 
 
-def test_an_update_signed_with_a_devices_old_key_is_refused_after_rekey(tmp_path: Path, attack_fed: Any) -> None:
+def test_an_update_signed_with_a_devices_old_key_is_refused_after_rekey(tmp_path: Path,
+                                                                        attack_fed: Any) -> None:
     fed = attack_fed(["dev-b"], federation=FED)  # mallory, the mistaken ACL
     old_key = fed.devices["dev-b"].signer()  # what the adversary copied
     coord = fed.coordinator_in(strategy="fedavg", rounds=1, dataset="digits", quorum=1, min_devices=1,

@@ -37,7 +37,6 @@ def _phase(watch: FleetWatch) -> str | None:
     return watch.snapshot()["progress"]["phase"]
 
 
-
 def test_a_final_plan_the_coordinator_did_not_sign_is_not_shown(attack_fed: Any) -> None:
     fed = attack_fed(["dev-a"], federation=FED)  # mallory, the mistaken ACL
     coord = Recorder(fed.coordinator)

@@ -73,7 +73,8 @@ class _BrokenStdout(io.TextIOBase):
         raise BrokenPipeError(32, "Broken pipe")
 
 
-def test_revoke_cuts_the_device_off_even_when_its_output_cannot_be_written(tmp_path: Path, attack_fed: Any) -> None:
+def test_revoke_cuts_the_device_off_even_when_its_output_cannot_be_written(tmp_path: Path,
+                                                                           attack_fed: Any) -> None:
     """``flayer broker revoke`` whose stdout fails (a closed pipe or terminal): the broker is told first, so the
     revoked device's open connection is closed all the same (before, it printed first and stopped there)."""
     rb = attack_fed(DEVICES, adversary="dev-a", view="device", federation=FEDERATION)

@@ -139,7 +139,8 @@ def _check(tmp: Path, hostile: str, proof: str) -> None:
 
 
 @pytest.mark.timeout(TIMEOUT)
-def test_a_low_order_key_gets_its_sender_named_and_left_out(tmp_path: Path, digits: Any, attack_fed: Any) -> None:
+def test_a_low_order_key_gets_its_sender_named_and_left_out(tmp_path: Path, digits: Any,
+                                                            attack_fed: Any) -> None:
     names = [*HONEST, "evil"]
     fb = attack_fed(names[:-1], adversary=names[-1], view="device",  # the adversary: its own device account
                     kind="mosquitto" if mosquitto_available() else "embedded")

@@ -157,7 +157,8 @@ def _update(plan: Plan, sender: str, value: float) -> bytes:
     return encode_update(upd, UpdateHeader(FED, plan.round, sender, plan.model_digest))
 
 
-def test_updates_not_signed_by_their_device_are_refused_and_not_journaled(tmp_path: Path, attack_fed: Any) -> None:
+def test_updates_not_signed_by_their_device_are_refused_and_not_journaled(tmp_path: Path,
+                                                                          attack_fed: Any) -> None:
     fed = attack_fed(["dev-a", "dev-b", "dev-c"], federation=FED)  # mallory, the mistaken ACL
     revoked_key = fed.devices["dev-c"].signer()  # dev-c's key, before it is revoked
     assert revoke_device(fed.state_dir, "dev-c")  # (rewrites the ACL: mallory's mistaken rule goes back in)

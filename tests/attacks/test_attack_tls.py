@@ -59,7 +59,8 @@ class FakeBroker:
         self.sock.close()
 
 
-def test_plaintext_foreign_certificates_and_a_fake_broker_are_refused(tmp_path: Path, attack_fed: Any) -> None:
+def test_plaintext_foreign_certificates_and_a_fake_broker_are_refused(tmp_path: Path,
+                                                                      attack_fed: Any) -> None:
     # dev-a's name and password; the adversary's certificate: dev-a of another federation, signed by its CA
     rb = attack_fed(["dev-a", "dev-b"], adversary="dev-a", view="foreign", federation=FEDERATION, tls=True)
     fake = None
@@ -76,7 +77,8 @@ def test_plaintext_foreign_certificates_and_a_fake_broker_are_refused(tmp_path: 
         ctx.load_cert_chain(str(foreign.tls.cert_file), str(foreign.tls.key_file))
         assert try_connect(replace(good, ssl_context=ctx))[0] is None
         # a fake broker for 127.0.0.1 with a server certificate of another CA
-        t = ensure_ca_and_server(BrokerFiles.at(tmp_path / "other").tls_dir, "other", ["127.0.0.1", "localhost"])
+        other_tls = BrokerFiles.at(tmp_path / "other").tls_dir  # the foreign device's federation
+        t = ensure_ca_and_server(other_tls, "other", ["127.0.0.1", "localhost"])
         fake = FakeBroker(t.server_cert, t.server_key)
         assert try_connect(replace(good, port=fake.port))[0] is None
         assert fake.received == b"", "the device sent its CONNECT (and password) to a broker of another CA"

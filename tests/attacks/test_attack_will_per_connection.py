@@ -41,8 +41,8 @@ def _status(payload: bytes) -> Status | None:
     return msg if isinstance(msg, Status) else None
 
 
-
-def test_the_will_of_an_earlier_connection_is_refused(tmp_path: Path, attack_fed: Any, digits_shard: Any) -> None:
+def test_the_will_of_an_earlier_connection_is_refused(tmp_path: Path, attack_fed: Any,
+                                                      digits_shard: Any) -> None:
     fed = attack_fed(["dev-a", "dev-b"], federation=FED)  # mallory, the mistaken ACL
     shard = digits_shard(1)
     coord = fed.coordinator_in(strategy="fedavg", rounds=1, dataset="digits", min_devices=3, quorum=2,

@@ -71,9 +71,10 @@ def test_partition_show_and_save(tmp_path, capsys):
     assert "partition pat2 of digits, seed 3, 5 clients" in text and out.is_file()
 
 
-@pytest.mark.slow  # ~20 s loaded; the default run keeps `flayer simulate` in process (tests/flayer/test_simulator.py,
-# tests/cli/test_simulate_thin.py: its metrics by the schema), `--save-models` (tests/export/test_export_cli.py) and
-# `python -m cli.main` as a process (the broker CLI, the federation's coordinator and devices)
+# ~20 s loaded; the default run keeps `flayer simulate` in process (tests/flayer/test_simulator.py,
+# tests/cli/test_simulate_thin.py: its metrics by the schema), `--save-models` (tests/export/test_export_cli.py)
+# and `python -m cli.main` as a process (the broker CLI, the federation's coordinator and devices)
+@pytest.mark.slow
 def test_simulate_fedavg_end_to_end(tmp_path):
     out = tmp_path / "sim"
     proc = subprocess.run([sys.executable, "-m", "cli.main", "simulate", "--strategy", "fedavg", "--dataset",

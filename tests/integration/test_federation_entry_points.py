@@ -14,10 +14,10 @@ import pytest
 
 from mqtt_broker import mosquitto_available
 
-# slow (-m slow; CI runs it): three processes that each import torch, about 25 s on an idle 2-core machine. The
-# default run keeps the same gate in process (tests/edge_client/test_edge_units.py: the plan's entry point refused,
-# its module never imported; an allowed one built) and an allowed entry point over a real Mosquitto
-# (tests/integration/test_fleet_revoke.py: the fleet's own model).
+# slow (-m slow; CI runs it): three processes that each import torch, about 25 s on an idle 2-core machine.
+# The default run keeps the same gate in process (tests/edge_client/test_edge_units.py: the plan's entry
+# point refused, its module never imported; an allowed one built) and an allowed entry point over a real
+# Mosquitto (tests/integration/test_fleet_revoke.py: the fleet's own model).
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not mosquitto_available(), reason="mosquitto is not installed")]
 
