@@ -194,13 +194,14 @@ class SecureRound:
             self.asked = set(everyone)
             out = [(d, s.consistency_request(d).to_bytes()) for d in sorted(everyone)]
             self._open_stage(4, now)
-        elif self.stage == 4:
-            unsigned = {d for d in everyone - s.signed if not self.gone(d)}
+        elif self.stage == 4:  # witnesses count towards T; the survivors' own signatures are waited for (each
+            unsigned = {d for d in everyone - s.signed if not self.gone(d)}  # answers the unmasking only then)
             if len(s.signed) + (0 if now >= self.stage_end else len(unsigned)) < need:
                 raise SecAggAbandoned(f"{len(s.signed)} devices signed the survivor set and {len(unsigned)} more "
                                       f"can, fewer than T={need}: ended at once")
-            if not unsigned or now >= self.stage_end:
-                self._censor(4, now, unsigned)
+            survivors_unsigned = unsigned & s.survivors
+            if (len(s.signed) >= need and not survivors_unsigned) or now >= self.stage_end:
+                self._censor(4, now, survivors_unsigned)
                 out = [(d, s.unmask_request(d).to_bytes()) for d in sorted(s.survivors)]
                 self._open_stage(5, now)
         self.sent_bytes += sum(len(b) for _, b in out)

@@ -66,12 +66,11 @@ def test_a_whole_round_gives_the_sum_and_each_stage_takes_only_its_message():
     assert "does not verify" in (sec.receive("a", signature_c.replace(b"\x01c", b"\x01a", 1)) or "")  # c's, as a's
     for d in ("a", "d"):
         assert sec.receive(d, clients[d].sign_survivors(sets[d]).to_bytes()) is None
-    assert sec.advance(102.0) == [] and sec.stage == 4  # waiting for c's signature
-    assert sec.receive("c", signature_c) is None
-    assert sec.advance(102.0) == [] and sec.stage == 4  # b, the witness, can still come
-    assert sec.receive("b", clients["b"].sign_survivors(sets["b"]).to_bytes()) is None
+    assert sec.receive("b", clients["b"].sign_survivors(sets["b"]).to_bytes()) is None  # a witness
     assert clients["b"].left_out  # it vouched for a set without itself: its input is in no sum
-    requests = _deliver(sec.advance(102.0))  # every participant signed: the unmask requests, with the signatures
+    assert sec.advance(102.0) == [] and sec.stage == 4  # T = 3 signed, but survivor c's own signature is awaited
+    assert sec.receive("c", signature_c) is None
+    requests = _deliver(sec.advance(102.0))  # every survivor signed: the unmask requests, with the signatures
     assert sec.stage == 5 and set(requests) == {"a", "c", "d"}
     from coordinator.intake import IntakeContext, validate
     from protocol import WireLimits
