@@ -16,8 +16,8 @@ Slots (:class:`Slots`):
    not heard from yet is not taken for offline (the registry is empty at a start) -- it keeps its
    slot until it is seen offline or the slot expires.
 
-:class:`AsyncRounds` is the coordinator's asynchronous tick (a mixin of
-:class:`coordinator.server.Coordinator`, which holds the state).
+:class:`AsyncVersions` is the coordinator's asynchronous part: it owns the slots, the plan pacer and the
+version window (:class:`flayer.engine.VersionWindow`), and decides when a version closes.
 
 Plan changes (:class:`PlanPacer`): every change of the holders is one journal record (fsynced) and one
 retained plan publication. They are coalesced -- at most one per ``PLAN_INTERVAL_S`` -- and at most
@@ -29,13 +29,19 @@ next period or version (the holders that remain keep training).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from flayer.engine import AsyncSettings, assign_slots
-from protocol import encode_message
+from flayer.engine import AsyncSettings, VersionWindow, assign_slots
 
-__all__ = ["PLAN_INTERVAL_S", "AsyncRounds", "PlanPacer", "Slots"]
+from .config import FederationSettings
+from .open_round import OpenRound
+from .registry import DeviceRegistry
+
+__all__ = ["PLAN_INTERVAL_S", "AsyncVersions", "PlanPacer", "Slots"]
+
+log = logging.getLogger("coordinator.server")
 
 PLAN_INTERVAL_S = 1.0
 
@@ -123,65 +129,91 @@ class PlanPacer:
         self.last = now
 
 
-class AsyncRounds:
-    """The coordinator's buffer of one version: slots, plan changes, when to publish (module docstring)."""
+class AsyncVersions:
+    """The coordinator's buffer of one version: slots, plan changes, when to publish (module docstring). It
+    owns the slots, the plan pacer and the version window; it is handed the open round with each call, and
+    returns the reason a version closes with (the caller closes it)."""
 
-    slots: Slots
-    pacer: PlanPacer
-    window: Any  # flayer.engine.VersionWindow
-    registry: Any
-    fs: Any
-    topics: Any
-    creds: Any
-    cfg: Any  # coordinator.config.CoordinatorConfig
-    signer: Any  # the coordinator's SigningKey
+    def __init__(self, settings: AsyncSettings, fs: FederationSettings, rounds: int, seed: int,
+                 registry: DeviceRegistry, online: Callable[[float], list[str]]) -> None:
+        self.fs, self.rounds, self.registry, self.online = fs, rounds, registry, online
+        self.slots = Slots(settings, seed, fs.deadline_s)  # a refusal frees no slot
+        self.pacer = PlanPacer(fs.buffer)
+        self.window = VersionWindow(fs.staleness_bound)
 
-    def _online(self, now: float) -> Any: ...  # coordinator.server
-    def _plan(self, phase: str = "train") -> Any: ...  # coordinator.phases
-    def _publish_plan(self, phase: str = "train") -> None: ...
-    def _close_round(self, reason: str) -> None: ...
+    def restore_window(self, raw: Mapping[str, Any]) -> None:
+        """The checkpoint's version window (ValueError, TypeError or AttributeError: unreadable)."""
+        self.window = VersionWindow.from_dict(self.fs.staleness_bound, raw)
 
-    def _heard_offline(self, online: list[str]) -> set[str]:
-        """Restored slot holders (coordinator.async_rounds, rule 4) the registry has heard from that are not
-        online: their slots may go."""
+    def restore_slots(self, holders: Iterable[str], found: bool, now: float) -> None:
+        """Rule 4 after a restart: ``holders`` hold their slots again, none whose update is in the buffer
+        (``found``: the journal gave the version's buffered updates)."""
+        in_buffer = self.window.buffered if found else set()
+        self.slots.restore((str(c) for c in holders if str(c) not in in_buffer), now)
+        log.info("slots restored after the restart: %s", sorted(self.slots.held))
+
+    def begin(self, number: int, digest: str, selected: Iterable[str]) -> dict[int, str]:
+        """Version ``number`` opens with model ``digest``: the model digests updates may be trained from."""
+        self.window.publish(number, digest)
+        self.window.offer(selected)
+        return dict(self.window.digests)
+
+    def first(self, online: list[str], number: int, now: float) -> list[str]:
+        """The holders of version ``number``'s first plan."""
+        self.slots.drop_offline(online, self.heard_offline(online))
+        self.slots.fill(online, (), number, now)
+        return sorted(self.slots.held)
+
+    def accepted(self, client: str) -> None:
+        self.slots.release(client)  # a tick soon gives the slot to an idle device
+
+    def announcing(self, rnd: OpenRound) -> None:
+        """Who may announce an upload the version waits for: any slot holder, for a version still young enough
+        (waited for at the last version)."""
+        assert rnd.timer is not None and rnd.timer.announced is not None
+        rnd.timer.announced.selected = frozenset(self.slots.held) | rnd.selected
+        rnd.timer.announced.rounds = range(max(1, rnd.number - self.fs.staleness_bound), rnd.number + 1)
+
+    def heard_offline(self, online: list[str]) -> set[str]:
+        """Restored slot holders (rule 4) the registry has heard from that are not online: their slots may go."""
         return {c for c in self.slots.unseen if self.registry.get(c) is not None} - set(online)
 
-    def _tick_async(self, rnd: Any, now: float) -> None:
+    def tick(self, rnd: OpenRound, now: float, replan: Callable[[], None]) -> str | None:
         """The buffer of version ``rnd.number``: keep the slots filled, publish at ``buffer`` updates. The
-        holders change -- one journal record and one plan publication -- only as :class:`PlanPacer` allows."""
-        assert self.window is not None and rnd.timer is not None and rnd.journal is not None
+        holders change -- one journal record and one plan publication (``replan``) -- only as
+        :class:`PlanPacer` allows. Returns the reason the version closes with (None: it stays open)."""
+        assert rnd.timer is not None and rnd.journal is not None
         if self.pacer.may(now):
-            online = self._online(now)
+            online = self.online(now)
             self.slots.expire(now)
-            self.slots.drop_offline(online, self._heard_offline(online))
+            self.slots.drop_offline(online, self.heard_offline(online))
             new = self.slots.fill(online, self.window.buffered, rnd.number, now)
             held = frozenset(self.slots.held)
             if held != rnd.selected:
                 self.window.offer(new)
                 rnd.selected = held
                 rnd.stats.selected = sorted(set(rnd.stats.selected) | held)
-                rnd.journal.append_plan(encode_message(self._plan(), self.topics.federation, self.creds.username,
-                                                     key=self.signer))
-                self._publish_plan()
+                replan()
                 self.pacer.changed(now)
         accepted = rnd.aggregate.tally.accepted
         if accepted >= self.fs.buffer and self._last_awaits(rnd, now):
-            return
+            return None
         if accepted >= self.fs.buffer:
-            self._close_round(f"buffer of {self.fs.buffer} update(s) full")
-        elif now >= rnd.timer.deadline:
+            return f"buffer of {self.fs.buffer} update(s) full"
+        if now >= rnd.timer.deadline:
             if accepted >= self.fs.min_updates:
-                self._close_round(f"deadline with {accepted} of {self.fs.buffer} update(s)")
-            else:
-                rnd.timer.deadline = now + self.fs.deadline_s  # nothing to publish yet: keep buffering
-                self.pacer.renew()
+                return f"deadline with {accepted} of {self.fs.buffer} update(s)"
+            rnd.timer.deadline = now + self.fs.deadline_s  # nothing to publish yet: keep buffering
+            self.pacer.renew()
+        return None
 
-    def _last_awaits(self, rnd: Any, now: float) -> bool:
+    def _last_awaits(self, rnd: OpenRound, now: float) -> bool:
         """The last version waits, past a full buffer, for uploads devices announced (at most
         ``announce_wait_s`` after the buffer filled): what the slowest had in flight counts, not cut off by
         the end of the run (earlier versions need not: such an upload goes into the next buffer)."""
+        assert rnd.timer is not None
         a = rnd.timer.announced
-        if rnd.number < self.cfg.run.rounds or a is None or self.fs.announce_wait_s <= 0:
+        if rnd.number < self.rounds or a is None or self.fs.announce_wait_s <= 0:
             return False
         if a.held_since is None:
             a.held_since = now  # the buffer filled now: the bound runs from here
@@ -191,9 +223,6 @@ class AsyncRounds:
         a.wake = min(until, a.held_since + self.fs.announce_wait_s)
         return now < a.wake
 
-    def _window_record(self) -> dict[str, Any]:
-        """The checkpoint's version window (asynchronous rounds), with the slot holders (restored after a
-        restart, coordinator.async_rounds rule 4)."""
-        if self.window is None:
-            return {}
+    def record(self) -> dict[str, Any]:
+        """The checkpoint's version window, with the slot holders (restored after a restart, rule 4)."""
         return {**self.window.as_dict(), "slots": sorted(self.slots.held)}

@@ -47,7 +47,7 @@ from flayer.engine.calibration import (
 )
 from flayer.strategies.base import Strategy
 
-__all__ = ["MAX_SAMPLE_WEIGHT", "WEIGHT_KEY", "Calibration", "CalibrationError"]
+__all__ = ["MAX_SAMPLE_WEIGHT", "WEIGHT_KEY", "Calibration", "CalibrationError", "CalibrationPhase"]
 
 log = logging.getLogger(__name__)
 
@@ -104,3 +104,36 @@ class Calibration:
             return resolve_calibration(strategy, [self.reports[c] for c in usable], [self.weights[c] for c in usable])
         except CalibrationError as exc:
             return fallback_calibration(strategy, str(exc))
+
+
+class CalibrationPhase:
+    """Round 0 at the coordinator: the calibration open now (``current``) and whether the federation has been
+    calibrated (``done``: after a resolution, or a checkpoint, which exists only after one)."""
+
+    def __init__(self, calibration_s: float) -> None:
+        self.calibration_s = calibration_s
+        self.current: Calibration | None = None
+        self.done = False
+
+    def needed(self, strategy: Strategy) -> bool:
+        return not self.done and strategy.needs_calibration()
+
+    def open(self, online: list[str], now: float, strategy: Strategy) -> Calibration:
+        self.current = Calibration(frozenset(online), now + self.calibration_s, strategy)
+        return self.current
+
+    def report(self, client: str, values: Mapping[str, float]) -> tuple[str, str] | None:
+        """(ack status, reason) of a device's round-0 report; None: no calibration open."""
+        return None if self.current is None else self.current.add(client, values)
+
+    def resolve(self, strategy: Strategy) -> tuple[Strategy, dict[str, Any], int]:
+        """Close the calibration: (the strategy, the resolved options, the number of reports);
+        :class:`CalibrationError` for a strategy without a fallback, ValueError for options a plan cannot carry."""
+        cal, self.current = self.current, None
+        assert cal is not None
+        strategy, resolved = cal.resolve(strategy)
+        bad = {k: v for k, v in resolved.items() if not isinstance(v, (str, int, float, bool))}
+        if bad:
+            raise ValueError(f"the calibration resolved options the round plan cannot carry: {bad}")
+        self.done = True
+        return strategy, resolved, len(cal.reports)

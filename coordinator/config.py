@@ -201,6 +201,12 @@ class FederationSettings:
         return resolve_async(self.buffer, self.max_staleness, self.staleness, self.concurrency, self.over_selection,
                              fleet)
 
+    @property
+    def staleness_bound(self) -> int:
+        """``max_staleness`` as a number (resolved settings hold one; ``"auto"`` is resolved without the fleet)."""
+        m = self.max_staleness
+        return m if isinstance(m, int) else self.async_settings.max_staleness
+
     def resolved(self, fleet: int | None = None) -> FederationSettings:
         """These settings with ``max_staleness`` and ``concurrency`` as numbers (``"auto"`` resolved)."""
         a = self.resolve_async(fleet)[0]

@@ -38,10 +38,10 @@ import os
 import threading
 import time
 from collections import Counter as TallyCounter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -55,8 +55,11 @@ from transport.hosts import is_loopback
 from .device_privacy import device_privacy
 from .http_bounds import BoundedHandler, BoundedHTTPServer
 from .intake import REJECTION_COUNTERS
+from .open_round import OpenRound
+from .receive import ReceiveQueue
+from .registry import DeviceRegistry
 
-__all__ = ["LABEL_RE", "MAX_LABELS", "REFUSAL_REASONS", "FleetMetrics", "MetricsServer", "device_label", "read_token"]
+__all__ = ["LABEL_RE", "MAX_LABELS", "REFUSAL_REASONS", "FleetMetrics", "FleetView", "MetricsServer", "device_label", "read_token"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,20 @@ NOT_REFUSALS = ("clipped", "secure_abandoned")  # counted, but no update refused
 LABEL_RE = DEVICE_LABEL  # what a device's [edge] label may be (protocol.messages)
 MAX_LABELS = 32
 NO_LABEL, OTHER_LABEL = "none", "other"
+
+
+class FleetView(Protocol):
+    """What :meth:`FleetMetrics.sync` reads of the coordinator (:class:`coordinator.server.Coordinator`)."""
+
+    counters: TallyCounter[str]
+    events: ReceiveQueue
+    clock: Callable[[], float]
+    registry: DeviceRegistry
+
+    @property
+    def open(self) -> OpenRound | None: ...
+
+    def online(self, now: float) -> list[str]: ...
 # the text format every Prometheus reads (Debian 12's 2.42 too); the names here need nothing newer
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TOKEN_FILE = "metrics.token"  # in the state folder: the generated token, off loopback without metrics_token_file
@@ -168,7 +185,7 @@ class FleetMetrics:
             self._gauges()["delta"].set(float(record["delta"]))
         self._synced_at = -math.inf  # the gauges follow at the next sync
 
-    def sync(self, coord: Any, force: bool = False) -> None:
+    def sync(self, coord: FleetView, force: bool = False) -> None:
         """Copy the coordinator's counters and gauges (rules 1 and 3), at most every ``min_interval_s``
         unless ``force``; ``coord`` is :class:`coordinator.server.Coordinator`, read on its own thread."""
         mono, rnd = time.monotonic(), coord.open
@@ -188,7 +205,7 @@ class FleetMetrics:
         def raw(ids: Iterable[str]) -> list[str]:
             return [device_label(d.info if (d := registry.get(c)) else None) for c in ids]
 
-        online = raw(coord._online(now))
+        online = raw(coord.online(now))
         kept = self._choose_labels(online)
 
         def labels(values: Iterable[str]) -> TallyCounter[str]:

@@ -1,5 +1,5 @@
-"""What the coordinator does with each message a device sends (a mixin of
-:class:`coordinator.server.Coordinator`, on its worker thread).
+"""What the coordinator does with each message a device sends (a part of
+:class:`coordinator.server.Coordinator`, called on its worker thread).
 
 Every message passes the inbox first (:mod:`coordinator.inbox`: topic, retained junk, the signature of the
 device the topic names), then the revocation list. Then by kind: a secure round's messages go to the secure
@@ -13,12 +13,20 @@ refuses the message and counts it; it never stops the loop.
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from protocol import Kind, Metrics, Status
 from transport.link import Received
 
-from .inbox import CompleteUpdate
+from .async_rounds import AsyncVersions
+from .calibration import CalibrationPhase
+from .cycle import RoundCycle
+from .inbox import CompleteUpdate, Inbox
+from .registry import DeviceRegistry
+from .revocations import RevocationList
+from .secure_phase import SecurePhase
 
 __all__ = ["MessageIntake"]
 
@@ -28,23 +36,17 @@ log = logging.getLogger("coordinator.server")
 class MessageIntake:
     """Routes a received message (module docstring)."""
 
-    inbox: Any
-    revoked: Any
-    secure_phase: Any
-    registry: Any
-    calibration: Any
-    counters: Any
-    slots: Any
-    fs: Any
-    asynchronous: bool
-    done_round: int
-    accepted_before: Any
-    window: Any
-    clock: Any
-    on_progress: Any
-    open: Any
+    def __init__(self, inbox: Inbox, revoked: RevocationList, registry: DeviceRegistry, cycle: RoundCycle,
+                 secure: SecurePhase, calibration: CalibrationPhase, versions: AsyncVersions | None,
+                 counters: Counter[str], clock: Callable[[], float], close: Callable[[str], None],
+                 on_progress: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        """``close``: closes the open round with a reason (the round loop's, which opens the next version of
+        asynchronous rounds at once)."""
+        self.inbox, self.revoked, self.registry, self.cycle = inbox, revoked, registry, cycle
+        self.secure, self.calibration, self.versions = secure, calibration, versions
+        self.counters, self.clock, self.close, self.on_progress = counters, clock, close, on_progress
 
-    def _on_message(self, ev: Received) -> None:
+    def on_message(self, ev: Received) -> None:
         parsed = self.inbox.parse(ev.topic)
         if parsed is None:
             return
@@ -55,10 +57,14 @@ class MessageIntake:
             return
         if parsed.kind == "secagg":  # coordinator.secure_phase
             assert parsed.client is not None
-            self.secure_phase.on_message(parsed.client, parsed, ev.payload)
+            closing = self.secure.on_message(self.cycle.open, parsed.client, parsed, ev.payload)
+            if closing is not None:
+                self.close(closing)
         elif parsed.kind == "update":
+            p = self.cycle.progress
             try:
-                done = self.inbox.update_chunk(parsed, ev.payload, self.done_round, self.accepted_before, self.window)
+                done = self.inbox.update_chunk(parsed, ev.payload, p.done_round, p.accepted_before,
+                                               self.versions.window if self.versions is not None else None)
             except ValueError as exc:  # a check this code does not foresee: refuse, count, keep running
                 log.exception("update chunk from %s", parsed.client)
                 self.inbox.count("malformed", f"update chunk from {parsed.client}: {exc}")
@@ -76,10 +82,11 @@ class MessageIntake:
                     return
                 self.registry.observe(parsed.client, msg, self.clock(), ev.retain)
                 self._announced(parsed.client, msg, ev.retain)
-            elif isinstance(msg, Metrics) and self.secure_phase.metrics(parsed.client, msg):
+            elif isinstance(msg, Metrics) and self.secure.metrics(self.cycle.open, parsed.client, msg):
                 pass  # a secure round's evaluation report (coordinator.secure_phase)
-            elif isinstance(msg, Metrics) and self.calibration is not None and msg.round == 0:
-                status, reason = self.calibration.add(parsed.client, msg.values)
+            elif isinstance(msg, Metrics) and msg.round == 0 and \
+                    (taken := self.calibration.report(parsed.client, msg.values)) is not None:
+                status, reason = taken
                 if status != "accepted":
                     self.inbox.count(status if status in ("duplicate", "not_selected") else "bad_message", reason)
                 self.inbox.ack(parsed.client, 0, env.digest, status, reason)
@@ -87,27 +94,26 @@ class MessageIntake:
     def _announced(self, client: str, msg: Status, retained: bool) -> None:
         """A device's status announcing an upload it has started: the round's close may wait for it
         (coordinator.rounds, Announcements; a retained copy says nothing about now)."""
-        rnd = self.open
+        rnd = self.cycle.open
         if retained or msg.state != "uploading" or rnd is None or rnd.timer is None or rnd.timer.announced is None:
             return
-        if self.asynchronous:  # any slot holder, for a version still young enough (waited for at the last version)
-            rnd.timer.announced.selected = frozenset(self.slots.held) | rnd.selected
-            rnd.timer.announced.rounds = range(max(1, rnd.number - self.fs.max_staleness), rnd.number + 1)
+        if self.versions is not None:  # any slot holder, for a version still young enough
+            self.versions.announcing(rnd)
         why = rnd.timer.announced.add(client, msg.info, self.clock(), rnd.accepted)
         if why and "upload_round" in msg.info:
             log.debug("%s: announcement not taken (%s)", client, why)
 
     def _accept(self, up: CompleteUpdate) -> None:
-        rnd = self.open
+        rnd = self.cycle.open
         assert rnd is not None
         rnd.accept(up.client, up.round, up.blob, up.verdict, self.clock())  # journaled and fsynced, then folded
         if up.verdict.clipped:
             self.counters["clipped"] += 1
-        if self.asynchronous:
-            self.slots.release(up.client)  # a tick soon gives the slot to an idle device (coordinator.async_rounds)
+        if self.versions is not None:
+            self.versions.accepted(up.client)  # a tick soon gives the slot to an idle device
         # async: the version whose buffer took it, so the device does not train on that version again
         self.inbox.ack(up.client, up.round, up.digest, "accepted", up.verdict.reason,
-                       rnd.number if self.asynchronous else 0)
+                       rnd.number if self.versions is not None else 0)
         if self.on_progress is not None:
             self.on_progress("accepted", {"round": up.round, "client": up.client, "accepted": len(rnd.accepted),
                                           "selected": len(rnd.selected)})

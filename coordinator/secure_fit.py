@@ -17,10 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from flayer.privacy_config import PrivacySettings
 from flayer.engine.secure_fit import fitted_keep, secure_budget
 from flayer.engine.secure_layout import Layout, unflatten
 from protocol import UpdateHeader, UpdateOptions, encode_update
 from protocol.upload_cap import codec_ladder
+
+from .config import FederationSettings
 
 __all__ = ["plain_ladder", "round_keep", "selected_rates"]
 
@@ -48,17 +51,17 @@ def plain_ladder(layout: Layout, start: str, lowest: str, compress: bool, federa
             for codec in codec_ladder(start, lowest)]
 
 
-def round_keep(coord: Any, selected: tuple[str, ...], layout: Layout, bits: int, neighbours: int,
+def round_keep(settings: PrivacySettings, fs: FederationSettings, federation: str, registry: Any,
+               selected: tuple[str, ...], layout: Layout, bits: int, neighbours: int,
                seconds: float) -> tuple[float, int]:
-    """(the round's keep fraction, the budget it was fitted to; 0: no rate known, ``secure_keep`` alone)."""
-    s = coord.cfg.run.privacy
-    fs = coord.fs
+    """(the round's keep fraction, the budget it was fitted to; 0: no rate known, ``secure_keep`` alone);
+    ``registry``: the devices' statuses (:class:`coordinator.registry.DeviceRegistry`; None: no rate known)."""
+    s = settings
     time = max(seconds - s.secure_stage_s, seconds / 2)
-    registry = getattr(coord, "registry", None)
     budget = secure_budget(selected_rates(registry, selected) if registry is not None else [], time)
     if budget <= 0:
         return s.secure_keep, 0
-    ladder = plain_ladder(layout, fs.value_codec, fs.fit_lowest_codec, fs.compress, coord.creds.federation)
+    ladder = plain_ladder(layout, fs.value_codec, fs.fit_lowest_codec, fs.compress, federation)
     keep = fitted_keep(layout.n, bits, neighbours, budget, ladder, s.secure_fit_factor, s.secure_keep,
                        min(s.secure_keep, fs.fit_min_keep))  # never below what a plain fit keeps
     return keep, budget

@@ -30,6 +30,9 @@ the aggregate non-finite (:mod:`coordinator.guard`), retained input ignored and 
 
 Prometheus metrics (``metrics_port``): :mod:`coordinator.exporter`, fed on this worker thread from the
 counters and the round records written to ``metrics.jsonl``; its HTTP server only reads the registry.
+
+The coordinator is a composition of parts, each owning its state and given what it needs in its constructor
+(docs/explanation/design.md, "The coordinator's parts"); this module wires them and runs the round loop.
 """
 
 from __future__ import annotations
@@ -44,40 +47,40 @@ from typing import Any
 
 import torch
 
-from flayer.engine import VersionWindow
 from flayer.files import FolderBusyError, FolderLock, OpenFolderError, private_dir
 from flayer.strategies import make_strategy
 from flayer.strategies.base import Strategy
 from protocol import Topics, WireLimits
-from protocol.metrics_schema import run_record
+from protocol.metrics_schema import end_record, epsilon_value, run_record
 from transport.credentials import Credentials, CredentialsError, mqtt_connect_settings
 from transport.link import Connected, Disconnected, MqttLink, Received
 from transport.wirecount import WireBytes, count_wire_bytes
 
-from .async_rounds import AsyncRounds, PlanPacer, Slots
-from .calibration import Calibration
-from .checkpoint import Checkpoint, save_checkpoint
+from .async_rounds import AsyncVersions
+from .calibration import CalibrationPhase
 from .config import CoordinatorConfig
+from .cycle import RoundCycle
 from .deltas import DeltaChain
 from .device_keys import DeviceKeys
-from .exporter import FleetMetrics, MetricsServer
+from .exporter import FleetMetrics
 from .guard import NormHistory, Quarantine
 from .inbox import Inbox
-from .journal import JournalError, prune_journals
+from .journal import JournalError
 from .messages_in import MessageIntake
 from .metrics import MetricsLog
+from .metrics_endpoint import MetricsEndpoint
 from .model_files import ModelFiles
 from .open_round import OpenRound
-from .phases import Phases
 from .privacy import federation_privacy
 from .publish import ModelBlob, Publisher, StopRequested
+from .publishing import Publishing
 from .receive import ReceiveQueue
 from .registry import DeviceRegistry
 from .result import CoordinatorError, CoordinatorResult, StateWriteError
 from .revocations import RevocationList
-from .round_log import closing_notes
 from .rounds import select_devices
-from .secure_phase import SecurePhase, secure_strategy
+from .secure_phase import SecureContext, SecurePhase, secure_strategy
+from .state import Progress
 
 __all__ = ["Coordinator", "CoordinatorError", "CoordinatorResult", "StateWriteError"]
 
@@ -88,7 +91,7 @@ class _Stop:
     pass
 
 
-class Coordinator(Phases, AsyncRounds, MessageIntake):
+class Coordinator:
     """``run()`` blocks (in the caller's thread) until the last round closed or :meth:`stop`."""
 
     def __init__(self, cfg: CoordinatorConfig, creds: Credentials, *, clock: Callable[[], float] = time.time,
@@ -101,19 +104,22 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         settings, self.derived = cfg.federation.resolve_async()
         cfg = dataclasses.replace(cfg, federation=cfg.federation.resolved())
         self.cfg, self.creds, self.clock = cfg, creds, clock
-        self.fs = cfg.federation
-        self.strategy = strategy or make_strategy(cfg.run.strategy, cfg.spec, cfg.run.train, cfg.options)
+        self.fs = fs = cfg.federation
+        strategy = strategy or make_strategy(cfg.run.strategy, cfg.spec, cfg.run.train, cfg.options)
         # [privacy] (coordinator.privacy): resolved for the population, the strategy made private
-        self.privacy, self.strategy = federation_privacy(cfg, self.strategy, settings.buffer)
-        self.secure_phase = SecurePhase(self)  # coordinator.secure_phase: secure rounds, when [privacy] asks
-        if self.secure_phase.enabled and self.privacy is None:  # secure rounds need data-independent positions too
-            self.strategy = secure_strategy(self.strategy)
-        self.budget_stop: str | None = None
+        self.privacy, strategy = federation_privacy(cfg, strategy, settings.buffer)
+        secure = bool(cfg.run.privacy.secure_aggregation)  # coordinator.secure_phase: secure rounds
+        if secure and self.privacy is None:  # secure rounds need data-independent positions too
+            strategy = secure_strategy(strategy)
+        # in force: the config's, plus what a calibration resolved (or private rounds set: public positions)
+        public = {"positions": "public"} if (self.privacy or secure) and "positions" in strategy.options_dict() \
+            else {}
+        self.progress = Progress(strategy, {**cfg.options, **public})
         self.topics = Topics(creds.federation)
-        self.limits = limits or WireLimits(max_blob_bytes=max(cfg.federation.max_update_bytes, 1 << 20))
-        self.events = ReceiveQueue(self.fs.queue_bytes, self.fs.queue_sender_bytes)
-        self.on_round, self.on_progress = on_round, on_progress
-        self.registry = DeviceRegistry(self.fs.stale_after_s)
+        self.limits = limits or WireLimits(max_blob_bytes=max(fs.max_update_bytes, 1 << 20))
+        self.events = ReceiveQueue(fs.queue_bytes, fs.queue_sender_bytes)
+        self.on_progress = on_progress
+        self.registry = DeviceRegistry(fs.stale_after_s)
         self.revoked = RevocationList(cfg.revoked_file)
         try:  # everything published is signed with the coordinator's key; a device is believed on its own key only
             self.signer = creds.signer()
@@ -124,28 +130,19 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         self.link = MqttLink(mqtt_connect_settings(creds), self._post, clean_session=False)
         self.wire = WireBytes()  # every byte of the connection, for the rounds' bytes up / down
         count_wire_bytes(self.link.client, self.wire.add)
-        self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, self.fs, self.counters, self.signer,
+        self.inbox = Inbox(self.link, self.topics, creds.username, self.limits, fs, self.counters, self.signer,
                            self.device_keys)
-        self.publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
-                                   self.fs.publish_timeout_s, lambda: self._stopping,
-                                   ModelFiles(cfg.models_dir) if cfg.models_dir is not None else None, self.signer)
-        self.deltas = DeltaChain(self.fs.delta_downloads, creds.federation, creds.username)  # thin links
-        self.history: list[dict[str, Any]] = []
-        self._stopping = self._done = self._connected_once = False
+        self.secure_phase = SecurePhase(SecureContext(cfg, creds, clock, self.registry, self.device_keys, self.inbox,
+                                                      self.link, self.topics, self.signer, self.limits,
+                                                      self.counters, self.privacy))
+        publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
+                              fs.publish_timeout_s, lambda: self._stopping,
+                              ModelFiles(cfg.models_dir) if cfg.models_dir is not None else None, self.signer)
+        deltas = DeltaChain(fs.delta_downloads, creds.federation, creds.username)  # thin links
+        self.publishing = Publishing(cfg, publisher, deltas, self.progress, self.privacy, self.secure_phase, clock)
+        self._stopping = self._connected_once = False
         self._fatal: str | None = None
-        self.done_round = 0
-        self.global_state: dict[str, torch.Tensor] = {}
-        self.model: ModelBlob | None = None
-        self.accepted_before: dict[int, set[str]] = {}  # recent closed rounds (duplicates vs late)
-        self._resumed = False
-        self._chunks = 0
-        # in force: the config's, plus what a calibration resolved (or private rounds set: public positions)
-        public = {"positions": "public"} if (self.privacy or self.secure_phase.enabled) and "positions" in \
-            self.strategy.options_dict() else {}
-        self.options: dict[str, Any] = {**cfg.options, **public}
-        self.calibration: Calibration | None = None
-        self._calibrated = False
-        self.journal_dir = cfg.state_dir / "journal"
+        self.calibration = CalibrationPhase(fs.calibration_s)
         try:  # 0700 whatever the umask: the journal holds every device's update; one coordinator only (flayer.files)
             private_dir(cfg.state_dir, "state_dir")
             self.state_lock = FolderLock(cfg.state_dir, "the coordinator's state_dir")
@@ -153,29 +150,55 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
             raise CoordinatorError(str(exc)) from None
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
         # Prometheus (coordinator.exporter): fed on this worker thread, served when metrics_port is set
-        self.exporter = FleetMetrics(creds.federation, cfg.run.strategy, self.fs.mode, self.fs.deadline_s,
-                                     self.fs.queue_bytes, self.fs.max_staleness if self.fs.mode == "async" else None)
-        self.metrics_server: MetricsServer | None = None
-        self.norms = NormHistory(self.fs.norm_auto, self.fs.norm_window, self.fs.norm_warmup)
-        self.quarantine = Quarantine(cfg.state_dir)
-        self.asynchronous = self.fs.mode == "async"  # buffered asynchronous rounds (coordinator.async_rounds)
-        self.window: VersionWindow | None = VersionWindow(self.fs.max_staleness) if self.asynchronous else None
-        self.slots = Slots(settings, cfg.run.seed, self.fs.deadline_s)  # a refusal frees no slot
-        self.pacer = PlanPacer(self.fs.buffer)
-        self.durations: list[float] = []  # the last rounds' lengths: the plan's close_by (coordinator.phases)
+        self.exporter = FleetMetrics(creds.federation, cfg.run.strategy, fs.mode, fs.deadline_s,
+                                     fs.queue_bytes, fs.staleness_bound if fs.mode == "async" else None)
+        self.endpoint = MetricsEndpoint(self.exporter, fs, cfg.metrics_token_file, cfg.state_dir)
+        self.asynchronous = fs.mode == "async"  # buffered asynchronous rounds (coordinator.async_rounds)
+        self.versions = AsyncVersions(settings, fs, cfg.run.rounds, cfg.run.seed, self.registry, self.online) \
+            if self.asynchronous else None
+        self.cycle = RoundCycle(cfg, creds.federation, creds.username, self.progress, clock=clock, limits=self.limits,
+                                topics=self.topics, signer=self.signer, inbox=self.inbox, publishing=self.publishing,
+                                calibration=self.calibration, secure=self.secure_phase, versions=self.versions, privacy=self.privacy,
+                                norms=NormHistory(fs.norm_auto, fs.norm_window, fs.norm_warmup),
+                                quarantine=Quarantine(cfg.state_dir), registry=self.registry,
+                                counters=self.counters, metrics=self.metrics, exporter=self.exporter, wire=self.wire,
+                                resubscribe=self._resubscribe, on_round=on_round, on_progress=on_progress)
+        self.intake = MessageIntake(self.inbox, self.revoked, self.registry, self.cycle, self.secure_phase,
+                                    self.calibration, self.versions, self.counters, clock, self._close, on_progress)
         if self.asynchronous:
             log.info("asynchronous rounds: buffer %d, max_staleness %d, concurrency %d%s", settings.buffer,
                      settings.max_staleness, settings.concurrency,
                      "".join(f"; {k} auto: {v}" for k, v in self.derived.items()))
 
+    # ---- what the parts hold, read by the callers (tests, the emulator) ---------------------------
     @property
     def open(self) -> OpenRound | None:
-        """The round in progress (the inbox counts refusals into its metrics)."""
-        return self.inbox.open
+        """The round in progress."""
+        return self.cycle.open
 
-    @open.setter
-    def open(self, rnd: OpenRound | None) -> None:
-        self.inbox.open = rnd
+    @property
+    def strategy(self) -> Strategy:
+        return self.progress.strategy
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.progress.options
+
+    @property
+    def done_round(self) -> int:
+        return self.progress.done_round
+
+    @property
+    def global_state(self) -> dict[str, torch.Tensor]:
+        return self.progress.global_state
+
+    @property
+    def model(self) -> ModelBlob | None:
+        return self.progress.model
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.progress.history
 
     def _post(self, event: Any) -> None:
         """paho's callbacks: enqueue only (a message over the queue's bounds is dropped and counted)."""
@@ -207,10 +230,10 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         written: the loop stops at once, nothing unjournaled acknowledged (module docstring)."""
         try:
             self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-            self._restore()
-            self._serve_metrics()  # coordinator.phases
-            extra = {"asynchronous": {**dataclasses.asdict(self.slots.settings), "auto": dict(self.derived)}} \
-                if self.asynchronous else {}
+            self.cycle.restore()
+            self.endpoint.start(self.done_round, self.clock())
+            extra = {"asynchronous": {**dataclasses.asdict(self.versions.slots.settings), "auto": dict(self.derived)}} \
+                if self.versions is not None else {}
             self.metrics.write(run_record("coordinator", self.clock(), self.cfg.run.strategy, self.cfg.run.rounds,
                                           None, federation=self.creds.federation, resumed_after=self.done_round,
                                           **extra))
@@ -218,7 +241,7 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
             raise StateWriteError.of(exc, self.cfg.state_dir) from exc
         self.link.start()
         try:
-            while not self._done and not self._stopping:
+            while not self.cycle.finished and not self._stopping:
                 self._handle(self._next_event())
                 if self._fatal:
                     raise CoordinatorError(self._fatal)
@@ -233,9 +256,10 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
             raise err from exc
         finally:
             self._shut_down()
-        assert self.model is not None
-        return CoordinatorResult(self.done_round, self.global_state, self.model.digest, self.history,
-                                 dict(self.counters), self._done, self._stopping and not self._done)
+        model = self.progress.current_model()
+        done = self.cycle.finished
+        return CoordinatorResult(self.done_round, self.global_state, model.digest, self.history,
+                                 dict(self.counters), done, self._stopping and not done)
 
     # ---- events -------------------------------------------------------------------------------
     def _next_event(self) -> Any:
@@ -252,7 +276,7 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         if rnd is None or rnd.timer is None:
             return now + 1.0
         if rnd.secure is not None and rnd.secure.stage != 3:
-            return rnd.secure.stage_end
+            return float(rnd.secure.stage_end)
         if self.asynchronous:  # a version closes at its buffer or its deadline, never at quorum + grace
             a = rnd.timer.announced  # (the last version may wait for announced uploads: coordinator.async_rounds)
             return min(rnd.timer.deadline, a.wake) if a is not None and a.wake is not None and a.wake > now \
@@ -261,7 +285,7 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
 
     def _handle(self, ev: Any) -> None:
         if isinstance(ev, Received):
-            self._on_message(ev)
+            self.intake.on_message(ev)
         elif isinstance(ev, Connected):
             if not ev.ok:
                 self._fatal = f"the broker refused the coordinator's connection ({ev.reason})"
@@ -270,7 +294,7 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
             self.link.subscribe([self.topics.all_updates(), self.topics.all_status(), self.topics.all_metrics(),
                                  *([self.topics.all_secagg()] if self.secure_phase.enabled else [])])
             if self._connected_once:
-                self._republish()
+                self.publishing.republish(self.open, self.calibration.current)
             elif self.open is None and 0 < self.done_round < self.cfg.run.rounds:
                 # resumed or extended (more rounds than were run): the plan retained from before may be the old
                 # run's final plan, which a finished device would take as the end; empty it until round n+1 opens,
@@ -281,105 +305,95 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         elif isinstance(ev, Disconnected):
             log.warning("disconnected from the broker (%s); paho reconnects", ev.reason)
 
-    # ---- rounds -------------------------------------------------------------------------------
+    def _resubscribe(self) -> None:
+        """After a round's close: the broker re-sends what is retained under update/ and metrics/ (cleared)."""
+        if self._connected_once:
+            self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
+
+    # ---- the round loop ------------------------------------------------------------------------
     def _tick(self) -> None:
         now = self.clock()
         rnd = self.open
         if rnd is None:
-            online = self._online(now)
-            if self.calibration is not None:
-                if self.calibration.complete(now):
-                    self._resolve_calibration()
-            elif self.done_round >= self.cfg.run.rounds:
-                self._finish()
-            elif len(online) >= self.fs.min_devices and not self._calibrated and self.strategy.needs_calibration():
-                self._open_calibration(online)
-            elif len(online) >= self.fs.min_devices or (self.asynchronous and self.done_round > 0):
-                r = self.done_round + 1
-                if self.asynchronous:
-                    self.slots.drop_offline(online, self._heard_offline(online))
-                    self.slots.fill(online, (), r, now)
-                    selected = sorted(self.slots.held)
-                else:
-                    pool = self.privacy.eligible(online, r) if self.privacy is not None else online
-                    if self.privacy is not None and self._schema_stop(len(pool), r):
-                        return
-                    selected = select_devices(pool, self.fs.quorum, self.fs.over_selection, self.cfg.run.seed, r)
-                if self._over_budget(r, selected):  # target_epsilon: the federation ends before the budget
-                    return
-                self.open = self._begin(r, selected)
-                self._open_round()
-            elif self.on_progress is not None:
-                self.on_progress("waiting", {"online": len(online), "needed": self.fs.min_devices})
+            self._between_rounds(now)
             return
         if rnd.timer is None:  # replayed from the journal: open it again
-            self._open_round()
+            self.cycle.start()
             return
-        if self.asynchronous:
-            self._tick_async(rnd, now)
+        if self.versions is not None:
+            closing = self.versions.tick(rnd, now, self.cycle.replan)
+            if closing is not None:
+                self._close(closing)
             return
         if rnd.secure is not None:  # keys, shares, unmasking (coordinator.secure_phase); in the masked inputs'
-            self.secure_phase.tick(rnd, now)  # stage: ended at once when too few of them can still come
+            closing = self.secure_phase.tick(rnd, now)  # stage: ended at once when too few of them can still come
+            if closing is not None:
+                self._close(closing)
             if rnd.secure.stage != 3 or self.open is not rnd:
                 return
         decision = rnd.timer.decide(len(rnd.accepted), now)
         if decision.action == "extend":
             log.warning("round %d: %s", rnd.number, decision.reason)
             rnd.timer.extend()
-            self._publish_plan()
+            self.publishing.publish_plan("train", rnd)
         elif decision.action == "close" and rnd.secure is not None:  # the masked inputs are in: unmask their sum
-            self.secure_phase.tick(rnd, now, decision.reason)
+            closing = self.secure_phase.tick(rnd, now, decision.reason)
+            if closing is not None:
+                self._close(closing)
         elif decision.action == "close":
-            self._close_round(decision.reason)
+            self._close(decision.reason)
 
-    def _online(self, now: float) -> list[str]:
+    def _between_rounds(self, now: float) -> None:
+        """No round open: the calibration, the end, or the next round."""
+        online = self.online(now)
+        cal = self.calibration
+        if cal.current is not None:
+            if cal.current.complete(now):
+                self.cycle.resolve_calibration()
+        elif self.done_round >= self.cfg.run.rounds:
+            self.cycle.finish()
+        elif len(online) >= self.fs.min_devices and cal.needed(self.strategy):
+            self.cycle.calibrate(online)
+        elif len(online) >= self.fs.min_devices or (self.versions is not None and self.done_round > 0):
+            r = self.done_round + 1
+            if self.versions is not None:
+                selected = self.versions.first(online, r, now)
+            else:  # the participation schema's pool (coordinator.privacy, rule 3a)
+                pool = self.privacy.eligible(online, r) if self.privacy is not None else online
+                if self.privacy is not None and self.cycle.schema_stop(len(pool), r):
+                    return
+                selected = select_devices(pool, self.fs.quorum, self.fs.over_selection, self.cfg.run.seed, r)
+            if self.cycle.over_budget(r, selected):  # target_epsilon: the federation ends before the budget
+                return
+            self.cycle.start(self.cycle.begin(r, selected))
+        elif self.on_progress is not None:
+            self.on_progress("waiting", {"online": len(online), "needed": self.fs.min_devices})
+
+    def _close(self, reason: str) -> None:
+        self.cycle.close(reason)
+        if self.versions is not None:
+            self._tick()  # the next version's buffer opens at once: updates keep arriving
+
+    def online(self, now: float) -> list[str]:
         """The devices online now, revoked ones and those a secure round proved faulty left out."""
         revoked = self.revoked.refresh()
         return [c for c in self.registry.online(now) if c not in revoked and c not in self.secure_phase.excluded]
 
-    def _close_round(self, reason: str) -> None:
-        rnd = self.open
-        assert rnd is not None
-        r = rnd.number
-        old_state, old_model = self.global_state, self.model
-        withheld = self.privacy.withheld(rnd.aggregate) if self.privacy is not None else None
-        if withheld is not None:  # a local-mode round short of min_updates past the target: nothing published
-            log.warning("round %d: %s", r, withheld)
-            rnd.aggregate.withhold()
-        self.global_state, left_out = rnd.close(self.quarantine)
-        if self.privacy is not None and withheld is None:  # rule 5 of coordinator.privacy: post-processing
-            self.global_state = self.privacy.step.apply(old_state, self.global_state)
-        if left_out:
-            self.counters["quarantined"] += len(left_out)
-        self.norms.add(rnd.norms, rnd.norm_clients)
-        # thin links: the delta from the previous model (lossy: the new model is its reconstruction)
-        self.global_state, self.model = self.deltas.advance(old_model, old_state, self.global_state, r + 1)
-        self.done_round = r
-        self.accepted_before = {k: v for k, v in self.accepted_before.items() if k >= r - 2}
-        self.accepted_before[r] = set(rnd.accepted)
-        # unfinished blobs are counted in this round's metrics (async: those still young enough stay)
-        self.inbox.round_closed(r, r + 1 - self.fs.max_staleness if self.asynchronous else None)
-        dp = self.privacy.close(rnd.aggregate) if self.privacy is not None else {}  # composed, then checkpointed
-        save_checkpoint(self.cfg.state_dir, Checkpoint(r, self.global_state, self.model.digest, self.identity(),
-                                                       dict(self.counters), dict(self.options), self.norms.norms,
-                                                       self._window_record(), self.norms.clients,
-                                                       self.privacy.state() if self.privacy is not None else {},
-                                                       dict(self.secure_phase.excluded)))
-        if self._connected_once:  # the broker re-sends what is retained under update/ and metrics/: cleared
-            self.link.subscribe([self.topics.all_updates(), self.topics.all_metrics()])
-        rnd.stats.wire_to = self.wire.snapshot()
-        record = {**rnd.stats.as_dict(self.clock(), reason, self.counters, rnd.accepted), **dp}
-        # the plan's close_by aims for quorum + grace: a round that waited for announced uploads counts to there
-        base = rnd.timer.quorum_at + rnd.timer.grace_s - rnd.timer.opened_at \
-            if rnd.timer is not None and rnd.timer.quorum_at is not None and not self.asynchronous else float("inf")
-        self.durations = [*self.durations[-4:], min(float(record["wall_s"]), base)]
-        self.metrics.write(record)
-        self.exporter.round_closed(record)  # the same record: the scrape and the file agree
-        self.history.append(record)
-        prune_journals(self.journal_dir, r, self.fs.keep_journals)
-        self.open = None
-        log.info("round %d closed (%s): %d accepted%s", r, reason, record["accepted"], closing_notes(record))
-        if self.on_round is not None:
-            self.on_round(record)
-        if self.asynchronous:
-            self._tick()  # the next version's buffer opens at once: updates keep arriving
+    def _shut_down(self) -> None:
+        """Close the journal and the metrics file (an I/O error here is logged: the loop is ending)."""
+        try:
+            if self.open is not None and self.open.journal is not None:
+                self.open.journal.close()
+            last = self.history[-1]["acc"] if self.history else None
+            dp = {} if self.privacy is None else {"epsilon": epsilon_value(self.privacy.epsilon()),
+                                                  "delta": self.privacy.delta, "budget_stop": self.cycle.budget_stop}
+            self.metrics.write(end_record("coordinator", self.clock(), self.done_round, self.cycle.finished, last,
+                                          counters=dict(self.counters), **dp))
+            self.metrics.close()
+        except OSError as exc:
+            log.error("closing the state files: %s", exc)
+        finally:
+            self.exporter.sync(self, force=True)  # the final values (one more scrape may follow)
+            self.endpoint.close(self.cycle.finished)
+            self.link.stop()
+            self.state_lock.release()  # another coordinator may take the folder now

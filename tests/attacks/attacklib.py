@@ -50,14 +50,14 @@ def brokerless_coordinator(cfg: Any, creds: Credentials, clock: Callable[[], flo
 
     plans: list[Any] = []
     c = Coordinator(cfg, creds, clock=clock, **kw)
-    setattr(c, "_publish_model", lambda round_: setattr(c, "_chunks", 1))  # noqa: B010 -- no broker
-    setattr(c, "_publish_plan", lambda phase="train": plans.append(c._plan(phase)))  # noqa: B010
-    setattr(c.publisher, "clear_old_models", lambda: 0)  # noqa: B010
-    setattr(c.publisher, "plan", lambda plan: plans.append(plan) or 0)  # noqa: B010
+    setattr(c.publishing, "model", lambda round_, rnd: setattr(c.publishing, "chunks", 1))  # noqa: B010 -- no broker
+    setattr(c.publishing, "publish_plan", lambda phase, rnd, cal=None: plans.append(c.publishing.plan(phase, rnd, cal)))  # noqa: B010
+    setattr(c.publishing.publisher, "clear_old_models", lambda: 0)  # noqa: B010
+    setattr(c.publishing.publisher, "plan", lambda plan: plans.append(plan) or 0)  # noqa: B010
     if drop_acks:
         setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
     c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    c._restore()
+    c.cycle.restore()
     if keys is not None:
         c.device_keys.keys = {d: k.public for d, k in keys.items()}
     return c, plans

@@ -88,7 +88,7 @@ def _run_round(tmp: Path, datas: list[Any], clipping: str, mode: str = "sync"
                 else:
                     acc[d.indices] += d.values.astype(np.float64)
             for k, chunk in enumerate(up.payloads):
-                c._on_message(Received(Topics("utest").update_chunk(dev, plan.round, k), chunk, False))
+                c.intake.on_message(Received(Topics("utest").update_chunk(dev, plan.round, k), chunk, False))
         now[0] += 1.0
         c._tick()  # every selected device uploaded, no grace: the round closes and the next model is published
         after = {k: v.clone() for k, v in c.global_state.items()}

@@ -43,7 +43,7 @@ def _status(c: Coordinator, device: str, label: str, now: float) -> None:
     key = KEYS.setdefault(device, SigningKey.generate())
     c.device_keys.keys[device] = key.public
     payload = encode_message(Status(0, "online", now, {"label": label}), FED, device, key=key)
-    c._on_message(Received(Topics(FED).status(device), payload, True))
+    c.intake.on_message(Received(Topics(FED).status(device), payload, True))
 
 
 def _online(c: Coordinator) -> dict[str, float]:

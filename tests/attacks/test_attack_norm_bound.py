@@ -55,7 +55,7 @@ def _send(c: Coordinator, dev: str, plan: Any, shapes: dict[str, tuple[int, ...]
               for k, s in sorted(shapes.items())}
     blob = encode_update(Update(deltas, 50), UpdateHeader(FED, plan.round, dev, plan.model_digest))
     for k, chunk in enumerate(chunk_blob(blob, Kind.UPDATE_CHUNK, FED, dev, plan.round, 100_000, key=KEYS[dev])):
-        c._on_message(Received(Topics(FED).update_chunk(dev, plan.round, k), chunk, False))
+        c.intake.on_message(Received(Topics(FED).update_chunk(dev, plan.round, k), chunk, False))
 
 
 @pytest.mark.parametrize("policy", ["reject", "clip"])

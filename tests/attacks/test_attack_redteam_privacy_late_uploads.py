@@ -73,7 +73,7 @@ def test_uploads_received_after_an_empty_close_are_in_the_coordinators_epsilon(t
         assert records and records[0]["round"] == 1 and records[0]["accepted"] == 0
         for dev, up in zip(DEVICES, uploads):  # they arrive now: the coordinator reads them, then refuses them
             for k, chunk in enumerate(up.payloads):
-                c._on_message(Received(Topics("utest").update_chunk(dev, plan.round, k), chunk, False))
+                c.intake.on_message(Received(Topics("utest").update_chunk(dev, plan.round, k), chunk, False))
         got = records[0]["epsilon_coordinator"]
         got = math.inf if got == "inf" else float(got)
         seen = epsilon_for([(rp.update_multiplier / math.sqrt(rp.contributions), 1.0, 1)], float(records[0]["delta"]))

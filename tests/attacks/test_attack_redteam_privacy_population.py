@@ -50,7 +50,7 @@ def test_no_private_plan_states_a_delta_of_one_over_the_devices_that_reported(tm
             assert delta < 1.0 / len(reported), (
                 f"round {p.round}'s plan states delta {delta} with {len(reported)} devices reporting: at delta >= "
                 f"1/N a mechanism that publishes one device's data whole satisfies the guarantee")
-        assert private or c.budget_stop, "the coordinator neither opened a round nor said why it stopped"
+        assert private or c.cycle.budget_stop, "the coordinator neither opened a round nor said why it stopped"
     finally:
         setattr(c, "_shut_down", lambda: None)  # noqa: B010
         c.metrics.close()

@@ -66,11 +66,11 @@ def test_every_sum_the_coordinator_unmasked_is_in_its_epsilon(monkeypatch: Any) 
         assert out.update is None and out.reason and "unmasked sum" in out.reason
         unmasked += 1  # the coordinator decoded this sum before refusing it
         rnd = SimpleNamespace(number=r, aggregate=agg, stats=SimpleNamespace(extra={}),
-                              secure=SimpleNamespace(server=SimpleNamespace(faulty={}), sent_bytes=0))
-        coord = SimpleNamespace(privacy=fp, counters={"secure_abandoned": 0}, fs=SimpleNamespace(norm_bound=None),
-                                cfg=SimpleNamespace(run=SimpleNamespace(privacy=s)))
-        coord._close_round = lambda reason, rnd=rnd: records.append(fp.close(rnd.aggregate))
-        SecurePhase(coord).close(rnd, out)
+                              secure=SimpleNamespace(server=SimpleNamespace(faulty={}, asked=True), sent_bytes=0))
+        ctx = SimpleNamespace(privacy=fp, counters={"secure_abandoned": 0},
+                              cfg=SimpleNamespace(run=SimpleNamespace(privacy=s), federation=SimpleNamespace(norm_bound=None, deadline_s=60.0)))
+        SecurePhase(ctx).close(rnd, out)  # type: ignore[arg-type]  # the reason the round closes with
+        records.append(fp.close(rnd.aggregate))  # the round's close composes its privacy
     seen = epsilon_for([(Z, 1.0, unmasked)], fp.delta)
     got = records[-1]["epsilon_coordinator"]
     got = float("inf") if got == "inf" else float(got)

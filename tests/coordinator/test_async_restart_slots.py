@@ -34,11 +34,12 @@ class _Offline:
         self.coord = Coordinator(cfg, CREDS, clock=lambda: self.now)
         self.plans: list[Any] = []
         c = self.coord
-        c._publish_model = lambda round_: setattr(c, "_chunks", 1)  # type: ignore[method-assign]
-        c._publish_plan = lambda phase="train": self.plans.append(c._plan(phase))  # type: ignore[method-assign]
-        c.publisher.clear_old_models = lambda: 0  # type: ignore[method-assign]
+        c.publishing.model = lambda round_, rnd: setattr(c.publishing, "chunks", 1)  # type: ignore[method-assign]
+        c.publishing.publish_plan = lambda phase, rnd, cal=None: self.plans.append(  # type: ignore[method-assign]
+            c.publishing.plan(phase, rnd, cal))
+        c.publishing.publisher.clear_old_models = lambda: 0  # type: ignore[method-assign]
         c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        c._restore()
+        c.cycle.restore()
 
     def online(self, *devices: str) -> None:
         for d in devices:
@@ -60,22 +61,22 @@ def test_a_restarted_coordinator_keeps_the_slots_of_its_last_plan(tmp_path: Path
     first = _Offline(cfg)
     first.online(*DEVICES)
     first.tick()  # version 1 opens: one slot
-    (holder,) = first.coord.slots.held
+    (holder,) = first.coord.versions.slots.held
     assert first.plans[-1].selected == (holder,)
     first.close()  # stopped (or killed) while the holder trains
 
     again = _Offline(cfg)
-    assert set(again.coord.slots.held) == {holder}  # from the journal's last plan
+    assert set(again.coord.versions.slots.held) == {holder}  # from the journal's last plan
     others = [d for d in DEVICES if d != holder]
     again.online(*others)  # the holder is busy training: its status has not come in yet
     again.tick()  # the replayed version opens again
     for _ in range(5):
         again.tick(2.0)
-    assert set(again.coord.slots.held) == {holder}
+    assert set(again.coord.versions.slots.held) == {holder}
     assert {p.selected for p in again.plans} == {(holder,)}  # nobody else was given a slot: one trains
     again.online(holder)
     again.tick(2.0)
-    assert set(again.coord.slots.held) == {holder}
+    assert set(again.coord.versions.slots.held) == {holder}
     again.close()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -124,15 +126,14 @@ def test_async_validate_checks_the_base_of_the_round_it_names_and_weights_stalen
 def test_close_by_follows_the_recent_rounds() -> None:
     from types import SimpleNamespace
 
-    from coordinator.phases import Phases
+    from coordinator.state import Progress
 
-    p = Phases()
-    p.durations, p.fs, p.open = [], SimpleNamespace(mode="sync", max_staleness=0), None
-    assert p._close_by(100.0, 160.0) == 0.0  # no history: devices use the deadline
+    p = Progress(None, {})  # type: ignore[arg-type]  # close_by reads the durations alone
+    fs: Any = SimpleNamespace(mode="sync", staleness_bound=0)
+    assert p.close_by(fs, 100.0, 160.0, False) == 0.0  # no history: devices use the deadline
     p.durations = [12.0, 10.0, 30.0]
-    assert p._close_by(100.0, 160.0) == 110.0  # the shortest recent round after the open (not the median, 12)
-    assert p._close_by(100.0, 105.0) == 105.0  # never past the deadline
-    p.fs = SimpleNamespace(mode="async", max_staleness=4)
-    assert p._close_by(100.0, 160.0) == 100.0 + 12.0 * 2  # two versions of the median length (ASYNC_AIM_VERSIONS)
-    p.open, p.cfg = SimpleNamespace(number=9), SimpleNamespace(run=SimpleNamespace(rounds=9))
-    assert p._close_by(100.0, 160.0) == 100.0 + 12.0  # the run's last version: its own close
+    assert p.close_by(fs, 100.0, 160.0, False) == 110.0  # the shortest recent round after the open (not the median, 12)
+    assert p.close_by(fs, 100.0, 105.0, False) == 105.0  # never past the deadline
+    fs = SimpleNamespace(mode="async", staleness_bound=4)
+    assert p.close_by(fs, 100.0, 160.0, False) == 100.0 + 12.0 * 2  # two versions of the median length (ASYNC_AIM_VERSIONS)
+    assert p.close_by(fs, 100.0, 160.0, True) == 100.0 + 12.0  # the run's last version: its own close

@@ -60,13 +60,13 @@ class _Offline:
         self.now, self.datas = 1000.0, datas
         self.plans: list[Any] = []
         self.coord = c = Coordinator(cfg, CREDS, clock=lambda: self.now)
-        setattr(c, "_publish_model", lambda round_: setattr(c, "_chunks", 1))  # noqa: B010 -- no broker
-        setattr(c, "_publish_plan", lambda phase="train": self._record(c._plan(phase)))  # noqa: B010
-        setattr(c.publisher, "clear_old_models", lambda: 0)  # noqa: B010
-        setattr(c.publisher, "plan", self._record)  # noqa: B010
+        setattr(c.publishing, "model", lambda round_, rnd: setattr(c.publishing, "chunks", 1))  # noqa: B010 -- no broker
+        setattr(c.publishing, "publish_plan", lambda phase, rnd, cal=None: self._record(c.publishing.plan(phase, rnd, cal)))  # noqa: B010
+        setattr(c.publishing.publisher, "clear_old_models", lambda: 0)  # noqa: B010
+        setattr(c.publishing.publisher, "plan", self._record)  # noqa: B010
         setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
         c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        c._restore()
+        c.cycle.restore()
         self.keys = {d: SigningKey.generate() for d in DEVICES}  # the devices' keys, as the broker's registry has them
         c.device_keys.keys = {d: k.public for d, k in self.keys.items()}
         for d in DEVICES:
@@ -99,7 +99,7 @@ class _Offline:
             self.states[dev] = up.state
             decoded.append(decode_update(up.blob, WireLimits(), dict(c.open.aggregate.shapes)).update)
             for k, payload in enumerate(up.payloads):
-                c._on_message(Received(Topics("utest").update_chunk(dev, plan.round, k), payload, False))
+                c.intake.on_message(Received(Topics("utest").update_chunk(dev, plan.round, k), payload, False))
         self.folded.append((plan.round, decoded))
         self.now += 1.0 if uploads is None else 61.0  # past the 60 s deadline
         c._tick()  # quorum (every selected device) and no grace: the round closes
@@ -155,7 +155,7 @@ def test_a_restarted_coordinator_reports_the_same_epsilon(tmp_path, datas):
     for _ in range(2):
         first.round()
     first.close()  # stopped after round 2
-    ckpt = load_checkpoint(split_dir / "coord", first.coord.identity())
+    ckpt = load_checkpoint(split_dir / "coord", first.coord.cycle.identity())
     assert ckpt is not None and ckpt.privacy["ledger"] == [[1.0, 1.0, 2]]
     again = _Offline(_config(split_dir, rounds=3), datas)
     assert again.coord.privacy.accounts.public.rounds == 2  # not forgotten
@@ -174,8 +174,8 @@ def test_target_epsilon_ends_the_federation_before_the_budget(tmp_path, datas):
     fed = _Offline(_config(tmp_path, rounds=8, target_epsilon=4.0), datas)
     for _ in range(expected + 1):
         fed.round()
-    assert fed.coord.done_round == expected and fed.coord._done
-    assert fed.coord.budget_stop is not None and f"round {expected + 1} would bring" in fed.coord.budget_stop
+    assert fed.coord.done_round == expected and fed.coord.cycle.finished
+    assert fed.coord.cycle.budget_stop is not None and f"round {expected + 1} would bring" in fed.coord.cycle.budget_stop
     assert fed.plans[-1].phase == "final"
     assert fed.coord.privacy.epsilon() <= 4.0
 
@@ -306,8 +306,8 @@ def test_the_participation_schema_selects_publicly_survives_a_restart_and_ends_t
     assert len(cohorts) >= 2 and len(cohorts[0]) == 2 and cohorts[0].isdisjoint(cohorts[-1]), cohorts
     assert first.plans[0].privacy["max_participations"] == 1 and first.plans[0].privacy["min_separation"] == 0
     again.round()
-    assert again.coord._done and again.coord.done_round == 2
-    assert again.coord.budget_stop is not None and "participation schema: round 3" in again.coord.budget_stop
+    assert again.coord.cycle.finished and again.coord.done_round == 2
+    assert again.coord.cycle.budget_stop is not None and "participation schema: round 3" in again.coord.cycle.budget_stop
     assert again.coord.privacy.accounts.public.rounds == 2
     assert again.coord.privacy.epsilon() == pytest.approx(epsilon_for([(1.0, 1.0, 1)], 0.05))
     again.close()

@@ -35,12 +35,12 @@ def _run(tmp: Path, private: bool) -> dict[str, Any]:
     (tmp / "federation.toml").write_text("\n".join(lines) + "\n")
     now = [1000.0]
     c = Coordinator(load_coordinator_config(tmp / "federation.toml"), CREDS, clock=lambda: now[0])
-    setattr(c, "_publish_model", lambda round_: setattr(c, "_chunks", 1))  # noqa: B010 -- no broker
-    setattr(c, "_publish_plan", lambda phase="train": 0)  # noqa: B010
-    setattr(c.publisher, "clear_old_models", lambda: 0)  # noqa: B010
+    setattr(c.publishing, "model", lambda round_, rnd: setattr(c.publishing, "chunks", 1))  # noqa: B010 -- no broker
+    setattr(c.publishing, "publish_plan", lambda phase, rnd, cal=None: 0)  # noqa: B010
+    setattr(c.publishing.publisher, "clear_old_models", lambda: 0)  # noqa: B010
     setattr(c.inbox, "ack", lambda *a, **k: None)  # noqa: B010
     c.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    c._restore()
+    c.cycle.restore()
     c.device_keys.path, c.device_keys.keys = None, {d: k.public for d, k in KEYS.items()}
     for d in DEVICES:
         c.registry.observe(d, Status(0, "online", now[0]), now[0])
@@ -53,7 +53,7 @@ def _run(tmp: Path, private: bool) -> dict[str, Any]:
         up = Update(deltas, 57, {"test_correct": 30.0, "test_total": 40.0, "train_loss": 0.7})
         blob = encode_update(up, UpdateHeader("utest", 1, dev, c.model.digest))
         for k, payload in enumerate(chunk_blob(blob, Kind.UPDATE_CHUNK, "utest", dev, 1, 1 << 20, key=KEYS[dev])):
-            c._on_message(Received(Topics("utest").update_chunk(dev, 1, k), payload, False))
+            c.intake.on_message(Received(Topics("utest").update_chunk(dev, 1, k), payload, False))
     now[0] += 1.0
     c._tick()
     setattr(c, "_shut_down", lambda: None)  # noqa: B010

@@ -66,7 +66,7 @@ def test_a_restarted_coordinator_resumes_the_velocity(tmp_path, datas):
     first.close()
     velocity = {k: v.copy() for k, v in first.coord.privacy.step.velocity.items()}
     assert velocity and any(np.abs(v).sum() > 0 for v in velocity.values())
-    ckpt = load_checkpoint(tmp_path / "coord", first.coord.identity())
+    ckpt = load_checkpoint(tmp_path / "coord", first.coord.cycle.identity())
     assert ckpt is not None and ckpt.privacy["server_step"]["momentum"] == 0.5
     again = _Offline(_config(tmp_path, rounds=3, server_lr=1.5, server_momentum=0.5), datas)
     restored = again.coord.privacy.step.velocity

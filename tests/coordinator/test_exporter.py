@@ -103,7 +103,7 @@ def _coordinator(statuses: dict[str, dict[str, Any]], selected: set[str], accept
     rnd = SimpleNamespace(number=4, selected=frozenset(selected), accepted=set(accepted),
                           ctx=SimpleNamespace(bounds=SimpleNamespace(norm_bound=bound)))
     return SimpleNamespace(counters=Counter(), events=SimpleNamespace(bytes=321), clock=lambda: 1001.0,
-                           open=rnd, registry=reg, _online=lambda now: reg.online(now))
+                           open=rnd, registry=reg, online=lambda now: reg.online(now))
 
 
 def test_devices_online_selected_and_reporting_are_counted_by_label() -> None:

@@ -47,7 +47,7 @@ def test_a_faulty_device_stays_out_after_a_restart(tmp_path: Path) -> None:
     again = _Offline(cfg)  # restarted from the same state folder
     assert again.coord.done_round == 1
     again.online(*DEVICES)  # the faulty device comes back online with the others
-    assert "dev-a" not in again.coord._online(again.now)
+    assert "dev-a" not in again.coord.online(again.now)
     _run_rounds(again, 3)
     selected = {d for p in again.plans for d in p.selected}
     assert selected and "dev-a" not in selected, selected

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -95,15 +96,17 @@ def test_the_coordinator_fits_the_round_to_the_selected_devices_reported_uplinks
     assert selected_rates(registry, ("d0", "d1", "d2", "d3", "d4")) == [10_000.0, 1_000_000.0]
     ladder = plain_ladder(lay, "fp32", "int8", False, "fed")
     assert len(ladder) == 3 and ladder[0] > ladder[1] > ladder[2] > lay.n
-    coord = SimpleNamespace(cfg=SimpleNamespace(run=SimpleNamespace(privacy=PrivacySettings(secure_aggregation=True))),
-                            fs=SimpleNamespace(value_codec="fp32", fit_lowest_codec="int8", compress=False,
-                                                  fit_min_keep=0.1),
-                            creds=SimpleNamespace(federation="fed"), registry=registry)
-    keep, budget = round_keep(coord, ("d0", "d1"), lay, 22, 1, 20.0)  # 10 kB/s for 10 s (20 s less a stage)
+    settings = PrivacySettings(secure_aggregation=True)
+    fs: Any = SimpleNamespace(value_codec="fp32", fit_lowest_codec="int8", compress=False, fit_min_keep=0.1)
+
+    def keep_of(selected: tuple[str, ...], seconds: float) -> tuple[float, int]:
+        return round_keep(settings, fs, "fed", registry, selected, lay, 22, 1, seconds)
+
+    keep, budget = keep_of(("d0", "d1"), 20.0)  # 10 kB/s for 10 s (20 s less a stage)
     assert budget == sf.secure_budget([10_000.0], 10.0)
     assert keep == sf.fitted_keep(lay.n, 22, 1, budget, ladder, 1.2, floor=0.1) and 0.1 < keep < 1
-    assert round_keep(coord, ("d0",), lay, 22, 1, 2.0)[0] == 0.1  # no time: a plain fit's least share, no less
-    assert round_keep(coord, ("d3", "d4"), lay, 22, 1, 20.0) == (1.0, 0)  # no rate known: today's round
+    assert keep_of(("d0",), 2.0)[0] == 0.1  # no time: a plain fit's least share, no less
+    assert keep_of(("d3", "d4"), 20.0) == (1.0, 0)  # no rate known: today's round
 
 
 def test_a_fitted_secure_round_sums_the_kept_positions_and_its_plan_round_trips():

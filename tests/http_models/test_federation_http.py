@@ -60,7 +60,7 @@ def _run(tmp: Path, fb: FedBroker, shards: list, name: str, models_url: str = ""
     clear_round_plan(fb.coordinator)  # the broker's retained final plan of the run before would end the devices
     coord = Coordinator(cfg, fb.coordinator)
     if files is not None:
-        coord.publisher.files = files(tmp / "models")
+        coord.publishing.publisher.files = files(tmp / "models")
     events: dict[str, list[tuple[str, dict]]] = {d: [] for d in DEVICES}
     wire: dict[str, Counter] = {d: Counter() for d in DEVICES}
     lock = threading.Lock()

@@ -82,7 +82,7 @@ def test_calibration_round(tmp_path: Path, digits, monkeypatch: pytest.MonkeyPat
             assert c.stored.extra.get("calibrated")  # the report was acknowledged
         from coordinator.checkpoint import load_checkpoint
 
-        ckpt = load_checkpoint(tmp_path / "coord", coord.identity())
+        ckpt = load_checkpoint(tmp_path / "coord", coord.cycle.identity())
         assert ckpt is not None and ckpt.options == {"boost": pytest.approx(expected)}
     finally:
         for c in clients:

@@ -51,10 +51,10 @@ def test_the_endpoint_agrees_with_metrics_jsonl_and_the_counters(tmp_path: Path,
         for e in edges:
             e.start()
         deadline = time.monotonic() + 60
-        while coord.metrics_server is None or coord.open is None:
+        while coord.endpoint.server is None or coord.open is None:
             assert time.monotonic() < deadline, "round 1 did not open"
             time.sleep(0.05)
-        url = coord.metrics_server.url
+        url = coord.endpoint.server.url
         assert url.startswith("http://127.0.0.1:")  # loopback by default, no token
         sent = [junk.link.publish(T.update_chunk("junk", 1, i), b"junk") for i in range(2)]
         sent.append(junk.link.publish(T.status("junk"), b"not a status"))
@@ -88,4 +88,4 @@ def test_the_endpoint_agrees_with_metrics_jsonl_and_the_counters(tmp_path: Path,
     assert lines[-1]["kind"] == "end" and lines[-1]["counters"] == result.counters
     assert value("flayer_devices_online", label="board-a") == 2  # synced once more at the end
     assert value("flayer_last_round_devices", result="accepted") == 2
-    assert coord.metrics_server is None  # closed with the run
+    assert coord.endpoint.server is None  # closed with the run

@@ -140,7 +140,7 @@ def test_wrong_password_is_refused(tmp_path: Path, fed: FedBroker, shards: list)
     from transport.link import MqttLink
 
     coord.link = MqttLink(mqtt_connect_settings(coord.creds), coord.events.put)
-    coord.publisher.link = coord.link
+    coord.publishing.publisher.link = coord.link
     with pytest.raises(CoordinatorError, match="refused"):
         coord.run()
 

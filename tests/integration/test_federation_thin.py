@@ -72,7 +72,7 @@ def _run(tmp: Path, fb: FedBroker, shards: list, mode: str, chain: type[DeltaCha
                            strategy="fedavg", rounds=3, dataset="digits", quorum=2, min_devices=2,
                            delta_downloads=mode)
     coord = Coordinator(load_coordinator_config(path), fb.coordinator)
-    coord.deltas = chain(mode, fb.coordinator.federation, fb.coordinator.username)
+    coord.publishing.deltas = chain(mode, fb.coordinator.federation, fb.coordinator.username)
     events: dict[str, list[tuple[str, dict]]] = {d: [] for d in DEVICES}
     lock = threading.Lock()
     clients = []
@@ -117,9 +117,9 @@ def test_devices_download_deltas_and_hold_the_published_models(tmp_path: Path, f
         retained = {m.topic.split("/")[3] for m in rec.drain(1.0) if m.payload and m.retain}
     finally:
         rec.close()
-    assert coord.deltas.blob is not None and coord.deltas.target == result.model_digest
-    assert retained == {result.model_digest, *(link.blob.digest for link in coord.deltas.links)}, retained
-    assert len(coord.deltas.links) == 3  # the deltas to rounds 2, 3 and the final model
+    assert coord.publishing.deltas.blob is not None and coord.publishing.deltas.target == result.model_digest
+    assert retained == {result.model_digest, *(link.blob.digest for link in coord.publishing.deltas.links)}, retained
+    assert len(coord.publishing.deltas.links) == 3  # the deltas to rounds 2, 3 and the final model
 
 
 @pytest.mark.parametrize("chain", [TamperedChain, MissingChain])
@@ -249,8 +249,8 @@ def test_a_round_that_folds_nothing_leaves_devices_a_bounded_fetch(tmp_path: Pat
         for c in clients:
             c.stop()
     assert result.history[1]["accepted"] == 0 and "deadline" in result.history[1]["closed"], result.history[1]
-    assert all(link.base != link.target for link in coord.deltas.links)
-    assert len(coord.deltas.links) == 2  # rounds 1 and 3 changed the model; round 2 added nothing
+    assert all(link.base != link.target for link in coord.publishing.deltas.links)
+    assert len(coord.publishing.deltas.links) == 2  # rounds 1 and 3 changed the model; round 2 added nothing
     for d, evs in events.items():
         assert [e[1]["round"] for e in evs if e[0] == "skipped"] == [2], evs
         fetches = [(kind, info) for kind, info in evs if kind in ("downloaded", "delta_step", "delta_refused")]
