@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 OUT ?= runs/demo-fleet
 
-.PHONY: demo test test-slow test-attacks test-all test-loaded docs bench apt-data apt-broker apt-browser apt-service apt-http apt-cluster clean-venv
+.PHONY: demo test typecheck test-slow test-attacks test-all test-loaded docs bench apt-data apt-broker apt-browser apt-service apt-http apt-cluster clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -79,9 +79,13 @@ demo: apt-data $(VENV)/.stamp-main
 # --durations=10: the ten slowest tests show in every run (and so in every CI log)
 WORKERS ?= auto
 TEST_DEPS := apt-data apt-broker apt-http apt-browser apt-service apt-cluster $(VENV)/.stamp-all
-test: $(TEST_DEPS) docs
+test: $(TEST_DEPS) docs typecheck
 	@$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; exit 1; fi; exit $$rc
+
+# the type checker over the coordinator and the engine (the settings: [tool.mypy] in pyproject.toml)
+typecheck: $(VENV)/.stamp-all
+	$(BIN)/python -m mypy coordinator flayer/engine
 
 # the tests kept out of the default run (-m slow: crash, failover, cluster, gateway and SIGTERM faults), in
 # parallel too; none collected (exit 5) is no failure here. A failed one runs once more: process kills on a

@@ -325,8 +325,8 @@ class _Handler(BoundedHandler):
     server: MetricsServer
 
     def setup(self) -> None:
-        self.timeout = self.server.request_timeout_s  # the socket's timeout: an idle connection frees its thread
         super().setup()
+        self.connection.settimeout(self.server.request_timeout_s)  # an idle connection frees its thread
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)

@@ -45,7 +45,7 @@ class RoundStats:
     selected: list[str] = field(default_factory=list)
     opened_at: float = 0.0
     received: int = 0
-    rejected: Counter = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
     bytes_in: int = 0
     bytes_out: int = 0
     model_bytes: int = 0

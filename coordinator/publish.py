@@ -104,7 +104,7 @@ class Publisher:
         self.live = None
         self.companions = set()
 
-    def _wait(self, infos: list, what: str) -> None:
+    def _wait(self, infos: list[Any], what: str) -> None:
         while not self.link.wait_published(infos, self.timeout_s, self.cancelled):
             if self.cancelled():
                 raise StopRequested(what)

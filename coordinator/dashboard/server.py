@@ -49,7 +49,7 @@ HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Refe
 
 
 def _asset(name: str) -> bytes:
-    return resources.files("coordinator.dashboard").joinpath("static", name).read_bytes()
+    return resources.files("coordinator.dashboard").joinpath("static").joinpath(name).read_bytes()
 
 
 class DashboardServer(BoundedHTTPServer):
@@ -88,8 +88,8 @@ class _Handler(BoundedHandler):
     protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
-        self.timeout = self.server.request_timeout_s  # an idle keep-alive or a stalled reader frees its thread
         super().setup()
+        self.connection.settimeout(self.server.request_timeout_s)  # an idle keep-alive or stalled reader: freed
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
