@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from flayer.privacy_config import PrivacySettings
 from flayer.engine.secure_fit import fitted_keep, secure_budget
 from flayer.engine.secure_layout import Layout, unflatten
+from flayer.privacy_config import PrivacySettings
 from protocol import UpdateHeader, UpdateOptions, encode_update
 from protocol.upload_cap import codec_ladder
 

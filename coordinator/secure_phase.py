@@ -29,9 +29,9 @@ from flayer.secagg import SecAggAbandoned
 from flayer.secagg.graph import round_failure
 from flayer.strategies.base import Strategy
 from protocol import Envelope, Kind, Metrics, SignatureError, Topics, WireError, check_topic, decode_envelope
+from protocol.limits import WireLimits
 from protocol.signing import SigningKey, advert_verifier, survivor_verifier
 from protocol.topics import ParsedTopic
-from protocol.limits import WireLimits
 from transport.credentials import Credentials
 from transport.link import MqttLink
 

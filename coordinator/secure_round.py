@@ -25,7 +25,7 @@ Driven by the coordinator's worker thread (its messages and ticks), over :class:
 A refused protocol message (out of stage, from a device not selected, forged, a second answer) changes
 nothing and is counted. A restarted coordinator never resumes a secure round: the devices' keys and shares
 lived in memory only, so a journaled secure round is abandoned and the next one starts with new keys
-(:mod:`coordinator.phases`).
+(:meth:`coordinator.cycle.RoundCycle.restore`).
 """
 
 from __future__ import annotations

@@ -178,26 +178,32 @@ class Coordinator:
 
     @property
     def strategy(self) -> Strategy:
+        """The strategy in force (a calibration may have resolved its options)."""
         return self.progress.strategy
 
     @property
     def options(self) -> dict[str, Any]:
+        """The strategy options in force, as the plans carry them."""
         return self.progress.options
 
     @property
     def done_round(self) -> int:
+        """The last closed round (0: none yet)."""
         return self.progress.done_round
 
     @property
     def global_state(self) -> dict[str, torch.Tensor]:
+        """The global model's tensors after the last closed round."""
         return self.progress.global_state
 
     @property
     def model(self) -> ModelBlob | None:
+        """The global model's blob and digest (None before the start-up)."""
         return self.progress.model
 
     @property
     def history(self) -> list[dict[str, Any]]:
+        """The closed rounds' records, as written to metrics.jsonl."""
         return self.progress.history
 
     def _post(self, event: Any) -> None:
