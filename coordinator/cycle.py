@@ -38,6 +38,7 @@ from .publishing import Publishing
 from .registry import DeviceRegistry
 from .result import CoordinatorError
 from .round_log import closing_notes
+from .rounds import select_devices
 from .secure_phase import SecurePhase
 from .state import Progress, identity
 
@@ -200,6 +201,14 @@ class RoundCycle:
         assert rnd is not None and rnd.journal is not None
         rnd.journal.append_plan(self._signed_plan(rnd))
         self.publishing.publish_plan("train", rnd)
+
+    def cohort(self, online: list[str], number: int) -> list[str] | None:
+        """Round ``number``'s devices (synchronous rounds): over-selected among those of ``online`` the participation
+        schema allows (coordinator.privacy, rule 3a); None: too few of them, the federation ended."""
+        pool = self.privacy.eligible(online, number) if self.privacy is not None else online
+        if self.privacy is not None and self.schema_stop(len(pool), number):
+            return None
+        return select_devices(pool, self.fs.quorum, self.fs.over_selection, self.cfg.run.seed, number)
 
     def schema_stop(self, eligible: int, number: int) -> bool:
         """Too few online devices the participation schema allows for round ``number`` (coordinator.privacy,

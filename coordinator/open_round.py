@@ -35,6 +35,7 @@ from .intake import IntakeContext, validate
 from .journal import Journal, JournalRecord, JournalReplay, journal_path, read_journal
 from .metrics import RoundStats
 from .rounds import Announcements, RoundTimer
+from .secure_round import SecureRound
 
 __all__ = ["OpenRound", "folded_in", "journaled_round", "journaled_selection"]
 
@@ -55,7 +56,7 @@ class OpenRound:
     norms: list[float] = field(default_factory=list)  # of the accepted updates
     norm_clients: list[str] = field(default_factory=list)  # ... whose each is (coordinator.guard, rule 4)
     on_fold: Callable[[str, int], None] | None = None  # (client, base round): asynchronous bookkeeping
-    secure: Any = None  # coordinator.secure_round.SecureRound: a secure round (its updates are masked inputs)
+    secure: SecureRound | None = None  # a secure round's protocol (its updates are masked inputs)
     evals: set[str] = field(default_factory=set)  # secure rounds: who reported its evaluation (Metrics)
 
     @classmethod

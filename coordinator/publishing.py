@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from flayer.engine.privacy import RoundPrivacy
 from protocol import Plan
 
 from .calibration import Calibration
@@ -59,7 +60,7 @@ class Publishing:
                                    delta_chain=self.deltas.chain_field(model.digest), close_by=close_by,
                                    privacy=self._plan_privacy(private), secure=self.secure.plan(rnd))
 
-    def _plan_privacy(self, private: Any) -> dict[str, Any]:
+    def _plan_privacy(self, private: RoundPrivacy | None) -> dict[str, Any]:
         """A private round's plan mapping: its parameters, the delta epsilon is counted at and the devices'
         budget, with which each device counts and enforces its own epsilon (edge_client.budget)."""
         if private is None or self.privacy is None:

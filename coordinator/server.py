@@ -78,7 +78,6 @@ from .receive import ReceiveQueue
 from .registry import DeviceRegistry
 from .result import CoordinatorError, CoordinatorResult, StateWriteError
 from .revocations import RevocationList
-from .rounds import select_devices
 from .secure_phase import SecureContext, SecurePhase, secure_strategy
 from .state import Progress
 
@@ -362,14 +361,9 @@ class Coordinator:
             self.cycle.calibrate(online)
         elif len(online) >= self.fs.min_devices or (self.versions is not None and self.done_round > 0):
             r = self.done_round + 1
-            if self.versions is not None:
-                selected = self.versions.first(online, r, now)
-            else:  # the participation schema's pool (coordinator.privacy, rule 3a)
-                pool = self.privacy.eligible(online, r) if self.privacy is not None else online
-                if self.privacy is not None and self.cycle.schema_stop(len(pool), r):
-                    return
-                selected = select_devices(pool, self.fs.quorum, self.fs.over_selection, self.cfg.run.seed, r)
-            if self.cycle.over_budget(r, selected):  # target_epsilon: the federation ends before the budget
+            selected = self.versions.first(online, r, now) if self.versions is not None \
+                else self.cycle.cohort(online, r)
+            if selected is None or self.cycle.over_budget(r, selected):  # the federation ended before the round
                 return
             self.cycle.start(self.cycle.begin(r, selected))
         elif self.on_progress is not None:
