@@ -1,11 +1,12 @@
 """The coordinator's secure rounds (``[privacy] secure_aggregation = true``; docs/explanation/secure-aggregation.md).
 
-A part of :class:`coordinator.server.Coordinator` (``secure_phase``, built from a :class:`SecureContext`): it opens a round's protocol beside the round
-(:class:`coordinator.secure_round.SecureRound`), takes the devices' protocol messages from ``secagg/<client>``,
-sends each device its own on ``secreq/<client>``, moves the stages on the worker thread's ticks, and at the
-end folds the unmasked sum -- the only update of a secure round the coordinator ever holds -- or abandons
-the round with the reason (the model stays; the federation goes on with the next round and new keys). It never
-closes a round itself: it returns the reason, and :class:`coordinator.cycle.RoundCycle` closes it.
+A part of :class:`coordinator.server.Coordinator` (``secure_phase``, built from a :class:`SecureContext`): it
+opens a round's protocol beside the round (:class:`coordinator.secure_round.SecureRound`), takes the devices'
+protocol messages from ``secagg/<client>``, sends each device its own on ``secreq/<client>``, moves the stages on
+the worker thread's ticks, and at the end folds the unmasked sum -- the only update of a secure round the
+coordinator ever holds -- or abandons the round with the reason (the model stays; the federation goes on with the
+next round and new keys). It never closes a round itself: it returns the reason, and the round loop closes it
+(:meth:`coordinator.cycle.RoundCycle.close`).
 """
 
 from __future__ import annotations

@@ -157,8 +157,8 @@ class Coordinator:
             if self.asynchronous else None
         self.cycle = RoundCycle(cfg, creds.federation, creds.username, self.progress, clock=clock, limits=self.limits,
                                 topics=self.topics, signer=self.signer, inbox=self.inbox, publishing=self.publishing,
-                                calibration=self.calibration, secure=self.secure_phase, versions=self.versions, privacy=self.privacy,
-                                norms=NormHistory(fs.norm_auto, fs.norm_window, fs.norm_warmup),
+                                calibration=self.calibration, secure=self.secure_phase, versions=self.versions,
+                                privacy=self.privacy, norms=NormHistory(fs.norm_auto, fs.norm_window, fs.norm_warmup),
                                 quarantine=Quarantine(cfg.state_dir), registry=self.registry,
                                 counters=self.counters, metrics=self.metrics, exporter=self.exporter, wire=self.wire,
                                 resubscribe=self._resubscribe, on_round=on_round, on_progress=on_progress)
