@@ -97,10 +97,12 @@ class SecurePhase:
         params = planned.params
         fed = c.creds.federation
         self.timing.new_round()
+        certs = c.device_certs.for_round() if getattr(c, "device_certs", None) is not None else None
+        keys = certs if certs is not None else c.device_keys  # each advert's certificate, or the key registry
         rnd.secure = SecureRound(planned, layout, c.clock() + self.timing.limit(1),
-                                 verify=survivor_verifier(c.device_keys, fed, rnd.number),
-                                 verify_advert=advert_verifier(c.device_keys, fed, rnd.number), timing=self.timing,
-                                 gone=lambda device: not c.registry.is_online(device, c.clock()))
+                                 verify=survivor_verifier(keys, fed, rnd.number),
+                                 verify_advert=advert_verifier(keys, fed, rnd.number), timing=self.timing,
+                                 gone=lambda device: not c.registry.is_online(device, c.clock()), certs=certs)
         rnd.stats.extra["secure_stage_limits"] = self.timing.limits()
         need = rnd.secure.needed
         fail = round_failure(len(selected), params.degree, params.threshold, need, planned.dropout)

@@ -59,6 +59,7 @@ from .calibration import Calibration
 from .checkpoint import Checkpoint, save_checkpoint
 from .config import CoordinatorConfig
 from .deltas import DeltaChain
+from .device_certs import DeviceCerts
 from .device_keys import DeviceKeys
 from .exporter import FleetMetrics, MetricsServer
 from .guard import NormHistory, Quarantine
@@ -120,6 +121,7 @@ class Coordinator(Phases, AsyncRounds, MessageIntake):
         except CredentialsError as exc:
             raise CoordinatorError(str(exc)) from None
         self.device_keys = DeviceKeys(creds.federation, cfg.keys_file, self.revoked.refresh)
+        self.device_certs = DeviceCerts(creds.federation, cfg.keys_file.parent if cfg.keys_file else None)
         self.counters: Counter[str] = Counter()
         self.link = MqttLink(mqtt_connect_settings(creds), self._post, clean_session=False)
         self.wire = WireBytes()  # every byte of the connection, for the rounds' bytes up / down

@@ -1,12 +1,12 @@
 """The other devices' keys, as the federation's authority certified them (:mod:`protocol.certs`).
 
 A device started from a kit pins the authority's public key (``authority.pub``) and holds its own certificate
-(``device.cert``), which it publishes retained on ``cert/<id>``; it reads every other device's certificate from
-``cert/+``. A neighbour's key adverts and survivor signatures (:mod:`flayer.secagg.signed_adverts`,
-:mod:`flayer.secagg.consistency`) are checked against the key of that neighbour's certificate: one the pinned
-authority signed, of this federation, with the highest serial seen for the device, and not on the revocation list.
-No file is copied between devices: a device added later is believed once its certificate arrives; a re-keyed
-device's new certificate (a higher serial) replaces the old one, which the revocation list names.
+(``device.cert``), which it carries in each of its key adverts (:mod:`flayer.secagg.signed_adverts`); nothing is
+published on, or read from, a certificate topic. A neighbour's key adverts and survivor signatures
+(:mod:`flayer.secagg.consistency`) are checked against the key of the certificate that round's key bundle (or unmask
+request) carried for it (:func:`round_keys`): one the pinned authority signed, of this federation and that device,
+and not on the newest revocation list held. No file is copied between devices: a device added later is believed
+from its first advert; a re-keyed device's new certificate is believed, its old one is on the revocation list.
 
 The revocation list arrives retained on ``revocations`` (only the admin user may publish there; it is signed, so any
 relay would do) and with each kit. The device keeps the highest version it has seen in its state folder
@@ -20,12 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from protocol import SignatureError, VerifyKey
-from protocol.certs import DeviceCert, Revocations, parse_cert, parse_revocations
+from protocol.certs import DeviceCert, Revocations, RoundCerts, parse_cert, parse_revocations
 
-__all__ = ["REVOCATIONS_FILE", "CertifiedKeys"]
+__all__ = ["REVOCATIONS_FILE", "CertifiedKeys", "round_keys"]
 
 log = logging.getLogger(__name__)
 REVOCATIONS_FILE = "revocations.json"
@@ -134,3 +136,14 @@ class CertifiedKeys:
         if revs is not None and revs.revokes(sender, cert.serial):
             raise SignatureError(f"certificate {cert.serial} of {sender!r} is revoked")
         return cert.key
+
+
+def round_keys(peers: Any) -> tuple[Any, bytes, Callable[[str, bytes], str | None] | None]:
+    """What one secure round checks the others' signatures with, the certificate this device carries in its advert,
+    and the check of each certificate the round's messages carry: a fresh :class:`protocol.certs.RoundCerts` over
+    the pinned authority and the newest revocation list held, for a device with a certificate; the registry
+    (``peers``, nothing carried, nothing to check) for one without."""
+    if not isinstance(peers, CertifiedKeys):
+        return peers, b"", None
+    keys = RoundCerts(peers.federation, peers.authority, lambda: peers.revocations)
+    return keys, peers.own.to_text().encode(), keys.admit

@@ -4,9 +4,12 @@ The plan's ``secure`` mapping names the round's public parameters (:func:`flayer
 A selected device:
 
 1. sends its ``KeyAdvert`` on ``secagg/<id>`` as soon as it has the plan (beside its download and training), its
-   keys toward each neighbour signed with its own key (:mod:`flayer.secagg.signed_adverts`);
-2. checks every entry of the ``KeyBundle`` it reads on ``secreq/<id>`` against its owner's certified key (an
-   entry its owner did not sign for this device: the coordinator lied, and the device refuses the round) and answers
+   keys toward each neighbour signed with its own key, its certificate from the federation's authority inside
+   (:mod:`flayer.secagg.signed_adverts`);
+2. checks every entry of the ``KeyBundle`` it reads on ``secreq/<id>``: the certificate it carries against the
+   pinned authority key and the newest revocation list held, then the owner's signature under that certificate's key
+   (:class:`protocol.certs.RoundCerts`; an entry that fails: the coordinator lied, and the device refuses the round)
+   and answers
    with its ``ShareBatch`` (its self-mask seed and mask key, Shamir-shared and sealed for each neighbour);
 3. once it has trained and holds the shares addressed to it, lays its upload out on the round's common
    positions, quantises it into the ring and masks it (:meth:`SecureSession.masked_blob`): that blob is its
@@ -14,8 +17,9 @@ A selected device:
 4. signs the whole survivor set the coordinator shows it (``ConsistencyRequest``), once, with its own key -- also
    when the set leaves it out (a witness: its keys, shares or masked input came late), which then sends nothing more;
 5. answers the ``UnmaskRequest`` with the shares it holds (one kind per neighbour: never both), and only when the
-   request carries T valid signatures of other devices over the set it signed, checked against the federation's
-   key registry (:mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
+   request carries T valid signatures of other devices over the set it signed, each checked under the certificate
+   the round's messages carried for its signer (or the federation's key registry on a device without a certificate:
+   :mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
 
 A private round is booked in the device's ledger before its masked input leaves, provisionally: final once it
 answers the unmask request (written before the answer leaves), taken back when it witnessed a set without itself or
@@ -63,6 +67,7 @@ from protocol.signing import advert_signer, advert_verifier, survivor_signer, su
 from . import booking
 from .budget import DeviceLedger
 from .download import Pending
+from .certified_keys import round_keys
 from .store import StoredState, UploadRecord
 from .work import plan_terms
 
@@ -197,10 +202,11 @@ class SecureRounds:
             return
         fed = self.creds.federation
         gamma = max(planned.corrupt_fraction, self.settings.secure_corrupt_fraction)
+        keys, own, admit = round_keys(self.peers)  # each certificate the round's messages carry (or the registry)
         consistency = DeviceConsistency(survivor_signer(self.signer, fed, plan.round, self.id),
-                                        survivor_verifier(self.peers, fed, plan.round), gamma,
+                                        survivor_verifier(keys, fed, plan.round), gamma,
                                         advert_signer(self.signer, fed, plan.round, self.id),
-                                        advert_verifier(self.peers, fed, plan.round))
+                                        advert_verifier(keys, fed, plan.round), own, admit)
         self._secure = SecureSession(planned, self.id, consistency)
         self._secure.privacy, self._secure.terms = dict(plan.privacy), terms
         self._secure_publish([self._secure.advert()], plan.round)
