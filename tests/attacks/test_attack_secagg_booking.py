@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,14 @@ class _GoesAway:
 
         self.creds, self.t, self.away_s, self.me = creds, Topics("itest"), away_s, creds.username
         self.rec = Recorder(creds, [self.t.round(), self.t.secreq(self.me)])
+        self.online, self.closed = True, threading.Event()
         self.status("online")
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _heartbeat(self) -> None:  # as a device does: a status every 2 s while it is online
+        while not self.closed.wait(2.0):
+            if self.online:
+                self.status("online")
 
     def status(self, state: str) -> None:
         from protocol import Status, encode_message
@@ -139,12 +147,15 @@ class _GoesAway:
         assert got is not None, "no key bundle came"
         self.send(plan.round, client.share_keys(decode_message(decode_envelope(got.payload).body)).to_bytes())
         time.sleep(0.5)
+        self.online = False
         self.status("offline")  # a signer that cannot come
         time.sleep(self.away_s)
+        self.online = True
         self.status("online")
         return plan.round
 
     def close(self) -> None:
+        self.closed.set()
         self.rec.close()
 
 
