@@ -210,10 +210,12 @@ class Phases:
                          self._chunks, phase)
         close_by = self._close_by(rnd.stats.opened_at, deadline) if rnd is not None and rnd.timer else 0.0
         private = rnd.aggregate.privacy if rnd is not None else None
-        return dataclasses.replace(plan, delta=self.deltas.plan_field(self.model.digest),  # thin links
+        plan = dataclasses.replace(plan, delta=self.deltas.plan_field(self.model.digest),  # thin links
                                    delta_chain=self.deltas.chain_field(self.model.digest), close_by=close_by,
                                    privacy=self._plan_privacy(private),
                                    secure=self.secure_phase.plan(rnd))
+        self.secure_phase.bind(rnd, plan)  # the secure round's transcript covers the plan the devices read
+        return plan
 
     def _plan_privacy(self, private: Any) -> dict[str, Any]:
         """A private round's plan mapping: its parameters, the delta epsilon is counted at and the devices'

@@ -22,6 +22,7 @@ from flayer.engine.secure_plan import failure_problem
 from flayer.secagg import SecAggAbandoned
 from flayer.secagg.graph import round_failure
 from protocol import Envelope, Kind, Metrics, SignatureError, WireError, check_topic, decode_envelope
+from protocol.plan_digest import plan_digest
 from protocol.signing import advert_verifier, survivor_verifier
 
 from .secure_fit import round_keep
@@ -124,6 +125,13 @@ class SecurePhase:
         while len(" ".join(void)) > VOID_CHARS:
             void = void[1:]
         return {**plan_secure(sec.planned), "void": " ".join(void)}
+
+    def bind(self, rnd: Any, plan: Any) -> None:
+        """Bind the open secure round's transcript to ``plan``, the round plan as the devices read it: every field
+        a device's input depends on (:mod:`protocol.plan_digest`). Called on each plan built, before it goes out."""
+        if rnd is not None and rnd.secure is not None and not rnd.secure.bind(plan_digest(plan)):
+            log.error("round %d: the plan published again differs from the first in a field the secure round binds; "
+                      "devices that read different ones verify nothing of each other", rnd.number)
 
     def on_message(self, client: str, parsed: Any, payload: bytes) -> None:
         """A device's protocol message: checked, handed to the round's protocol, stages moved on."""

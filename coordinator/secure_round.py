@@ -82,12 +82,25 @@ class SecureRound:
     certs: RoundCerts | None = None  # the adverts' certificates, checked on arrival (None: the key registry)
 
     def __post_init__(self) -> None:
-        c = self.certs
-        self.server = SecAggServer(self.planned.params, ServerConsistency(
-            self.verify, self.planned.corrupt_fraction, self.verify_advert, c.admit if c is not None else None,
-            c.cert_of if c is not None else None))
+        self.server = self._new_server()
         self.opened = self.stage_end - self._limit(1)
         self.stage_opened[1] = self.opened
+
+    def bind(self, plan: bytes) -> bool:
+        """Bind the round's transcript to ``plan``, the digest of the plan the devices read
+        (:func:`protocol.plan_digest.plan_digest`), once, before the plan goes out; False when it is bound to another
+        (a bound field changed on a re-publication: the devices that read each verify nothing of the others)."""
+        if self.planned.plan:
+            return self.planned.plan == plan
+        self.planned = self.planned.bind(plan)
+        self.server = self._new_server()
+        return True
+
+    def _new_server(self) -> SecAggServer:
+        c = self.certs
+        return SecAggServer(self.planned.params, ServerConsistency(
+            self.verify, self.planned.corrupt_fraction, self.verify_advert, c.admit if c is not None else None,
+            c.cert_of if c is not None else None))
 
     def _limit(self, stage: int) -> float:
         return self.timing.limit(stage) if self.timing is not None else self.planned.stage_s

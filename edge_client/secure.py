@@ -62,12 +62,13 @@ from protocol import (
     decode_envelope,
     encode_message,
 )
+from protocol.plan_digest import plan_digest
 from protocol.signing import advert_signer, advert_verifier, survivor_signer, survivor_verifier
 
 from . import booking
 from .budget import DeviceLedger
-from .download import Pending
 from .certified_keys import round_keys
+from .download import Pending
 from .store import StoredState, UploadRecord
 from .work import plan_terms
 
@@ -175,8 +176,8 @@ class SecureRounds:
         """A plan: open this device's session of a secure round it is selected for, and send its keys."""
         self._secure_void(plan)
         try:
-            planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected),
-                                       self.settings.secure_corrupt_fraction, plan.privacy)
+            planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected),  # bound to the whole plan
+                                       self.settings.secure_corrupt_fraction, plan.privacy, plan_digest(plan))
         except ValueError as exc:
             log.warning("%s: ignoring the plan's secure round: %s", self.id, exc)
             return
@@ -186,7 +187,7 @@ class SecureRounds:
             if cur is not None and (planned is None or cur.round != plan.round):
                 self._secure = None  # that round is over
             return
-        terms = plan_terms(plan.privacy, plan.secure)
+        terms = plan_terms(plan)
         if plan.round == self._secure_sat_out:
             return  # this round's terms changed under its session: this device sits it out
         if cur is not None and cur.session == planned.params.session:

@@ -117,6 +117,7 @@ class _GoesAway:
         from flayer.secagg import DeviceConsistency, KeyBundle, decode_message
         from protocol import decode_envelope
         from protocol import decode_message as decode_wire
+        from protocol.plan_digest import plan_digest
         from protocol.signing import advert_signer, survivor_signer
 
         def mine(m: Any) -> bool:
@@ -129,7 +130,7 @@ class _GoesAway:
         if msg is None:
             return None
         plan = decode_wire(msg.payload)[1]
-        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected))
+        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected), plan_digest=plan_digest(plan))
         assert planned is not None
         signer = self.creds.signer()
         cons = DeviceConsistency(survivor_signer(signer, "itest", plan.round, self.me), lambda *a: True, 0.0,

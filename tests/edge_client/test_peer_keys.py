@@ -13,7 +13,7 @@ from edge_client.certified_keys import CertifiedKeys
 from edge_client.peer_keys import PeerKeys, peer_keys_for
 from mqtt_broker import BrokerConfig, add_device, write_broker_files
 from mqtt_broker.kit import write_kit
-from protocol import SignatureError, SigningKey
+from protocol import Plan, SignatureError, SigningKey
 from protocol.signing import render_key_registry, survivor_signer, survivor_verifier
 from transport.credentials import Credentials
 from transport.kit import unpack_kit
@@ -81,7 +81,8 @@ def test_without_a_registry_a_device_takes_no_part_in_secure_rounds(tmp_path: Pa
     ids = tuple(f"dev-{i}" for i in range(4))
     planned = plan_round(PrivacySettings(secure_aggregation=True), "f1.1.ab", 1, ids,
                          layout_of(Update({"w": TensorDelta((4,), np.zeros(4, np.float32))}, 1)), 7, None, 1.0)
-    plan = SimpleNamespace(secure=plan_secure(planned), round=1, selected=ids, privacy={})
+    plan = Plan(round=1, selected=ids, deadline=0.0, strategy="fedavg", options={}, model={}, model_digest="0" * 64,
+                model_chunks=1, model_size=1, secure=plan_secure(planned))
     path = tmp_path / "signing_keys.json"
 
     class Device(SecureRounds):
