@@ -22,8 +22,9 @@ A selected device:
    :mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
 
 A private round is booked in the device's ledger before its masked input leaves, provisionally: final once it
-answers the unmask request (written before the answer leaves), taken back when it witnessed a set without itself or
-a later plan names the round abandoned before its unmasking (:mod:`edge_client.booking`).
+answers the unmask request (written before the answer leaves), taken back only when a later plan names the round
+abandoned before its unmasking (:mod:`edge_client.booking`). A device that witnessed a set without itself before its
+masked input left booked nothing; one whose masked input had left keeps the booking.
 
 Without a key registry (``signing_keys.json`` from its kit) a device can check none of the other devices' keys, so
 it takes no part in secure rounds: it sends no advert (it would refuse every bundle, and before this every unmask
@@ -233,9 +234,11 @@ class SecureRounds:
         except SecAggError as exc:
             log.warning("%s: secure round %d: refused a message: %s", self.id, sec.round, exc)
             return
-        if (sec.answered or sec.client.left_out) and booking.settle(self.stored.extra, sec.round, sec.session,
-                                                                    sec.answered):
-            self.store.save(self.stored)  # the booking made final (or taken back) on disk before the answer leaves
+        # final once it answers the unmasking; a witness keeps its booking: one that signed before its masked input
+        # left booked nothing (it sends nothing more), and once its input has left the coordinator may have shown
+        # the others a set holding it (edge_client.booking)
+        if sec.answered and booking.settle(self.stored.extra, sec.round, sec.session, True):
+            self.store.save(self.stored)  # the booking made final on disk before the answer leaves
         self._secure_publish(out, sec.round)
         self._secure_send_masked()
 

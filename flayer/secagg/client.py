@@ -294,8 +294,9 @@ class SecAggClient:
 
     @property
     def left_out(self) -> bool:
-        """This device signed a survivor set without itself: no honest holder reveals its self-mask seed's share
-        (every one that answers saw that set, :mod:`.consistency`), so its input, if sent, is in no sum."""
+        """This device signed a survivor set without itself: it sends no masked input after this. A masked input
+        sent before may still be in a sum -- the consistency round binds only the devices that answer the unmasking,
+        and the coordinator may have shown the others a set holding this device (edge_client.booking)."""
         return self._signed is not None and self.device not in self._signed
 
     def _check_consistent(self, request: UnmaskRequest) -> None:
