@@ -98,7 +98,7 @@ class SecurePhase:
         params = planned.params
         fed = c.creds.federation
         self.timing.new_round()
-        certs = c.device_certs.for_round() if getattr(c, "device_certs", None) is not None else None
+        certs = c.device_certs.for_round(c.device_keys) if getattr(c, "device_certs", None) is not None else None
         keys = certs if certs is not None else c.device_keys  # each advert's certificate, or the key registry
         rnd.secure = SecureRound(planned, layout, c.clock() + self.timing.limit(1),
                                  verify=survivor_verifier(keys, fed, rnd.number),
@@ -208,6 +208,8 @@ class SecurePhase:
             log.warning("round %d: secure round abandoned: %s; the model stays as it was", rnd.number, out.reason)
             if not rnd.secure.server.asked:  # no unmask request went out: no device's input can have been revealed
                 self.void = [*self.void, (rnd.number, rnd.secure.planned.params.session)][-VOID_KEPT:]
+                if self.coord.privacy is not None:  # the schema counts its selections toward no device's k
+                    self.coord.privacy.abandoned(rnd.number)
             self.coord.counters["secure_abandoned"] += 1
             private = rnd.aggregate.privacy
             if abandon_kind(out.reason) == "sum_check" and private is not None and self.coord.privacy is not None:
