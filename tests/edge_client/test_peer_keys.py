@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_client.certified_keys import CertifiedKeys
+from edge_client.certified_keys import CertifiedKeys, round_keys
 from edge_client.peer_keys import PeerKeys, peer_keys_for
 from mqtt_broker import BrokerConfig, add_device, write_broker_files
 from mqtt_broker.kit import write_kit
@@ -30,16 +30,18 @@ def test_a_kit_device_checks_the_others_signatures_through_their_certificates(tm
     assert not (toml.parent / "signing_keys.json").exists()  # no copy of the registry in a kit
     peers = peer_keys_for(creds, tmp_path / "dev-1-state")
     assert isinstance(peers, CertifiedKeys)
-    assert peers.offer_cert((state / "certs/dev-2.json").read_bytes()) is not None  # as cert/dev-2 brings it
+    keys, own, admit = round_keys(peers)  # one secure round's
+    assert own.strip() == (toml.parent / "device.cert").read_bytes().strip()  # its own, carried in its adverts
+    assert admit is not None and admit("dev-2", (state / "certs/dev-2.json").read_bytes()) is None  # as its advert
     other = Credentials.load(state / "credentials" / "dev-2.toml")
     assert other.registry == state / "signing_keys.json"  # in place, in the broker's state folder
     assert isinstance(peer_keys_for(other, tmp_path / "dev-2-state"), PeerKeys)  # no kit: the registry in place
     sig = survivor_signer(other.signer(), "f1", 3, "dev-2")(b"the set")
-    verify = survivor_verifier(peers, "f1", 3)
+    verify = survivor_verifier(keys, "f1", 3)
     assert verify("dev-2", b"the set", sig)
     assert not verify("dev-2", b"another set", sig)
     assert not verify("dev-2", b"the set", survivor_signer(SigningKey.generate(), "f1", 3, "dev-2")(b"the set"))
-    assert not survivor_verifier(peers, "f1", 4)("dev-2", b"the set", sig)  # another round
+    assert not survivor_verifier(keys, "f1", 4)("dev-2", b"the set", sig)  # another round
     assert not verify("dev-9", b"the set", sig)  # no such device in the registry
 
 
