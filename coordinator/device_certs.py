@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mqtt_broker.authority import AUTHORITY_PUB, REVOCATION_LIST
-from protocol import SignatureError, VerifyKey
+from protocol import SignatureError, Trust, VerifyKey
 from protocol.certs import MAX_CERT_BYTES, Revocations, RoundCerts, parse_revocations
 from protocol.topics import TopicError, validate_id
 
@@ -87,9 +87,42 @@ class DeviceCerts:
         except (OSError, TopicError, AssertionError):
             return None
 
-    def for_round(self) -> RoundCerts | None:
-        """A round's certificate checker (None: no authority in the broker folder, the key registry decides)."""
+    def for_round(self, registry: Trust | None = None) -> RoundCerts | None:
+        """A round's certificate checker (None: no authority in the broker folder, the key registry decides). With
+        ``registry``, a device the authority never certified (no ``certs/<device>.json``: its credentials were made
+        in the broker folder, with no kit) is checked against the key registry, as before certificates."""
         self.refresh()
         if self.authority is None:
             return None
-        return RoundCerts(self.federation, self.authority, self.revocations, self.lookup)
+        if registry is None:
+            return RoundCerts(self.federation, self.authority, self.revocations, self.lookup)
+        return UncertifiedByRegistry(self.federation, self.authority, self.revocations, self.lookup, registry)
+
+
+class UncertifiedByRegistry(RoundCerts):
+    """A round's certificates, and the key registry for the devices the authority never certified: a device whose
+    certificate the admin's tooling filed (it was given a kit) must carry it in its advert, one with none filed
+    (an emulated fleet, devices on the broker's machine) is believed under its registry key. A kit device checks
+    only certificates, so it refuses a round holding an uncertified neighbour: give every device of a federation
+    that mixes them a kit (docs/explanation/security.md)."""
+
+    def __init__(self, federation: str, authority: VerifyKey, revocations: Callable[[], Revocations | None],
+                 lookup: Callable[[str], bytes | None], registry: Trust) -> None:
+        super().__init__(federation, authority, revocations, lookup)
+        self.registry = registry
+        self._filed: dict[str, bool] = {}
+
+    def _uncertified(self, device: str) -> bool:
+        if device not in self._filed:
+            self._filed[device] = self.lookup is not None and bool(self.lookup(device))
+        return not self._filed[device]
+
+    def admit(self, device: str, raw: bytes) -> str | None:
+        if not raw and self._uncertified(device):
+            return None  # its key is the registry's (key_for)
+        return super().admit(device, raw)
+
+    def key_for(self, federation: str, sender: str) -> VerifyKey:
+        if self._uncertified(sender):
+            return self.registry.key_for(federation, sender)
+        return super().key_for(federation, sender)
