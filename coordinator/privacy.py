@@ -65,6 +65,7 @@ class FederationPrivacy:
     accounts: Accounts = field(default_factory=lambda: Accounts("central", False))
     z: float = 0.0  # the multiplier of the last closed round's sum
     taken: dict[str, list[int]] = field(default_factory=dict)  # the schema's history: device -> rounds selected
+    void: set[int] = field(default_factory=set)  # secure rounds abandoned before their unmasking (the plans' secure.void)
     step: ServerStep = field(default_factory=ServerStep)  # rule 5: the server step on the noised average
     _warned_population: bool = False
 
@@ -112,7 +113,7 @@ class FederationPrivacy:
         """Rule 3a: the devices of ``online`` the participation schema lets take part in round ``number``."""
         if not self.settings.schema.active:
             return online
-        return eligible(sorted(online), self.taken, self.settings.schema, number)
+        return eligible(sorted(online), self.taken, self.settings.schema, number, self.void)
 
     def schema_stop(self, eligible_online: int, needed: int, number: int) -> str | None:
         """Rule 3a: why the federation ends before round ``number`` (too few devices the schema allows), or None."""
@@ -130,6 +131,11 @@ class FederationPrivacy:
             if number not in rounds:
                 rounds.append(number)
                 rounds.sort()
+
+    def abandoned(self, number: int) -> None:
+        """Secure round ``number`` was abandoned before any unmask request went out (the next plans name it in
+        ``secure.void``): its cohort's selections no longer count toward max_participations (rule 3a)."""
+        self.void.add(int(number))
 
     def over_budget(self, number: int, asked: int) -> str | None:
         """Rule 2: why round ``number`` must not open, or None."""
@@ -206,6 +212,7 @@ class FederationPrivacy:
             out["server_step"] = self.step.state()
         if self.settings.schema.active:
             out["participations"] = {d: list(r) for d, r in sorted(self.taken.items())}
+            out["void_rounds"] = sorted(self.void)
         return out
 
     def restore(self, raw: Mapping[str, Any], rounds_done: int) -> None:
@@ -237,6 +244,11 @@ class FederationPrivacy:
                 for d, rs in taken.items()):
             raise PrivacyStateError("checkpoint: participations must map device ids to the rounds (1 .. the "
                                     "checkpoint's) they were selected in")
+        void = raw.get("void_rounds", [])
+        if not isinstance(void, list) or not all(isinstance(r, int) and not isinstance(r, bool)
+                                                 and 1 <= r <= rounds_done for r in void):
+            raise PrivacyStateError("checkpoint: void_rounds must list rounds (1 .. the checkpoint's) abandoned before "
+                                    "their unmasking")
         if self.settings.schema.active and rounds_done > 0 and "participations" not in raw:
             raise PrivacyStateError("checkpoint: written without a participation schema; the schema cannot be applied "
                                     "to rounds whose cohorts it does not hold (use another state_dir)")
@@ -246,7 +258,7 @@ class FederationPrivacy:
             raise PrivacyStateError(f"checkpoint: {exc}") from None
         accounts.most = self.settings.max_participations
         self.accounts, self.clip = accounts, float(clip)
-        self.taken = {d: sorted(set(rs)) for d, rs in taken.items()}
+        self.taken, self.void = {d: sorted(set(rs)) for d, rs in taken.items()}, set(void)
         log.info("privacy: resuming with %d rounds composed, epsilon %.4g at delta %.3g", accounts.public.rounds,
                  self.epsilon(), self.delta)
 

@@ -56,9 +56,11 @@ class Publishing:
         close_by = self.progress.close_by(self.fs, rnd.stats.opened_at, deadline, rnd.number >= self.cfg.run.rounds) \
             if rnd is not None and rnd.timer else 0.0
         private = rnd.aggregate.privacy if rnd is not None else None
-        return dataclasses.replace(plan, delta=self.deltas.plan_field(model.digest),  # thin links
+        plan = dataclasses.replace(plan, delta=self.deltas.plan_field(model.digest),  # thin links
                                    delta_chain=self.deltas.chain_field(model.digest), close_by=close_by,
                                    privacy=self._plan_privacy(private), secure=self.secure.plan(rnd))
+        self.secure.bind(rnd, plan)  # the secure round's transcript covers the plan the devices read
+        return plan
 
     def _plan_privacy(self, private: RoundPrivacy | None) -> dict[str, Any]:
         """A private round's plan mapping: its parameters, the delta epsilon is counted at and the devices'

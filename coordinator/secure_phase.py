@@ -29,14 +29,26 @@ from flayer.engine.secure_plan import failure_problem
 from flayer.secagg import SecAggAbandoned
 from flayer.secagg.graph import round_failure
 from flayer.strategies.base import Strategy
-from protocol import Envelope, Kind, Metrics, SignatureError, Topics, WireError, check_topic, decode_envelope
+from protocol import (
+    Envelope,
+    Kind,
+    Metrics,
+    Plan,
+    SignatureError,
+    Topics,
+    WireError,
+    check_topic,
+    decode_envelope,
+)
 from protocol.limits import WireLimits
+from protocol.plan_digest import plan_digest
 from protocol.signing import SigningKey, advert_verifier, survivor_verifier
 from protocol.topics import ParsedTopic
 from transport.credentials import Credentials
 from transport.link import MqttLink
 
 from .config import CoordinatorConfig
+from .device_certs import DeviceCerts
 from .device_keys import DeviceKeys
 from .inbox import Inbox
 from .open_round import OpenRound
@@ -82,6 +94,7 @@ class SecureContext:
     limits: WireLimits
     counters: Counter[str]
     privacy: FederationPrivacy | None
+    device_certs: DeviceCerts | None = None  # the adverts' certificates (None: the key registry alone)
 
 
 class SecurePhase:
@@ -138,10 +151,12 @@ class SecurePhase:
         params = planned.params
         fed = c.creds.federation
         self.timing.new_round()
+        certs = c.device_certs.for_round(c.device_keys) if c.device_certs is not None else None
+        keys = certs if certs is not None else c.device_keys  # each advert's certificate, or the key registry
         sec = rnd.secure = SecureRound(planned, layout, c.clock() + self.timing.limit(1),
-                                       verify=survivor_verifier(c.device_keys, fed, rnd.number),
-                                       verify_advert=advert_verifier(c.device_keys, fed, rnd.number),
-                                       timing=self.timing, gone=lambda device: not c.registry.is_online(device, c.clock()))
+                                       verify=survivor_verifier(keys, fed, rnd.number),
+                                       verify_advert=advert_verifier(keys, fed, rnd.number), timing=self.timing,
+                                       gone=lambda device: not c.registry.is_online(device, c.clock()), certs=certs)
         rnd.stats.extra["secure_stage_limits"] = self.timing.limits()
         need = sec.needed
         fail = round_failure(len(selected), params.degree, params.threshold, need, planned.dropout)
@@ -164,6 +179,13 @@ class SecurePhase:
         while len(" ".join(void)) > VOID_CHARS:
             void = void[1:]
         return {**plan_secure(sec.planned), "void": " ".join(void)}
+
+    def bind(self, rnd: OpenRound | None, plan: Plan) -> None:
+        """Bind the open secure round's transcript to ``plan``, the round plan as the devices read it: every field
+        a device's input depends on (:mod:`protocol.plan_digest`). Called on each plan built, before it goes out."""
+        if rnd is not None and rnd.secure is not None and not rnd.secure.bind(plan_digest(plan)):
+            log.error("round %d: the plan published again differs from the first in a field the secure round binds; "
+                      "devices that read different ones verify nothing of each other", rnd.number)
 
     def on_message(self, rnd: OpenRound | None, client: str, parsed: ParsedTopic, payload: bytes) -> str | None:
         """A device's protocol message: checked, handed to the round's protocol, stages moved on (returns the
@@ -245,6 +267,8 @@ class SecurePhase:
             log.warning("round %d: secure round abandoned: %s; the model stays as it was", rnd.number, out.reason)
             if not sec.server.asked:  # no unmask request went out: no device's input can have been revealed
                 self.void = [*self.void, (rnd.number, sec.planned.params.session)][-VOID_KEPT:]
+                if self.ctx.privacy is not None:  # the schema counts its selections toward no device's k
+                    self.ctx.privacy.abandoned(rnd.number)
             self.ctx.counters["secure_abandoned"] += 1
             private = rnd.aggregate.privacy
             if abandon_kind(out.reason) == "sum_check" and private is not None and self.ctx.privacy is not None:

@@ -50,6 +50,7 @@ from flayer.secagg import (
     decode_message,
 )
 from flayer.secagg.signed_adverts import AdvertSignatureError
+from protocol.certs import RoundCerts
 
 from .secure_timing import StageTiming
 
@@ -78,12 +79,28 @@ class SecureRound:
     asked: set[str] = field(default_factory=set)  # the devices sent the survivor set to sign
     stage_opened: dict[int, float] = field(default_factory=dict)  # stage -> when it opened
     refused: str | None = None  # why the round must not run (flayer.engine.secure_plan.failure_problem): ended at once
+    certs: RoundCerts | None = None  # the adverts' certificates, checked on arrival (None: the key registry)
 
     def __post_init__(self) -> None:
-        self.server = SecAggServer(self.planned.params, ServerConsistency(self.verify, self.planned.corrupt_fraction,
-                                                                          self.verify_advert))
+        self.server = self._new_server()
         self.opened = self.stage_end - self._limit(1)
         self.stage_opened[1] = self.opened
+
+    def bind(self, plan: bytes) -> bool:
+        """Bind the round's transcript to ``plan``, the digest of the plan the devices read
+        (:func:`protocol.plan_digest.plan_digest`), once, before the plan goes out; False when it is bound to another
+        (a bound field changed on a re-publication: the devices that read each verify nothing of the others)."""
+        if self.planned.plan:
+            return self.planned.plan == plan
+        self.planned = self.planned.bind(plan)
+        self.server = self._new_server()
+        return True
+
+    def _new_server(self) -> SecAggServer:
+        c = self.certs
+        return SecAggServer(self.planned.params, ServerConsistency(
+            self.verify, self.planned.corrupt_fraction, self.verify_advert, c.admit if c is not None else None,
+            c.cert_of if c is not None else None))
 
     def _limit(self, stage: int) -> float:
         return self.timing.limit(stage) if self.timing is not None else self.planned.stage_s
@@ -127,7 +144,7 @@ class SecureRound:
                 try:
                     self.server.receive_advert(msg)
                 except AdvertSignatureError as exc:  # its envelope verified under client's own key: its own word
-                    self.server.name_faulty(client, f"{client} signed its key advert falsely: {exc}")
+                    self.server.name_faulty(client, f"{client}'s key advert is refused: {exc}")
                     raise
             elif isinstance(msg, ShareBatch):
                 try:

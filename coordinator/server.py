@@ -29,8 +29,7 @@ Against a hostile device (docs/explanation/security-hostile-devices.md): a bound
 the aggregate non-finite (:mod:`coordinator.guard`), retained input ignored and cleared (the inbox).
 
 Prometheus metrics (``metrics_port``): :mod:`coordinator.exporter`, fed on this worker thread from the
-counters and the round records written to ``metrics.jsonl``; its HTTP server only reads the registry.
-
+counters and the round records in ``metrics.jsonl``; its HTTP server only reads the registry.
 The coordinator is a composition of parts, each owning its state and given what it needs in its constructor
 (docs/explanation/design.md, "The coordinator's parts"); this module wires them and runs the round loop.
 """
@@ -61,6 +60,7 @@ from .calibration import CalibrationPhase
 from .config import CoordinatorConfig
 from .cycle import RoundCycle
 from .deltas import DeltaChain
+from .device_certs import DeviceCerts
 from .device_keys import DeviceKeys
 from .exporter import FleetMetrics
 from .guard import NormHistory, Quarantine
@@ -124,7 +124,8 @@ class Coordinator:
             self.signer = creds.signer()
         except CredentialsError as exc:
             raise CoordinatorError(str(exc)) from None
-        self.device_keys = DeviceKeys(creds.federation, cfg.keys_file, self.revoked.refresh)
+        self.device_keys = DeviceKeys(creds.federation, cfg.keys_file, self.revoked.refresh)  # and their certificates:
+        self.device_certs = DeviceCerts(creds.federation, cfg.keys_file.parent if cfg.keys_file else None)
         self.counters: Counter[str] = Counter()
         self.link = MqttLink(mqtt_connect_settings(creds), self._post, clean_session=False)
         self.wire = WireBytes()  # every byte of the connection, for the rounds' bytes up / down
@@ -133,7 +134,7 @@ class Coordinator:
                            self.device_keys)
         self.secure_phase = SecurePhase(SecureContext(cfg, creds, clock, self.registry, self.device_keys, self.inbox,
                                                       self.link, self.topics, self.signer, self.limits,
-                                                      self.counters, self.privacy))
+                                                      self.counters, self.privacy, self.device_certs))
         publisher = Publisher(self.link, self.topics, creds.username, creds.max_payload, cfg.state_dir,
                               fs.publish_timeout_s, lambda: self._stopping,
                               ModelFiles(cfg.models_dir) if cfg.models_dir is not None else None, self.signer)

@@ -5,13 +5,14 @@ A device books a private secure round in its ledger (:mod:`edge_client.budget`) 
 marks that entry **provisional** in the same state file (``extra["dp_secure_pending"]``: round, session, z). It becomes
 final when the device answers the round's unmask request -- the point its input can be revealed in the sum -- and the
 state file saying so is written before the answer leaves. It is **taken back** (the ledger as if the round had not
-been booked) only
+been booked) only when a later plan names the round's session as abandoned before any unmask request went out (the
+plan's ``secure.void``: the sessions, space-separated; the coordinator's word).
 
-* when the device signs a survivor set that leaves it out (a witness: :attr:`flayer.secagg.SecAggClient.left_out`):
-  every honest holder that answers the unmasking saw that set and reveals no share of its self-mask seed, so its
-  input is in no sum; or
-* when a later plan names the round's session as abandoned before any unmask request went out (the plan's
-  ``secure.void``: the sessions, space-separated; the coordinator's word).
+A device that signs a survivor set leaving it out (a witness: :attr:`flayer.secagg.SecAggClient.left_out`) before its
+masked input left sends nothing more and has booked nothing. Once its masked input has left, such a set does **not**
+take the booking back: the consistency round binds only the devices that answer the unmasking, so the coordinator may
+show this device a set without it, show every other device the set with it (T signatures without this one) and
+unmask the sum with its input (its neighbours reveal shares of its self-mask seed).
 
 Anything else -- the device crashed or went offline after its masked input, the round was abandoned during the
 unmasking, or the device never heard -- keeps the booking: a ledger may count a round whose sum was not revealed,

@@ -1,12 +1,12 @@
 """The other devices' keys, as the federation's authority certified them (:mod:`protocol.certs`).
 
 A device started from a kit pins the authority's public key (``authority.pub``) and holds its own certificate
-(``device.cert``), which it publishes retained on ``cert/<id>``; it reads every other device's certificate from
-``cert/+``. A neighbour's key adverts and survivor signatures (:mod:`flayer.secagg.signed_adverts`,
-:mod:`flayer.secagg.consistency`) are checked against the key of that neighbour's certificate: one the pinned
-authority signed, of this federation, with the highest serial seen for the device, and not on the revocation list.
-No file is copied between devices: a device added later is believed once its certificate arrives; a re-keyed
-device's new certificate (a higher serial) replaces the old one, which the revocation list names.
+(``device.cert``), which it carries in each of its key adverts (:mod:`flayer.secagg.signed_adverts`); nothing is
+published on, or read from, a certificate topic. A neighbour's key adverts and survivor signatures
+(:mod:`flayer.secagg.consistency`) are checked against the key of the certificate that round's key bundle (or unmask
+request) carried for it (:func:`round_keys`): one the pinned authority signed, of this federation and that device,
+and not on the newest revocation list held. No file is copied between devices: a device added later is believed
+from its first advert; a re-keyed device's new certificate is believed, its old one is on the revocation list.
 
 The revocation list arrives retained on ``revocations`` (only the admin user may publish there; it is signed, so any
 relay would do) and with each kit. The device keeps the highest version it has seen in its state folder
@@ -20,27 +20,28 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from protocol import SignatureError, VerifyKey
-from protocol.certs import DeviceCert, Revocations, parse_cert, parse_revocations
+from protocol.certs import Revocations, RoundCerts, parse_cert, parse_revocations
 
-__all__ = ["REVOCATIONS_FILE", "CertifiedKeys"]
+__all__ = ["REVOCATIONS_FILE", "CertifiedKeys", "round_keys"]
 
 log = logging.getLogger(__name__)
 REVOCATIONS_FILE = "revocations.json"
-MAX_DEVICES = 1_000_000
 
 
 class CertifiedKeys:
-    """``key_for(federation, device)`` through certificates signed by the pinned ``authority`` (a
-    :class:`protocol.Trust`); ``state_dir`` keeps the highest revocation list seen."""
+    """The pinned ``authority``, this device's own certificate (``own``, carried in its adverts) and the highest
+    revocation list seen (kept in ``state_dir``): what each secure round's :class:`protocol.certs.RoundCerts` checks
+    the certificates its messages carry with (:func:`round_keys`)."""
 
     def __init__(self, federation: str, authority: VerifyKey, state_dir: Path, own: str | bytes,
                  kit_revocations: bytes | None = None) -> None:
         self.federation, self.authority, self.state_dir = federation, authority, Path(state_dir)
         self._lock = threading.Lock()
-        self.certs: dict[str, DeviceCert] = {}
         self.revocations: Revocations | None = None
         self.own = parse_cert(own, authority, federation)  # SignatureError: a kit whose certificate is not its own
         stored = self.state_dir / REVOCATIONS_FILE
@@ -54,32 +55,8 @@ class CertifiedKeys:
         if self.revocations is not None and self.revocations.revokes(self.own.device, self.own.serial):
             log.error("this device's own certificate (serial %d) is revoked: ask the admin for a new kit",
                       self.own.serial)
-        self.offer_cert(own)
 
     # ---- what arrives -----------------------------------------------------------------------------
-    def offer_cert(self, payload: str | bytes) -> DeviceCert | None:
-        """A certificate from ``cert/<id>`` (or the kit): kept when valid and newer; None (logged) otherwise."""
-        try:
-            cert = parse_cert(payload, self.authority, self.federation)
-        except SignatureError as exc:
-            log.warning("refused a device certificate: %s", exc)
-            return None
-        with self._lock:
-            if self.revocations is not None and self.revocations.revokes(cert.device, cert.serial):
-                log.warning("refused certificate %d of %s: the authority's revocation list (version %d) revokes it",
-                            cert.serial, cert.device, self.revocations.version)
-                return None
-            held = self.certs.get(cert.device)
-            if held is not None and held.serial >= cert.serial:
-                if held.serial > cert.serial:
-                    log.info("ignored certificate %d of %s: %d is newer", cert.serial, cert.device, held.serial)
-                return held
-            if held is None and len(self.certs) >= MAX_DEVICES:
-                log.warning("refused certificate of %s: %d devices known already", cert.device, len(self.certs))
-                return None
-            self.certs[cert.device] = cert
-        return cert
-
     def offer_revocations(self, payload: str | bytes) -> Revocations | None:
         """A revocation list: kept (and stored) when the authority signed it and its version is higher than any seen;
         a lower version is refused (a rollback), an equal one changes nothing. None when refused."""
@@ -98,12 +75,6 @@ class CertifiedKeys:
                 return held
             self.revocations = revs
             self._store(revs)
-            dropped = [d for d, c in self.certs.items() if revs.revokes(d, c.serial)]
-            for d in dropped:
-                del self.certs[d]
-        if dropped:
-            log.warning("revocation list version %d: certificates of %s no longer believed", revs.version,
-                        ", ".join(sorted(dropped)[:10]))
         return revs
 
     def _store(self, revs: Revocations) -> None:
@@ -122,15 +93,13 @@ class CertifiedKeys:
         """Always: the authority's key is pinned (the neighbours' certificates are checked as they are needed)."""
         return True
 
-    def key_for(self, federation: str, sender: str) -> VerifyKey:
-        if federation != self.federation:
-            raise SignatureError(f"signed for federation {federation!r}, not {self.federation!r}")
-        with self._lock:
-            cert = self.certs.get(sender)
-            revs = self.revocations
-        if cert is None:
-            raise SignatureError(f"no certificate of {sender!r} signed by this federation's authority (not a device "
-                                 "of the federation, revoked, or its certificate has not arrived)")
-        if revs is not None and revs.revokes(sender, cert.serial):
-            raise SignatureError(f"certificate {cert.serial} of {sender!r} is revoked")
-        return cert.key
+
+def round_keys(peers: Any) -> tuple[Any, bytes, Callable[[str, bytes], str | None] | None]:
+    """What one secure round checks the others' signatures with, the certificate this device carries in its advert,
+    and the check of each certificate the round's messages carry: a fresh :class:`protocol.certs.RoundCerts` over
+    the pinned authority and the newest revocation list held, for a device with a certificate; the registry
+    (``peers``, nothing carried, nothing to check) for one without."""
+    if not isinstance(peers, CertifiedKeys):
+        return peers, b"", None
+    keys = RoundCerts(peers.federation, peers.authority, lambda: peers.revocations)
+    return keys, peers.own.to_text().encode(), keys.admit

@@ -249,9 +249,8 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
                                 f"credentials file")
             self.link.subscribe([self.topics.round(), self.topics.ack(self.id),  # the retained plan comes again
                                  self.topics.secreq(self.id)])
-            if isinstance(self.peers, CertifiedKeys):  # the others' certificates and the authority's revocations
-                self.link.subscribe([self.topics.all_certs(), self.topics.revocations()])
-                self.link.publish(self.topics.cert(self.id), self.peers.own.to_text().encode(), retain=True)
+            if isinstance(self.peers, CertifiedKeys):  # the authority's revocations (certificates ride in adverts)
+                self.link.subscribe([self.topics.revocations()])
             if self._download is not None:  # resume: from the session's queue, or the missing chunks
                 self._download.resume(self.clock(), ev.session_present)
             self._heartbeat_at = 0.0
@@ -285,8 +284,6 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
                 _, ack = decode_message(ev.payload, self.limits, Kind.ACK, self.trust)
                 assert isinstance(ack, Ack)
                 self._on_ack(ack)
-            elif parsed.kind == "cert" and isinstance(self.peers, CertifiedKeys):
-                self.peers.offer_cert(ev.payload)  # checked against the kit's authority key (edge_client.certified_keys)
             elif parsed.kind == "revocations" and isinstance(self.peers, CertifiedKeys):
                 self.peers.offer_revocations(ev.payload)
             elif parsed.kind == "secreq" and parsed.client == self.id:

@@ -173,7 +173,7 @@ class Jobs:
                                   secure=bool(plan.secure))
         self._computed("train", t0, c0)
         if upload.update is not None:  # a secure round: masked and sent by the worker (edge_client.secure)
-            return replace(upload, trained_under=plan_terms(plan.privacy, plan.secure))
+            return replace(upload, trained_under=plan_terms(plan))
         self.store.save_upload(upload.blob)  # upload, then the state that names it: before publishing
         record = UploadRecord(plan.round, upload.digest, len(upload.blob))
         self._record_contribution(plan.privacy, False, plan.round)  # a private round: in its ledger, same file

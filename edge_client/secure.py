@@ -4,9 +4,12 @@ The plan's ``secure`` mapping names the round's public parameters (:func:`flayer
 A selected device:
 
 1. sends its ``KeyAdvert`` on ``secagg/<id>`` as soon as it has the plan (beside its download and training), its
-   keys toward each neighbour signed with its own key (:mod:`flayer.secagg.signed_adverts`);
-2. checks every entry of the ``KeyBundle`` it reads on ``secreq/<id>`` against its owner's certified key (an
-   entry its owner did not sign for this device: the coordinator lied, and the device refuses the round) and answers
+   keys toward each neighbour signed with its own key, its certificate from the federation's authority inside
+   (:mod:`flayer.secagg.signed_adverts`);
+2. checks every entry of the ``KeyBundle`` it reads on ``secreq/<id>``: the certificate it carries against the
+   pinned authority key and the newest revocation list held, then the owner's signature under that certificate's key
+   (:class:`protocol.certs.RoundCerts`; an entry that fails: the coordinator lied, and the device refuses the round)
+   and answers
    with its ``ShareBatch`` (its self-mask seed and mask key, Shamir-shared and sealed for each neighbour);
 3. once it has trained and holds the shares addressed to it, lays its upload out on the round's common
    positions, quantises it into the ring and masks it (:meth:`SecureSession.masked_blob`): that blob is its
@@ -14,12 +17,14 @@ A selected device:
 4. signs the whole survivor set the coordinator shows it (``ConsistencyRequest``), once, with its own key -- also
    when the set leaves it out (a witness: its keys, shares or masked input came late), which then sends nothing more;
 5. answers the ``UnmaskRequest`` with the shares it holds (one kind per neighbour: never both), and only when the
-   request carries T valid signatures of other devices over the set it signed, checked against the federation's
-   key registry (:mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
+   request carries T valid signatures of other devices over the set it signed, each checked under the certificate
+   the round's messages carried for its signer (or the federation's key registry on a device without a certificate:
+   :mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
 
 A private round is booked in the device's ledger before its masked input leaves, provisionally: final once it
-answers the unmask request (written before the answer leaves), taken back when it witnessed a set without itself or
-a later plan names the round abandoned before its unmasking (:mod:`edge_client.booking`).
+answers the unmask request (written before the answer leaves), taken back only when a later plan names the round
+abandoned before its unmasking (:mod:`edge_client.booking`). A device that witnessed a set without itself before its
+masked input left booked nothing; one whose masked input had left keeps the booking.
 
 Without a key registry (``signing_keys.json`` from its kit) a device can check none of the other devices' keys, so
 it takes no part in secure rounds: it sends no advert (it would refuse every bundle, and before this every unmask
@@ -58,10 +63,12 @@ from protocol import (
     decode_envelope,
     encode_message,
 )
+from protocol.plan_digest import plan_digest
 from protocol.signing import advert_signer, advert_verifier, survivor_signer, survivor_verifier
 
 from . import booking
 from .budget import DeviceLedger
+from .certified_keys import round_keys
 from .download import Pending
 from .store import StoredState, UploadRecord
 from .work import plan_terms
@@ -170,8 +177,8 @@ class SecureRounds:
         """A plan: open this device's session of a secure round it is selected for, and send its keys."""
         self._secure_void(plan)
         try:
-            planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected),
-                                       self.settings.secure_corrupt_fraction, plan.privacy)
+            planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected),  # bound to the whole plan
+                                       self.settings.secure_corrupt_fraction, plan.privacy, plan_digest(plan))
         except ValueError as exc:
             log.warning("%s: ignoring the plan's secure round: %s", self.id, exc)
             return
@@ -181,7 +188,7 @@ class SecureRounds:
             if cur is not None and (planned is None or cur.round != plan.round):
                 self._secure = None  # that round is over
             return
-        terms = plan_terms(plan.privacy, plan.secure)
+        terms = plan_terms(plan)
         if plan.round == self._secure_sat_out:
             return  # this round's terms changed under its session: this device sits it out
         if cur is not None and cur.session == planned.params.session:
@@ -197,10 +204,11 @@ class SecureRounds:
             return
         fed = self.creds.federation
         gamma = max(planned.corrupt_fraction, self.settings.secure_corrupt_fraction)
+        keys, own, admit = round_keys(self.peers)  # each certificate the round's messages carry (or the registry)
         consistency = DeviceConsistency(survivor_signer(self.signer, fed, plan.round, self.id),
-                                        survivor_verifier(self.peers, fed, plan.round), gamma,
+                                        survivor_verifier(keys, fed, plan.round), gamma,
                                         advert_signer(self.signer, fed, plan.round, self.id),
-                                        advert_verifier(self.peers, fed, plan.round))
+                                        advert_verifier(keys, fed, plan.round), own, admit)
         self._secure = SecureSession(planned, self.id, consistency)
         self._secure.privacy, self._secure.terms = dict(plan.privacy), terms
         self._secure_publish([self._secure.advert()], plan.round)
@@ -226,9 +234,11 @@ class SecureRounds:
         except SecAggError as exc:
             log.warning("%s: secure round %d: refused a message: %s", self.id, sec.round, exc)
             return
-        if (sec.answered or sec.client.left_out) and booking.settle(self.stored.extra, sec.round, sec.session,
-                                                                    sec.answered):
-            self.store.save(self.stored)  # the booking made final (or taken back) on disk before the answer leaves
+        # final once it answers the unmasking; a witness keeps its booking: one that signed before its masked input
+        # left booked nothing (it sends nothing more), and once its input has left the coordinator may have shown
+        # the others a set holding it (edge_client.booking)
+        if sec.answered and booking.settle(self.stored.extra, sec.round, sec.session, True):
+            self.store.save(self.stored)  # the booking made final on disk before the answer leaves
         self._secure_publish(out, sec.round)
         self._secure_send_masked()
 

@@ -17,7 +17,6 @@ trained nothing; measured on an H200: 0.36 accuracy after three rounds against 0
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -62,6 +61,7 @@ from protocol import (
     encode_message,
     encode_update,
 )
+from protocol.plan_digest import plan_digest
 
 from .budget import plan_noise_problem
 
@@ -132,11 +132,11 @@ class Upload:
     trained_under: str = ""  # a secure round: plan_terms() of the plan it was trained, clipped and noised under
 
 
-def plan_terms(privacy: Mapping[str, Any] | None, secure: Mapping[str, Any] | None) -> str:
-    """A digest of a plan's privacy and secure-round terms (canonical JSON): a secure session masks only an upload
-    trained under the very terms it was opened with (edge_client.secure)."""
-    body = json.dumps({"privacy": dict(privacy or {}), "secure": dict(secure or {})}, sort_keys=True, default=str)
-    return hashlib.sha256(body.encode()).hexdigest()
+def plan_terms(plan: Plan) -> str:
+    """The terms a secure session is opened under: the digest of every plan field a device's input depends on (all
+    but those a re-publication may change: :func:`protocol.plan_digest.plan_digest`). A secure session masks only
+    an upload trained under the very terms it was opened with (edge_client.secure)."""
+    return plan_digest(plan).hex()
 
 
 class EntryPointRefused(EdgeError):

@@ -8,7 +8,7 @@ A kit is a gzip'd tar (mode 0600) holding, with paths relative to the folder it 
     tls/client.crt       the device's client certificate and key (TLS only)
     tls/client.key
     device.cert          the device's certificate: the federation's authority vouches for its signing key
-                         (mqtt_broker.authority; the device publishes it retained on cert/<id> for the others)
+                         (mqtt_broker.authority; the device carries it in each of its secure-round key adverts)
     authority.pub        the authority's public key, pinned: the device believes another device's key only through
                          a certificate this key signed and the revocation list does not name
     revocations.json     the authority's signed revocation list when the kit was made (newer ones arrive over MQTT)

@@ -24,15 +24,15 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .signing import SignatureError, SignContext, SigningKey, VerifyKey
 from .topics import TopicError, validate_id
 
 __all__ = ["ALL_SERIALS", "AUTHORITY_SENDER", "CERT_PURPOSE", "MAX_CERT_BYTES", "MAX_REVOCATIONS",
-           "REVOCATIONS_PURPOSE", "DeviceCert", "Revocations", "issue_cert", "parse_cert", "parse_revocations",
-           "sign_revocations"]
+           "REVOCATIONS_PURPOSE", "DeviceCert", "Revocations", "RoundCerts", "issue_cert", "parse_cert",
+           "parse_revocations", "sign_revocations"]
 
 CERT_PURPOSE = "flayer:device-cert/v1"
 REVOCATIONS_PURPOSE = "flayer:revocations/v1"
@@ -200,3 +200,57 @@ def parse_revocations(text: str | bytes, authority: VerifyKey, federation: str) 
         raise SignatureError(f"revocation list version {revs.version} is not signed by this federation's "
                              "authority") from None
     return revs
+
+
+class RoundCerts:
+    """One secure round's device keys, each from the certificate that device's advert (or the request forwarding its
+    signature) carried: ``admit`` checks a certificate against the pinned ``authority``, the federation, the device
+    it is offered for and the current signed revocation list (``revocations``); ``key_for`` (a
+    :class:`~protocol.signing.Trust`) then answers that certificate's key, and nothing else. The first certificate
+    admitted for a device in the round stands. ``lookup``: where a certificate no message carried may be read (the
+    coordinator: the broker folder's ``certs/``), for a signer whose advert never came."""
+
+    def __init__(self, federation: str, authority: VerifyKey, revocations: Callable[[], Revocations | None],
+                 lookup: Callable[[str], bytes | None] | None = None) -> None:
+        self.federation, self.authority, self.revocations, self.lookup = federation, authority, revocations, lookup
+        self._certs: dict[str, tuple[DeviceCert, bytes]] = {}
+
+    def admit(self, device: str, raw: bytes) -> str | None:
+        """Why ``raw`` is not a valid certificate of ``device`` now, or None (its key is then believed)."""
+        if not raw:
+            return "it carries no certificate"
+        try:
+            cert = parse_cert(raw, self.authority, self.federation)
+        except SignatureError as exc:
+            return str(exc)
+        if cert.device != device:
+            return f"it carries the certificate of {cert.device!r}, not its own"
+        revs = self.revocations()
+        if revs is not None and revs.revokes(device, cert.serial):
+            return (f"its certificate (serial {cert.serial}) is revoked by the authority's revocation list "
+                    f"(version {revs.version})")
+        held = self._certs.get(device)
+        if held is not None and (held[0].serial, held[0].key.text) != (cert.serial, cert.key.text):
+            return f"another certificate of {device!r} (serial {held[0].serial}) stands in this round"
+        self._certs[device] = (cert, bytes(raw))
+        return None
+
+    def cert_of(self, device: str) -> bytes:
+        """The certificate admitted for ``device`` this round (or found by ``lookup``); empty when none."""
+        if device not in self._certs and self.lookup is not None:
+            raw = self.lookup(device)
+            if raw:
+                self.admit(device, raw)
+        held = self._certs.get(device)
+        return held[1] if held is not None else b""
+
+    def key_for(self, federation: str, sender: str) -> VerifyKey:
+        if federation != self.federation:
+            raise SignatureError(f"signed for federation {federation!r}, not {self.federation!r}")
+        if not self.cert_of(sender):
+            raise SignatureError(f"no valid certificate of {sender!r} reached this round")
+        cert = self._certs[sender][0]
+        revs = self.revocations()
+        if revs is not None and revs.revokes(sender, cert.serial):
+            raise SignatureError(f"certificate {cert.serial} of {sender!r} is revoked")
+        return cert.key

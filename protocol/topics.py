@@ -13,14 +13,14 @@ topic                                       written by                 read by
 ``metrics/<client>``                        that client                coordinator
 ``secagg/<client>``                         that client                coordinator
 ``secreq/<client>``                         coordinator                that client
-``cert/<client>``         (retained)        that client                devices, coordinator
 ``revocations``           (retained)        the admin user             devices, coordinator
 ==========================================  ========================  ================================
 
-``cert/<client>`` carries the client's device certificate (:mod:`protocol.certs`: the federation's authority
-vouches for its signing key) and ``revocations`` the authority's signed, versioned revocation list, which only the
-admin user (:data:`ADMIN_USER`, the admin's tooling ``flayer broker revoke|rekey``) may publish. Both are checked
-against the authority key a device's kit pins, so whoever relays them cannot forge them.
+``revocations`` carries the authority's signed, versioned revocation list, which only the admin user
+(:data:`ADMIN_USER`, the admin's tooling ``flayer broker revoke|rekey``) may publish; it is checked against the
+authority key a device's kit pins, so whoever relays it cannot forge it. A device's certificate
+(:mod:`protocol.certs`: the federation's authority vouches for its signing key) has no topic of its own: it rides in
+the device's secure-round key adverts on ``secagg/<client>`` and the coordinator relays it with them.
 
 ``secagg/<client>`` and ``secreq/<client>`` carry a secure round's protocol messages (keys, encrypted
 shares, unmasking: :mod:`flayer.secagg`): a device writes only its own ``secagg/`` and reads only its own
@@ -136,13 +136,6 @@ class Topics:
     def all_updates(self) -> str:
         return f"{self.prefix}/update/+/+/+"
 
-    def cert(self, client: str) -> str:
-        """Retained: ``client``'s device certificate (written by that client)."""
-        return f"{self.prefix}/cert/{validate_id(client, 'client id')}"
-
-    def all_certs(self) -> str:
-        return f"{self.prefix}/cert/+"
-
     def revocations(self) -> str:
         """Retained: the authority's signed revocation list (written by the admin user only)."""
         return f"{self.prefix}/revocations"
@@ -167,7 +160,7 @@ class Topics:
             if parts[0] == "update" and len(parts) == 4:
                 return ParsedTopic("update", client=validate_id(parts[1], "client id"), round=_nonneg(parts[2]),
                                    chunk=_nonneg(parts[3]))
-            if parts[0] in ("ack", "status", "metrics", "secagg", "secreq", "cert") and len(parts) == 2:
+            if parts[0] in ("ack", "status", "metrics", "secagg", "secreq") and len(parts) == 2:
                 return ParsedTopic(parts[0], client=validate_id(parts[1], "client id"))
         except ValueError as exc:
             raise TopicError(f"malformed topic {topic!r}: {exc}") from exc
@@ -217,8 +210,6 @@ def acl_rules(federation: str, coordinator_user: str,
         ("admin", "read", f"{p}/revocations"),
         ("device", "read", f"{p}/round"),
         ("device", "read", f"{p}/revocations"),
-        ("device", "read", f"{p}/cert/+"),
-        ("device", "write", f"{p}/cert/%u"),
         ("device", "read", f"{p}/model/#"),
         ("device", "read", f"{p}/ack/%u"),
         ("device", "read", f"{p}/secreq/%u"),

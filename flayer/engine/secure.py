@@ -248,7 +248,7 @@ def plan_round(s: PrivacySettings, session: str, round_: int, participants: tupl
     planned = PlannedSecure(params, layout.digest, adaptive, s.secure_stage_s if stage_s is None else stage_s, noise,
                             bound, value_range, corrupt_fraction(s), seed, value_bits, check_keep(keep),
                             float(s.secure_dropout))
-    return dataclasses.replace(planned, params=dataclasses.replace(params, context=planned.context()))
+    return planned.bind()
 
 
 def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads: Mapping[str, Update],
@@ -314,11 +314,17 @@ class PlannedSecure:
     value_bits: int = 16  # the resolution of one device's value: with the range and the cohort, the ring's width
     keep: float = 1.0  # the share of the common positions masked (flayer.engine.secure_fit: drawn from the run seed)
     dropout: float = 0.1  # the dropout rate k and t were chosen for (devices recompute k's floor from it)
+    plan: bytes = b""  # the round plan's other bound fields (protocol.plan_digest; b"": in process, one plan for all)
 
     def context(self) -> bytes:
         """The digest of this plan's facts beyond its protocol parameters (:func:`plan_context`)."""
-        return plan_context(self.layout, self.adaptive, self.noise_std, self.bound, self.value_range,
-                            self.corrupt_fraction, self.run_seed, self.value_bits, self.keep, self.dropout)
+        return plan_context(self.layout, self.adaptive, self.noise_std, self.bound, self.value_range, self.corrupt_fraction,
+                            self.run_seed, self.value_bits, self.keep, self.dropout, self.plan)
+
+    def bind(self, plan: bytes | None = None) -> PlannedSecure:
+        """This round, its transcript's context (:meth:`context`) bound to ``plan`` (None: the digest it holds)."""
+        out = self if plan is None else dataclasses.replace(self, plan=plan)
+        return dataclasses.replace(out, params=dataclasses.replace(out.params, context=out.context()))
 
     def fitted(self, update: Update) -> Update:
         """``update`` (on the round's common positions) cut to the round's kept ones."""
@@ -339,14 +345,15 @@ def csprng() -> KeystreamRandom:
 
 
 def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, ...],
-                     min_corrupt_fraction: float = 0.0, privacy: Mapping[str, Any] | None = None
-                     ) -> PlannedSecure | None:
+                     min_corrupt_fraction: float = 0.0, privacy: Mapping[str, Any] | None = None,
+                     plan_digest: bytes = b"") -> PlannedSecure | None:
     """A plan's secure round (None: not one); ValueError naming what is malformed or what this device refuses:
     a graph seed other than the one the run seed gives, a cohort, k or t below what this device computes itself
     from the cohort size, the plan's dropout and the colluding fraction (the plan's or ``min_corrupt_fraction``, the
     larger: :func:`flayer.engine.secure_plan.plan_floor_problem`, the coordinator's own rule), bounds that are not finite and positive, or -- with the plan's
     ``privacy`` in local mode (distributed DP: the devices' shares are the round's only noise) -- a noise share
-    below ``max(z, z_Delta) C / sqrt(t)``, the least that gives t shares the noise the device's ledger books."""
+    below ``max(z, z_Delta) C / sqrt(t)``, the least that gives t shares the noise the device's ledger books.
+    ``plan_digest``: the plan's other bound fields, in the transcript (:func:`protocol.plan_digest.plan_digest`)."""
     if not raw:
         return None
     try:
@@ -388,5 +395,5 @@ def secure_from_plan(raw: Mapping[str, Any], round_: int, selected: tuple[str, .
     check_noise(privacy, params.threshold, noise_std, params.length, ring.scale)
     planned = PlannedSecure(params, layout, adaptive, stage_s, noise_std, bound, value_range, gamma, run_seed,
                             value_bits, keep, dropout)
-    return dataclasses.replace(planned, params=dataclasses.replace(params, context=planned.context()))
+    return planned.bind(plan_digest)
 

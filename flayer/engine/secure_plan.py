@@ -5,8 +5,8 @@ calls it again on the plan it reads and refuses a plan below what it would have 
 (:func:`plan_floor_problem`): a cohort under :data:`MIN_COHORT` (or one where the survivor set could hold fewer
 than two honest inputs beside the colluders assumed), a k below the one the cohort size, the stated dropout and
 colluding fraction give, a t below the majority floor of the plan's k. :func:`plan_context` digests the plan's
-other public facts into the round's transcript (:attr:`flayer.secagg.SecAggParams.transcript`), which every
-signature and sealed share of the round covers.
+other public facts and the digest of the rest of the round plan into the round's transcript
+(:attr:`flayer.secagg.SecAggParams.transcript`), which every signature and sealed share of the round covers.
 """
 
 from __future__ import annotations
@@ -91,14 +91,20 @@ def plan_floor_problem(cohort: int, degree: int, threshold: int, dropout: float,
 
 
 def plan_context(layout: str, adaptive: bool, noise_std: float, bound: float | None, value_range: float | None,
-                 corrupt_fraction: float, run_seed: int | None, value_bits: int, keep: float, dropout: float) -> bytes:
+                 corrupt_fraction: float, run_seed: int | None, value_bits: int, keep: float, dropout: float,
+                 plan: bytes = b"") -> bytes:
     """SHA-256 over the plan's public facts beyond :class:`flayer.secagg.SecAggParams` (the layout digest and the keep
     fraction, the bounds, the noise share, the value resolution, the colluding fraction (T), the dropout, the run
-    seed): the same bytes on the coordinator and on every device that read the same plan."""
+    seed) and ``plan``, the digest of every other plan field a device's input depends on
+    (:func:`protocol.plan_digest.plan_digest`: the model and its digest, the strategy, its options, the training
+    settings, the seed, the privacy terms; empty in process, where every party holds one plan): the same bytes on the
+    coordinator and on every device that read the same plan."""
+    if not isinstance(plan, bytes) or len(plan) not in (0, 32):
+        raise ValueError("the plan digest must be empty or 32 bytes")
     h = hashlib.sha256(_DOMAIN + layout.encode("ascii", "replace") + bytes([bool(adaptive)]))
     for v in (noise_std, bound or 0.0, value_range or 0.0, corrupt_fraction, keep, dropout):
         h.update(_F64.pack(float(v)))
-    h.update(struct.pack("<qI", int(run_seed or 0), int(value_bits)))
+    h.update(struct.pack("<qI", int(run_seed or 0), int(value_bits)) + bytes([len(plan)]) + plan)
     return h.digest()
 
 

@@ -13,13 +13,16 @@ All three draw with :func:`draw`: ``k`` of a sorted pool without replacement.
 With a participation schema (``[privacy] max_participations`` k, ``min_separation`` b;
 :class:`flayer.privacy_config.ParticipationSchema`) the pool is first cut by :func:`eligible`: a device named
 in k earlier cohorts, or in one fewer than b rounds before, is not in it. The rule reads only the earlier plans'
-``selected`` lists (:func:`participations`), so anyone holding the plans can check every cohort against it.
+``selected`` lists (:func:`participations`) and the secure rounds a later plan names abandoned before their unmasking
+(``secure.void``: :func:`void_rounds`), so anyone holding the plans can check every cohort against it. A selection in
+such a void round revealed nothing of the device (no sum was unmasked, and the device's own ledger takes the round
+back, :mod:`edge_client.booking`): it does not count toward k, only toward the separation b.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -27,7 +30,7 @@ import numpy as np
 from flayer.privacy_config import ParticipationSchema
 from flayer.strategies.base import derive_seed
 
-__all__ = ["assign_slots", "draw", "eligible", "participations", "select_clients", "select_devices"]
+__all__ = ["assign_slots", "draw", "eligible", "participations", "select_clients", "select_devices", "void_rounds"]
 
 T = TypeVar("T")
 
@@ -51,11 +54,30 @@ def participations(cohorts: Iterable[tuple[int, Iterable[T]]]) -> dict[T, list[i
     return out
 
 
+def void_rounds(plans: Iterable[tuple[int, str | None, str | None]]) -> frozenset[int]:
+    """The rounds whose secure session a plan names abandoned before its unmasking, from ``(round, its secure
+    session or None, its secure.void)`` of each plan (``secure.void``: sessions, space-separated)."""
+    rounds: dict[str, int] = {}
+    named: set[str] = set()
+    for r, session, void in plans:
+        if session:
+            rounds[session] = r
+        named.update((void or "").split())
+    return frozenset(r for session, r in rounds.items() if session in named)
+
+
 def eligible(pool: Sequence[T], history: Mapping[T, Sequence[int]], schema: ParticipationSchema,
-             round_: int) -> list[T]:
+             round_: int, void: Collection[int] = frozenset()) -> list[T]:
     """The members of ``pool`` the schema lets take part in ``round_`` given ``history`` (:func:`participations`
-    of the earlier plans), in ``pool``'s order."""
-    return [d for d in pool if schema.refuses(tuple(history.get(d, ())), round_) is None]
+    of the earlier plans), in ``pool``'s order. A round in ``void`` (:func:`void_rounds`) counts toward the
+    separation, never toward max_participations."""
+    out = []
+    for d in pool:
+        taken = tuple(history.get(d, ()))
+        counted = sum(1 for r in taken if r not in void)
+        if schema.refuses_count(counted, taken[-1] if taken else None, round_) is None:
+            out.append(d)
+    return out
 
 
 def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int,

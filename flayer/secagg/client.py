@@ -110,7 +110,8 @@ class SecAggClient:
         p = self.params
         advert = KeyAdvert(p.round, self.device, self._c.public, self._s.public,
                            keys.commit_seed(self._b, p.session, p.round, self.device),
-                           tuple(self._pairs[v].public for v in near[1:]))
+                           tuple(self._pairs[v].public for v in near[1:]),
+                           cert=self._consistency.cert if self._consistency is not None else b"")
         signs = device_signs(self._consistency)
         return advert if signs is None else sign_advert(p, advert, signs[0])
 
@@ -128,7 +129,8 @@ class SecAggClient:
             raise self._refuse(f"key bundle is for {bundle.device} in round {bundle.round}")
         signs = device_signs(self._consistency)
         if signs is not None:  # keys their owner did not sign for this device: nothing is sealed under them
-            why = bundle_problem(p, me, bundle, signs[1])
+            admit = self._consistency.admit_cert if self._consistency is not None else None
+            why = bundle_problem(p, me, bundle, signs[1], admit)
             if why is not None:
                 raise self._refuse(why)
         neighbours = p.neighbours(me)
@@ -292,8 +294,9 @@ class SecAggClient:
 
     @property
     def left_out(self) -> bool:
-        """This device signed a survivor set without itself: no honest holder reveals its self-mask seed's share
-        (every one that answers saw that set, :mod:`.consistency`), so its input, if sent, is in no sum."""
+        """This device signed a survivor set without itself: it sends no masked input after this. A masked input
+        sent before may still be in a sum -- the consistency round binds only the devices that answer the unmasking,
+        and the coordinator may have shown the others a set holding this device (edge_client.booking)."""
         return self._signed is not None and self.device not in self._signed
 
     def _check_consistent(self, request: UnmaskRequest) -> None:
@@ -306,6 +309,9 @@ class SecAggClient:
         mine = (signed & p.neighbours(me)) | {me}
         if set(request.survivors) != mine or set(request.dropped) != self._partners - signed:
             raise self._refuse("the unmask request does not match the survivor set this device signed")
+        if cons.admit_cert is not None:  # the signers' certificates, checked against the authority here
+            for (signer, _), cert in zip(request.signatures, request.certs, strict=False):
+                cons.admit_cert(signer, cert)  # a refused one leaves its signature uncounted
         message = survivor_set_message(p.session, p.round, signed, p.transcript)
         good = count_valid(message, frozenset(p.participants), request.signatures, cons.verify)  # witnesses count
         good.add(me)

@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from .keys import check_session
 from .prg import Entropy
 
-__all__ = ["SIGNATURE_LEN", "DeviceConsistency", "LocalIdentities", "ServerConsistency", "consistency_threshold",
+__all__ = ["SIGNATURE_LEN", "AdmitCert", "DeviceConsistency", "LocalIdentities", "ServerConsistency", "consistency_threshold",
            "survivor_set_message"]
 
 SIGNATURE_LEN = 64  # Ed25519
@@ -48,6 +48,9 @@ _U32 = struct.Struct("<I")
 
 Sign = Callable[[bytes], bytes]  # this device's signature over the bytes (its long-term key)
 Verify = Callable[[str, bytes, bytes], bool]  # (device, data, signature): True when that device's key signed it
+# (device, its certificate from an advert or a request): why it is refused, or None -- the certificate's key is then
+# that device's key for the round's ``verify`` (protocol.certs.RoundCerts)
+AdmitCert = Callable[[str, bytes], "str | None"]
 
 
 def consistency_threshold(participants: int, corrupt_fraction: float = 0.0) -> int:
@@ -85,6 +88,8 @@ class DeviceConsistency:
     # the messages' own domains keep them apart; a real device binds another purpose: protocol.signing.advert_signer)
     sign_advert: Sign | None = None
     verify_advert: Verify | None = None
+    cert: bytes = b""  # this device's certificate, carried in its advert (empty: keys from a registry)
+    admit_cert: AdmitCert | None = None  # checks the neighbours' and signers' certificates (None: a registry)
 
     def __post_init__(self) -> None:
         if not 0 <= self.corrupt_fraction < 0.5:
@@ -99,6 +104,8 @@ class ServerConsistency:
     verify: Verify | None = None
     corrupt_fraction: float = 0.0
     verify_advert: Verify | None = None  # the key adverts' signatures (None: ``verify``; :mod:`.signed_adverts`)
+    admit_cert: AdmitCert | None = None  # each advert's certificate, checked on arrival (None: a registry)
+    cert_of: Callable[[str], bytes] | None = None  # a signer's certificate, forwarded with its survivor signature
 
     def __post_init__(self) -> None:
         if not 0 <= self.corrupt_fraction < 0.5:

@@ -12,13 +12,15 @@ validates every length, count and id before it allocates and names the field tha
 kind               direction            body
 =================  ===================  ==========================================================
 1 KeyAdvert        device -> server     id, c_pk, s_pk, b_commit, k - 1 pair keys,   ~ 130 + 96 k B
-                                        k signatures (u16 count, 64 B each)
-2 KeyBundle        server -> device     receiver id, count, (id, c_pk, s_pk,        ~ 170 k B
-                                        b_commit, 1 signature) each
+                                        k signatures (u16 count, 64 B each),
+                                        certificate (u16 length, ~283 B or 0)
+2 KeyBundle        server -> device     receiver id, count, (id, c_pk, s_pk,        ~ 455 k B
+                                        b_commit, 1 signature, certificate) each
 3 ShareBatch       both ways            id, count, u8 signed, (sender, receiver,    ~ 264 k B
                                         164 B sealed, 64 B sender's signature) each
 4 MaskedInput      device -> server     id, u8 width w, u32 n, n values of w bits   n w / 8 B
-5 UnmaskRequest    server -> device     id, u32 survivor count, survivors, dropped  ~ 20 k B
+5 UnmaskRequest    server -> device     id, u32 survivor count, survivors, dropped, ~ 20 k B
+                                        signatures, their signers' certificates     + 355 (T - 1) B
 6 UnmaskShares     device -> server     id, b shares (id, 68 B), s shares (id, 68 B) ~ 90 k B
 =================  ===================  ==========================================================
 """

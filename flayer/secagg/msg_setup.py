@@ -21,9 +21,10 @@ from .errors import SecAggError
 from .keys import COMMIT_LEN, KEY_LEN, NONCE_LEN, TAG_LEN
 from .shamir import SHARE_LEN
 
-__all__ = ["CIPHERTEXT_LEN", "EncryptedShare", "KeyAdvert", "KeyBundle", "ShareBatch", "ShareComplaint"]
+__all__ = ["CIPHERTEXT_LEN", "MAX_CERT_LEN", "EncryptedShare", "KeyAdvert", "KeyBundle", "ShareBatch", "ShareComplaint"]
 
 CIPHERTEXT_LEN = NONCE_LEN + 2 * SHARE_LEN + TAG_LEN  # nonce, share of b_u and of s_u, tag
+MAX_CERT_LEN = 4096  # a device certificate (protocol.certs.MAX_CERT_BYTES; about 280 B)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,11 @@ class KeyAdvert:
     coordinator puts in ``c_pk`` the sender's key toward the bundle's receiver and leaves ``pair_pks`` empty.
 
     ``signatures``: the sender's long-term signature toward each neighbour, sorted (:mod:`.signed_adverts`); in a key
-    bundle the one toward the bundle's receiver; empty in a round without long-term keys."""
+    bundle the one toward the bundle's receiver; empty in a round without long-term keys.
+
+    ``cert``: the sender's certificate from the federation's authority (:mod:`protocol.certs` text, about 280 B),
+    bound by each signature (:func:`~.signed_adverts.advert_message`) and relayed in each bundle entry, so every
+    receiver checks the key against the authority itself; empty where devices' keys come from a registry."""
 
     round: int
     device: str
@@ -45,10 +50,13 @@ class KeyAdvert:
     b_commit: bytes = bytes(COMMIT_LEN)
     pair_pks: tuple[bytes, ...] = ()
     signatures: tuple[bytes, ...] = field(default=(), repr=False)
+    cert: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
         check_round(self.round)
         check_id(self.device, "KeyAdvert device")
+        if not isinstance(self.cert, bytes) or len(self.cert) > MAX_CERT_LEN:
+            raise SecAggError(f"KeyAdvert cert: bytes of at most {MAX_CERT_LEN}")
         check_bytes(self.c_pk, KEY_LEN, "KeyAdvert c_pk")
         check_bytes(self.s_pk, KEY_LEN, "KeyAdvert s_pk")
         check_bytes(self.b_commit, COMMIT_LEN, "KeyAdvert b_commit")
@@ -66,7 +74,8 @@ class KeyAdvert:
     def _body(self) -> bytes:
         return (pack_id(self.device) + self.c_pk + self.s_pk + self.b_commit
                 + pack_u16(len(self.pair_pks), "pair keys") + b"".join(self.pair_pks)
-                + pack_u16(len(self.signatures), "signatures") + b"".join(self.signatures))
+                + pack_u16(len(self.signatures), "signatures") + b"".join(self.signatures)
+                + pack_u16(len(self.cert), "cert") + self.cert)
 
     def to_bytes(self) -> bytes:
         return header(1, self.round) + self._body()
@@ -79,7 +88,8 @@ class KeyAdvert:
         pairs = tuple(r.take(KEY_LEN, f"{what} pair key {i}") for i in range(r.count(f"{what} pair keys", MAX_ENTRIES)))
         sigs = tuple(r.take(SIGNATURE_LEN, f"{what} signature {i}")
                      for i in range(r.count(f"{what} signatures", MAX_ENTRIES)))
-        return cls(round_id, device, c_pk, s_pk, commit, pairs, sigs)
+        cert = r.take(r.count(f"{what} cert length", MAX_CERT_LEN), f"{what} cert")
+        return cls(round_id, device, c_pk, s_pk, commit, pairs, sigs, cert)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> KeyAdvert:

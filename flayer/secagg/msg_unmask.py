@@ -20,6 +20,7 @@ from ._wire import (
 )
 from .consistency import SIGNATURE_LEN
 from .errors import SecAggError
+from .msg_setup import MAX_CERT_LEN
 from .packing import pack_values, packed_size, unpack_values
 from .prg import MAX_LENGTH
 from .shamir import SHARE_LEN
@@ -99,7 +100,9 @@ class UnmaskRequest:
     """Stage 4, server -> device: which of its neighbours survived (sent y) and which dropped after stage 2.
 
     ``survivors`` includes the device itself; ``survivor_count`` is the size of the whole survivor set;
-    ``signatures`` the survivors' signatures over the survivor set (the consistency round: :mod:`.consistency`).
+    ``signatures`` the survivors' signatures over the survivor set (the consistency round: :mod:`.consistency`);
+    ``certs`` the signers' certificates from the federation's authority, in the signatures' order (the device checks
+    each against the authority itself; empty where devices' keys come from a registry).
     """
 
     round: int
@@ -108,10 +111,16 @@ class UnmaskRequest:
     survivors: tuple[str, ...]
     dropped: tuple[str, ...]
     signatures: tuple[tuple[str, bytes], ...] = ()
+    certs: tuple[bytes, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         check_round(self.round)
         check_id(self.device, "UnmaskRequest device")
+        object.__setattr__(self, "certs", tuple(self.certs))
+        if self.certs and len(self.certs) != len(self.signatures):
+            raise SecAggError("UnmaskRequest: certs are one per signature, or none")
+        if not all(isinstance(c, bytes) and len(c) <= MAX_CERT_LEN for c in self.certs):
+            raise SecAggError(f"UnmaskRequest cert: bytes of at most {MAX_CERT_LEN}")
         object.__setattr__(self, "survivors", tuple(self.survivors))
         object.__setattr__(self, "dropped", tuple(self.dropped))
         check_list(self.survivors, "UnmaskRequest survivors")
@@ -125,7 +134,8 @@ class UnmaskRequest:
         return (header(5, self.round) + pack_id(self.device) + pack_u32(self.survivor_count, "survivor_count")
                 + pack_u16(len(self.survivors), "survivors") + b"".join(pack_id(s) for s in self.survivors)
                 + pack_u16(len(self.dropped), "dropped") + b"".join(pack_id(d) for d in self.dropped)
-                + _pack_signatures(self.signatures))
+                + _pack_signatures(self.signatures) + pack_u16(len(self.certs), "certs")
+                + b"".join(pack_u16(len(c), "cert") + c for c in self.certs))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnmaskRequest:
@@ -135,8 +145,10 @@ class UnmaskRequest:
         dropped = tuple(r.device(f"dropped {i}") for i in range(r.count("dropped", MAX_ENTRIES)))
         sigs = tuple((r.device(f"signer {i}"), r.take(SIGNATURE_LEN, f"signature {i}"))
                      for i in range(r.count("signatures", MAX_SET)))
+        certs = tuple(r.take(r.count(f"cert {i} length", MAX_CERT_LEN), f"cert {i}")
+                      for i in range(r.count("certs", MAX_SET)))
         r.done()
-        return cls(round_id, device, count, survivors, dropped, sigs)
+        return cls(round_id, device, count, survivors, dropped, sigs, certs)
 
 
 @dataclass(frozen=True)

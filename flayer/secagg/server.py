@@ -235,12 +235,14 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         if device not in self._requests:
             near = self.params.neighbours(device)
             sigs: tuple[tuple[str, bytes], ...] = ()
+            certs: tuple[bytes, ...] = ()
             if self.consistency is not None:
                 others = sorted(set(self._signatures) - {device})[:self.signatures_needed]  # the device counts itself
                 sigs = tuple((s, self._signatures[s]) for s in others)
+                certs = tuple(map(self.consistency.cert_of, others)) if self.consistency.cert_of else ()
             self._requests[device] = UnmaskRequest(
                 self.params.round, device, len(self._masked),
-                tuple([device] + sorted(near & self.survivors)), tuple(sorted(near & self.dropped)), sigs)
+                tuple([device] + sorted(near & self.survivors)), tuple(sorted(near & self.dropped)), sigs, certs)
         return self._requests[device]
 
     def _check_connected(self) -> None:

@@ -29,12 +29,13 @@ purpose ``secagg:advert`` besides (:func:`protocol.signing.advert_signer`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import struct
 from collections.abc import Iterator
 
 from ._wire import pack_id
-from .consistency import SIGNATURE_LEN, DeviceConsistency, ServerConsistency, Sign, Verify
+from .consistency import SIGNATURE_LEN, AdmitCert, DeviceConsistency, ServerConsistency, Sign, Verify
 from .errors import SecAggError
 from .keys import check_session
 from .msg_setup import KeyAdvert, KeyBundle
@@ -53,12 +54,13 @@ class AdvertSignatureError(SecAggError):
 
 
 def advert_message(session: str, round_id: int, sender: str, receiver: str, channel_pk: bytes, s_pk: bytes,
-                   b_commit: bytes, transcript: bytes) -> bytes:
-    """The bytes ``sender`` signs for ``receiver``: domain, session, round, both ids, the three keys it relays and
-    the plan digest it acted on (:attr:`~flayer.secagg.params.SecAggParams.transcript`: the cohort, k, t, ...)."""
+                   b_commit: bytes, transcript: bytes, cert: bytes = b"") -> bytes:
+    """The bytes ``sender`` signs for ``receiver``: domain, session, round, both ids, the three keys it relays, the
+    plan digest it acted on (:attr:`~flayer.secagg.params.SecAggParams.transcript`: the cohort, k, t, ...) and,
+    when the advert carries the sender's certificate, its SHA-256 (the certificate is bound by the signature)."""
     raw = check_session(session).encode()
     return (ADVERT_DOMAIN + bytes([len(raw)]) + raw + _U32.pack(round_id) + pack_id(sender) + pack_id(receiver)
-            + channel_pk + s_pk + b_commit + bytes(transcript))
+            + channel_pk + s_pk + b_commit + bytes(transcript) + (hashlib.sha256(cert).digest() if cert else b""))
 
 
 def _entries(params: SecAggParams, advert: KeyAdvert) -> Iterator[tuple[str, bytes]]:
@@ -72,20 +74,29 @@ def sign_advert(params: SecAggParams, advert: KeyAdvert, sign: Sign) -> KeyAdver
     """``advert`` with its sender's signature toward each neighbour."""
     p = params
     sigs = tuple(bytes(sign(advert_message(p.session, p.round, advert.device, v, key, advert.s_pk, advert.b_commit,
-                                               p.transcript)))
+                                               p.transcript, advert.cert)))
                  for v, key in _entries(p, advert))
     return dataclasses.replace(advert, signatures=sigs)
 
 
-def bundle_problem(params: SecAggParams, device: str, bundle: KeyBundle, verify: Verify) -> str | None:
-    """Why ``device`` must refuse ``bundle`` (an entry not signed by its owner's registry key toward this device), or
-    None. ``verify`` holds the federation's registry: never keys the coordinator supplies."""
+def bundle_problem(params: SecAggParams, device: str, bundle: KeyBundle, verify: Verify,
+                   admit: AdmitCert | None = None) -> str | None:
+    """Why ``device`` must refuse ``bundle`` (an entry whose certificate ``admit`` refuses, or not signed by its
+    owner's key toward this device), or None. ``verify`` holds the keys of the certificates ``admit`` accepted (or the
+    federation's registry): never keys the coordinator supplies unchecked."""
     p = params
     for a in bundle.adverts:
+        why = admit(a.device, a.cert) if admit is not None else None
+        if why is not None:
+            return (f"the key bundle's entry for {a.device} carries no valid certificate of {a.device} ({why}): the "
+                    "coordinator checks each advert's certificate against the same authority and revocation list "
+                    "when it arrives, so it lied (or holds an older list than this device); this device refuses the "
+                    "round")
         if len(a.signatures) != 1 or len(a.signatures[0]) != SIGNATURE_LEN:
             return (f"the key bundle's entry for {a.device} carries no signature of {a.device}: the coordinator "
                     "relays keys their owner did not sign (it could read the shares sealed under them)")
-        message = advert_message(p.session, p.round, a.device, device, a.c_pk, a.s_pk, a.b_commit, p.transcript)
+        message = advert_message(p.session, p.round, a.device, device, a.c_pk, a.s_pk, a.b_commit, p.transcript,
+                                 a.cert)
         if not verify(a.device, message, a.signatures[0]):
             return (f"the key bundle's entry for {a.device} is not signed by {a.device}'s key as this device knows it "
                     "(its certificate from the federation's authority; keys swapped, or a signature replayed from "
@@ -128,6 +139,10 @@ class SignedAdvertStage:
                                        f"not one per neighbour ({near})")
         if len(advert.pair_pks) != near - 1:
             return  # no key for some signature: refused, its sender named, as malformed pair keys (_bad_keys)
+        admit = self.consistency.admit_cert if self.consistency is not None else None
+        why = admit(advert.device, advert.cert) if admit is not None else None
+        if why is not None:
+            raise AdvertSignatureError(f"key advert of {advert.device}: {why}; refused, as if it never came")
         if verify is None:
             return
         if not advert.signatures:
@@ -135,7 +150,7 @@ class SignedAdvertStage:
                               "signature toward each neighbour")
         for (v, key), sig in zip(_entries(p, advert), advert.signatures, strict=True):
             if not verify(advert.device, advert_message(p.session, p.round, advert.device, v, key, advert.s_pk,
-                                                        advert.b_commit, p.transcript), sig):
+                                                        advert.b_commit, p.transcript, advert.cert), sig):
                 raise AdvertSignatureError(f"key advert of {advert.device}: its signature toward {v} does not verify "
                                            f"under {advert.device}'s registry key; refused, as if it never came")
 

@@ -73,16 +73,11 @@ class KitFed:
     def creds(self, device: str) -> Credentials:
         return Credentials.load(self.kits[device] / "credentials.toml")
 
-    def announce(self, device: str) -> None:
-        """What an honest device does when it connects with its kit: its certificate, retained on cert/<id>."""
-        cert = self.kits[device] / "device.cert"
-        if not cert.exists():  # a kit without a certificate: nothing to announce
-            return
-        rec = Recorder(self.creds(device))
-        try:
-            assert rec.link.wait_published([rec.link.publish(T.cert(device), cert.read_bytes(), retain=True)], 5)
-        finally:
-            rec.close()
+    def cert(self, device: str) -> bytes:
+        """The certificate ``device``'s kit holds (empty: a kit without one); an honest device carries it in its
+        key adverts."""
+        path = self.kits[device] / "device.cert"
+        return path.read_bytes() if path.exists() else b""
 
     def admin(self, *args: str) -> int:
         """The admin's command line on the broker's machine: ``flayer broker ARGS --state-dir STATE``."""
@@ -93,7 +88,6 @@ class KitFed:
     def renew(self, device: str) -> None:
         """The device restarted from the new kit beside the old one, in the same folder."""
         self.kits[device] = unpack_kit(self.tmp / f"machine-{device}" / f"{device}.tar.gz").parent
-        self.announce(device)
 
     def restart_victim(self, shard: Any) -> EdgeClient:
         assert self.victim is not None
@@ -110,10 +104,12 @@ class KitFed:
         return self.victim
 
     def victim_shares(self, round_: int, cohort: tuple[str, ...], keys: dict[str, SigningKey],
-                      wait_s: float = 6.0) -> bool:
+                      wait_s: float = 6.0, certs: dict[str, bytes] | None = None) -> bool:
         """The adversarial coordinator's round: a secure plan naming ``cohort``, the victim's advert, the others'
-        adverts signed with ``keys`` (their owners' keys, or the ones the adversary holds), the victim's key bundle.
-        True when the victim answered with its shares (it believed every advert of its bundle)."""
+        adverts signed with ``keys`` (their owners' keys, or the ones the adversary holds) and carrying ``certs``
+        (default: each device's kit certificate), the victim's key bundle. True when the victim answered with its
+        shares (it believed every advert of its bundle)."""
+        certs = certs or {}
         assert self.coord is not None
         terms = secure_terms(round_, len(cohort))
         planned = secure_from_plan(terms, round_, cohort)
@@ -130,7 +126,8 @@ class KitFed:
             if d != VICTIM:
                 k = keys[d]
                 consistency = DeviceConsistency(survivor_signer(k, FED, round_, d), lambda *_: True, 0.0,
-                                                advert_signer(k, FED, round_, d), lambda *_: True)
+                                                advert_signer(k, FED, round_, d), lambda *_: True,
+                                                certs[d] if d in certs else self.cert(d))
                 server.receive_advert(SecAggClient(planned.params, d, consistency=consistency).advertise())
         body = server.key_bundle(VICTIM).to_bytes()
         env = Envelope(Kind.SECAGG, FED, "coordinator", round_, 0, 1, len(body), hashlib.sha256(body).hexdigest(),

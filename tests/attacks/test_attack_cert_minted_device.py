@@ -3,10 +3,10 @@
 The adversary is the coordinator: it holds its own signing key (so the victim takes what it publishes on
 ``secreq/<victim>``), the authority's PUBLIC key (every kit's ``authority.pub``), and whatever the broker's ACL lets
 its user publish. It wants one more colluder than t and T count: a device of its own making. It makes a key pair for
-``dev-z``, writes it a certificate signed with its own key (it has no other), publishes it where devices read
-certificates (``cert/dev-z``: the broker drops it, the ACL lets a user write only its own ``cert/``; and
-``cert/coordinator``, which it may write), names ``dev-z`` in a secure round's cohort and relays ``dev-z``'s advert,
-signed with the minted key, in the victim's key bundle. The guarantee: the victim believes a key only through a
+``dev-z``, writes it a certificate signed with its own key (it has no other), puts it in ``dev-z``'s advert (and
+on ``cert/dev-z`` and ``cert/coordinator``, where certificates were once read: the ACL lets nobody write there),
+names ``dev-z`` in a secure round's cohort and relays ``dev-z``'s advert, signed with the minted key, in the victim's
+key bundle. The guarantee: the victim believes a key only through a
 certificate its kit's authority key verifies, so it refuses the round (sends no shares) -- while it does take part in
 a round whose devices were all added AFTER its kit was made, with no file copied to it (before this, a kit's frozen
 copy of ``signing_keys.json`` refused every later device: the check that fails on the old code).
@@ -55,11 +55,9 @@ def test_a_coordinator_cannot_mint_a_device_but_later_devices_need_no_copied_fil
         tmp_path: Path, shard: Any, caplog: pytest.LogCaptureFixture) -> None:
     fed = kit_federation(tmp_path, ["dev-a", VICTIM])
     try:
-        fed.announce("dev-a")
         fed.start_victim(shard)  # started from its kit, made when dev-a and dev-b were the federation
         for d in LATE:  # added one by one after the victim started: kits made later, nothing copied to the victim
             fed.add(d)
-            fed.announce(d)
         cohort = ("dev-a", VICTIM, *LATE)
         caplog.set_level(logging.WARNING)
         assert fed.victim_shares(1, cohort, own_keys(fed, cohort)), \
@@ -69,13 +67,14 @@ def test_a_coordinator_cannot_mint_a_device_but_later_devices_need_no_copied_fil
         minted = SigningKey.generate()
         adversary = fed.coord  # the coordinator's own connection (its user, its ACL)
         assert adversary is not None
-        for topic in (T.cert("dev-z"), T.cert("coordinator")):
-            assert adversary.link.wait_published([adversary.link.publish(
+        for topic in (f"fl/{FED}/cert/dev-z", f"fl/{FED}/cert/coordinator"):  # where certificates once were read
+            adversary.link.wait_published([adversary.link.publish(
                 topic, _minted_cert(coordinator_key, "dev-z", minted), retain=True)], 5)
         time.sleep(0.5)
         keys = {**own_keys(fed, cohort), "dev-z": minted}
         minted_cohort = ("dev-a", VICTIM, "dev-c", "dev-d", "dev-z")
-        assert not fed.victim_shares(2, minted_cohort, keys), \
+        assert not fed.victim_shares(2, minted_cohort, keys,  # the minted certificate rides in dev-z's advert
+                                     certs={"dev-z": _minted_cert(coordinator_key, "dev-z", minted)}), \
             "the victim sealed its shares for a device the coordinator minted"
         assert any("dev-z" in r.getMessage() and "refuses the round" in r.getMessage() for r in caplog.records)
         assert any("not signed by this federation's authority" in r.getMessage() for r in caplog.records), \

@@ -25,7 +25,7 @@ from flayer.engine.secure import plan_round, plan_secure
 from flayer.engine.secure_layout import layout_of
 from flayer.privacy_config import PrivacySettings
 from flayer.update import TensorDelta, Update
-from protocol import SigningKey
+from protocol import Plan, SigningKey
 
 IDS = tuple(f"dev-{i}" for i in range(6))
 ME = "dev-1"
@@ -62,7 +62,9 @@ def _honest_plan() -> SimpleNamespace:
 
 def _joins(plan: SimpleNamespace) -> bool:
     device = _Device()
-    device._secure_plan(plan)
+    device._secure_plan(Plan(round=plan.round, selected=plan.selected, deadline=0.0, strategy="fedavg", options={},
+                             model={}, model_digest="0" * 64, model_chunks=1, model_size=1, privacy=plan.privacy,
+                             secure=plan.secure))  # the plan as a device decodes it
     return device._secure is not None and bool(device.sent)
 
 

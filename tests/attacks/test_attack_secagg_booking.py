@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,14 @@ class _GoesAway:
 
         self.creds, self.t, self.away_s, self.me = creds, Topics("itest"), away_s, creds.username
         self.rec = Recorder(creds, [self.t.round(), self.t.secreq(self.me)])
+        self.online, self.closed = True, threading.Event()
         self.status("online")
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _heartbeat(self) -> None:  # as a device does: a status every 2 s while it is online
+        while not self.closed.wait(2.0):
+            if self.online:
+                self.status("online")
 
     def status(self, state: str) -> None:
         from protocol import Status, encode_message
@@ -109,6 +117,7 @@ class _GoesAway:
         from flayer.secagg import DeviceConsistency, KeyBundle, decode_message
         from protocol import decode_envelope
         from protocol import decode_message as decode_wire
+        from protocol.plan_digest import plan_digest
         from protocol.signing import advert_signer, survivor_signer
 
         def mine(m: Any) -> bool:
@@ -121,7 +130,7 @@ class _GoesAway:
         if msg is None:
             return None
         plan = decode_wire(msg.payload)[1]
-        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected))
+        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected), plan_digest=plan_digest(plan))
         assert planned is not None
         signer = self.creds.signer()
         cons = DeviceConsistency(survivor_signer(signer, "itest", plan.round, self.me), lambda *a: True, 0.0,
@@ -139,12 +148,15 @@ class _GoesAway:
         assert got is not None, "no key bundle came"
         self.send(plan.round, client.share_keys(decode_message(decode_envelope(got.payload).body)).to_bytes())
         time.sleep(0.5)
+        self.online = False
         self.status("offline")  # a signer that cannot come
         time.sleep(self.away_s)
+        self.online = True
         self.status("online")
         return plan.round
 
     def close(self) -> None:
+        self.closed.set()
         self.rec.close()
 
 

@@ -25,6 +25,7 @@ from flayer.engine.privacy import RoundPrivacy
 from flayer.engine.secure_layout import layout_of
 from flayer.engine.secure_ring import ring_noise
 from flayer.update import TensorDelta, Update
+from protocol import Plan
 from protocol.signing import SigningKey
 
 IDS = tuple(f"dev-{i:02d}" for i in range(6))
@@ -43,7 +44,8 @@ def _plan(clip: float) -> Any:
               "bits": ring.bits, "value_bits": vbits, "layout": layout_of(_upd(np.zeros(N))).digest,
               "adaptive": False, "stage_s": 10.0, "noise_std": noise, "bound": 100.0, "value_range": 100.0,
               "corrupt_fraction": 0.0, "run_seed": RUN_SEED, "dropout": 0.1}
-    return types.SimpleNamespace(round=ROUND, selected=IDS, privacy=rp.as_plan(), secure=secure, phase="train")
+    return Plan(round=ROUND, selected=IDS, deadline=0.0, strategy="fedavg", options={}, model={}, model_digest="0" * 64,
+                model_chunks=1, model_size=1, privacy=rp.as_plan(), secure=secure)
 
 
 class _Device(DeviceBudgets, SecureRounds):
@@ -84,12 +86,12 @@ def test_an_upload_trained_under_another_plan_is_not_masked_into_the_session() -
     a, b = _plan(1.0), _plan(100.0)
     dev = _device()
     dev._secure_plan(b)  # the session: plan B
-    trained = Upload(ROUND, "", b"", (), update=_upd(np.zeros(N)), trained_under=plan_terms(a.privacy, a.secure))
+    trained = Upload(ROUND, "", b"", (), update=_upd(np.zeros(N)), trained_under=plan_terms(a))
     dev._secure_trained(trained, ROUND)  # the job trained under plan A (clip 1, its noise)
     assert dev._secure is None, "an upload trained under plan A was kept for plan B's session"
     dev2 = _device()
     dev2._secure_plan(b)
-    ok = Upload(ROUND, "", b"", (), update=_upd(np.zeros(N)), trained_under=plan_terms(b.privacy, b.secure))
+    ok = Upload(ROUND, "", b"", (), update=_upd(np.zeros(N)), trained_under=plan_terms(b))
     dev2._secure_send_masked = lambda: None  # the masking itself is the protocol's (tests/secagg)
     dev2._secure_trained(ok, ROUND)
     assert dev2._secure is not None and dev2._secure.update is not None  # the honest case goes on

@@ -361,3 +361,30 @@ def test_adaptive_clipping_under_the_schema_composes_k_rounds_of_the_combined_mu
     assert fp.accounts.public.rounds == 5
     assert fp.epsilon() == pytest.approx(epsilon_for([(rp.counted_multiplier, 1.0, 2)], 1e-5))
     assert fp.epsilon() < epsilon_for([(rp.counted_multiplier, 1.0, 5)], 1e-5)
+
+
+def test_a_round_abandoned_before_its_unmasking_uses_up_no_device_slot_and_survives_a_restart(digits):
+    """max_participations 1: a device selected in a secure round abandoned before any unmask request (the plans name
+    it in secure.void) is still eligible; a revealed round uses its slot; the void rounds are checkpointed, and
+    a checkpoint naming a round after its own is refused."""
+    from coordinator.privacy import FederationPrivacy, PrivacyStateError
+    from flayer.config import TrainConfig
+    from flayer.privacy_config import PrivacySettings
+    from flayer.strategies import make_strategy
+
+    strategy = make_strategy("fedavg", digits.model_spec(), TrainConfig(lr=0.05))
+    settings = PrivacySettings(enabled=True, population=100, noise_multiplier=1.0, max_participations=1)
+    fp, _ = FederationPrivacy.of(settings, strategy, quorum=2, buffer=4, asynchronous=False)
+    assert fp is not None
+    fp.selected(1, ["a", "b"])
+    assert fp.eligible(["a", "b", "c"], 2) == ["c"]  # round 1 not (yet) void: its selections count
+    fp.abandoned(1)
+    assert fp.eligible(["a", "b", "c"], 2) == ["a", "b", "c"]
+    fp.selected(2, ["a", "c"])  # revealed
+    assert fp.eligible(["a", "b", "c"], 3) == ["b"]
+    again, _ = FederationPrivacy.of(settings, strategy, quorum=2, buffer=4, asynchronous=False)
+    assert again is not None
+    again.restore(fp.state(), 2)
+    assert again.eligible(["a", "b", "c"], 3) == ["b"] and again.void == {1}
+    with pytest.raises(PrivacyStateError, match="void_rounds"):
+        again.restore({**fp.state(), "void_rounds": [3]}, 2)

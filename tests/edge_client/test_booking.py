@@ -54,3 +54,25 @@ def test_the_plans_void_list_is_checked() -> None:
     for bad in (["fed.1.aa"], "x" * 300, 7):
         with pytest.raises(ValueError, match="secure.void"):
             booking.void_sessions(bad)
+
+
+def test_a_round_taken_back_frees_its_schema_slot_and_k_contributions_still_stop_the_device() -> None:
+    """max_participations 1 pinned: a round voided after its masked input left frees the device's one slot (as the
+    coordinator's rule does); once one round is final the device refuses the next by its own ledger."""
+    from edge_client.budget import schema_problem
+    from flayer.privacy_config import ParticipationSchema
+
+    pinned = ParticipationSchema(1, 0)
+    privacy, extra = {**_privacy(), **pinned.as_plan()}, {}
+
+    def problem(round_: int) -> str | None:
+        ledger = DeviceLedger.from_extra(extra)
+        return schema_problem(privacy, pinned, ledger.rounds, ledger.last_round, round_)
+
+    _booked(extra, privacy, 1, "fed.1.aa")
+    assert problem(2) is not None  # provisional: counted
+    assert booking.settle(extra, 1, "fed.1.aa", revealed=False)  # the round named void
+    assert problem(2) is None
+    _booked(extra, privacy, 2, "fed.2.bb")
+    assert booking.settle(extra, 2, "fed.2.bb", revealed=True)
+    assert "max_participations" in (problem(3) or "")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from edge_client.certified_keys import CertifiedKeys
+from edge_client.certified_keys import CertifiedKeys, round_keys
 from edge_client.peer_keys import PeerKeys, peer_keys_for
 from mqtt_broker import BrokerConfig, add_device, write_broker_files
 from mqtt_broker.kit import write_kit
-from protocol import SignatureError, SigningKey
+from protocol import Plan, SignatureError, SigningKey
 from protocol.signing import render_key_registry, survivor_signer, survivor_verifier
 from transport.credentials import Credentials
 from transport.kit import unpack_kit
@@ -30,16 +30,18 @@ def test_a_kit_device_checks_the_others_signatures_through_their_certificates(tm
     assert not (toml.parent / "signing_keys.json").exists()  # no copy of the registry in a kit
     peers = peer_keys_for(creds, tmp_path / "dev-1-state")
     assert isinstance(peers, CertifiedKeys)
-    assert peers.offer_cert((state / "certs/dev-2.json").read_bytes()) is not None  # as cert/dev-2 brings it
+    keys, own, admit = round_keys(peers)  # one secure round's
+    assert own.strip() == (toml.parent / "device.cert").read_bytes().strip()  # its own, carried in its adverts
+    assert admit is not None and admit("dev-2", (state / "certs/dev-2.json").read_bytes()) is None  # as its advert
     other = Credentials.load(state / "credentials" / "dev-2.toml")
     assert other.registry == state / "signing_keys.json"  # in place, in the broker's state folder
     assert isinstance(peer_keys_for(other, tmp_path / "dev-2-state"), PeerKeys)  # no kit: the registry in place
     sig = survivor_signer(other.signer(), "f1", 3, "dev-2")(b"the set")
-    verify = survivor_verifier(peers, "f1", 3)
+    verify = survivor_verifier(keys, "f1", 3)
     assert verify("dev-2", b"the set", sig)
     assert not verify("dev-2", b"another set", sig)
     assert not verify("dev-2", b"the set", survivor_signer(SigningKey.generate(), "f1", 3, "dev-2")(b"the set"))
-    assert not survivor_verifier(peers, "f1", 4)("dev-2", b"the set", sig)  # another round
+    assert not survivor_verifier(keys, "f1", 4)("dev-2", b"the set", sig)  # another round
     assert not verify("dev-9", b"the set", sig)  # no such device in the registry
 
 
@@ -81,7 +83,8 @@ def test_without_a_registry_a_device_takes_no_part_in_secure_rounds(tmp_path: Pa
     ids = tuple(f"dev-{i}" for i in range(4))
     planned = plan_round(PrivacySettings(secure_aggregation=True), "f1.1.ab", 1, ids,
                          layout_of(Update({"w": TensorDelta((4,), np.zeros(4, np.float32))}, 1)), 7, None, 1.0)
-    plan = SimpleNamespace(secure=plan_secure(planned), round=1, selected=ids, privacy={})
+    plan = Plan(round=1, selected=ids, deadline=0.0, strategy="fedavg", options={}, model={}, model_digest="0" * 64,
+                model_chunks=1, model_size=1, secure=plan_secure(planned))
     path = tmp_path / "signing_keys.json"
 
     class Device(SecureRounds):

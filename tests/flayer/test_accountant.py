@@ -191,6 +191,21 @@ def test_the_schema_selection_is_a_public_rule_over_the_plans():
     assert [len(s) for _, s in cohorts][:5] == [6] * 5 and len(cohorts[-1][1]) < 6  # fewer once few are left
 
 
+def test_a_void_round_counts_toward_separation_never_toward_max_participations():
+    """The plans name a secure round abandoned before its unmasking in a later plan's secure.void: anyone holding the
+    plans finds it (void_rounds) and counts no device's selection in it toward k; it still counts for b."""
+    from flayer.engine.selection import eligible, participations, void_rounds
+    from flayer.privacy_config import ParticipationSchema
+
+    plans = [(1, "s1", ""), (2, "s2", ""), (3, "s3", "s1"), (4, None, "s1 s3 other")]
+    assert void_rounds(plans) == {1, 3}
+    history = participations([(1, ["a", "b"]), (2, ["c"]), (3, ["a"])])
+    schema = ParticipationSchema(1, 2)
+    assert eligible(["a", "b", "c"], history, schema, 5, void_rounds(plans)) == ["a", "b"]
+    assert eligible(["a", "b", "c"], history, schema, 4, void_rounds(plans)) == ["b"]  # a: round 3 was 1 before
+    assert eligible(["a", "b", "c"], history, schema, 5) == []  # every selection counted
+
+
 @pytest.mark.parametrize("most, sep, needle", [(0, 0, "max_participations"), (True, 0, "max_participations"),
                                                (2, -1, "min_separation"), (2, 1.5, "min_separation")])
 def test_a_malformed_schema_is_refused(most, sep, needle):

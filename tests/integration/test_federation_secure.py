@@ -119,11 +119,12 @@ class _MuteDevice:
         from flayer.engine.secure import secure_from_plan
         from flayer.secagg import KeyAdvert, SecAggClient
         from protocol import Envelope, Kind, decode_message
+        from protocol.plan_digest import plan_digest
 
         msg = self.rec.wait_message(lambda m: m.topic == self.t.round() and bool(m.payload), 60)
         assert msg is not None
         plan = decode_message(msg.payload)[1]
-        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected))
+        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected), plan_digest=plan_digest(plan))
         assert planned is not None and self.creds.username in plan.selected
         me = self.creds.username
         advert = SecAggClient(planned.params, me).advertise()

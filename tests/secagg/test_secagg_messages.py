@@ -54,8 +54,8 @@ def test_every_message_round_trips(messages, name):
 
 
 def test_sizes_are_what_the_layout_says(messages):
-    # a channel key per neighbour (k = 4); u16 0 signatures (no long-term keys in this round)
-    assert len(messages["advert"].to_bytes()) == 10 + 7 + 96 + 2 + 3 * 32 + 2
+    # a channel key per neighbour (k = 4); u16 0 signatures (no long-term keys in this round); u16 0 certificate bytes
+    assert len(messages["advert"].to_bytes()) == 10 + 7 + 96 + 2 + 3 * 32 + 2 + 2
     assert len(messages["masked"].to_bytes()) == 10 + 7 + 1 + 4 + 4 * 16  # 1: the ring width
     assert len(messages["batch"].to_bytes()) == 10 + 7 + 2 + 1 + 4 * (7 + 7 + 164)  # 1: the signed flag (unsigned)
     assert len(messages["answer"].to_bytes()) == 10 + 7 + 2 + 5 * (7 + SHARE_LEN) + 2 + 2  # + 2: no pair seeds
@@ -129,9 +129,9 @@ def test_bad_ids_counts_and_lengths_are_named(messages):
 
 
 def test_an_oversized_message_is_refused_before_it_is_parsed(messages, monkeypatch):
-    assert len(messages["masked"].to_bytes()) == 86 and len(messages["advert"].to_bytes()) == 213
+    assert len(messages["masked"].to_bytes()) == 86 and len(messages["advert"].to_bytes()) == 215
     monkeypatch.setattr(_wire, "MAX_MESSAGE", 210)
-    with pytest.raises(SecAggError, match="213 bytes exceed any message"):
+    with pytest.raises(SecAggError, match="215 bytes exceed any message"):
         decode_message(messages["advert"].to_bytes())
     decode_message(messages["masked"].to_bytes())
 
@@ -176,13 +176,15 @@ def test_signed_adverts_and_bundle_entries_round_trip_and_bad_signature_fields_a
     advert, bundle = adverts[0], server.key_bundle(ids[0])
     assert len(advert.signatures) == 3 and all(len(a.signatures) == 1 for a in bundle.adverts)
     raw = advert.to_bytes()
-    assert len(raw) == 10 + 7 + 96 + 2 + 2 * 32 + 2 + 3 * 64 and decode_message(raw) == advert
+    assert len(raw) == 10 + 7 + 96 + 2 + 2 * 32 + 2 + 3 * 64 + 2 and decode_message(raw) == advert
     assert decode_message(bundle.to_bytes()) == bundle
-    assert len(bundle.to_bytes()) == 10 + 7 + 2 + 3 * (7 + 96 + 2 + 2 + 64)  # an entry: its one signature
+    assert len(bundle.to_bytes()) == 10 + 7 + 2 + 3 * (7 + 96 + 2 + 2 + 64 + 2)  # an entry: its one signature
     with pytest.raises(SecAggError, match="truncated at KeyAdvert signature 2"):
-        decode_message(raw[:-1])
+        decode_message(raw[:-3])
     with pytest.raises(SecAggError, match="KeyAdvert signatures 1026 exceeds the limit 1025"):
-        decode_message(raw[:-(2 + 3 * 64)] + (1026).to_bytes(2, "little"))
+        decode_message(raw[:-(2 + 3 * 64 + 2)] + (1026).to_bytes(2, "little"))
+    with pytest.raises(SecAggError, match="KeyAdvert cert length 4097 exceeds the limit 4096"):
+        decode_message(raw[:-2] + (4097).to_bytes(2, "little"))
     with pytest.raises(SecAggError, match="KeyAdvert signature must be 64 bytes"):
         KeyAdvert(1, "dev-00", advert.c_pk, advert.s_pk, advert.b_commit, (), (b"x" * 63,))
     with pytest.raises(SecAggError, match="more than its owner's one signature"):

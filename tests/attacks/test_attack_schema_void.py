@@ -1,0 +1,176 @@
+"""Rounds a hostile device gets abandoned before their unmasking use up no honest device's participation slots
+(docs/explanation/privacy.md, "The participation schema", "Void rounds").
+
+A private secure federation under the schema max_participations = 1 over a real Mosquitto, a real coordinator and
+two honest edge clients, each run from its kit. The adversary is one selected device, mallory: its own kit (key and
+certificate), the plan, the messages addressed to it, what it sends under its own topics. It takes part in the keys
+and the shares of round 1, then goes offline (its own retained status) and comes back silent: the round is
+abandoned before any unmask request, and no device's input is in any sum. On the code before, the coordinator still
+counted round 1 in each honest device's k = 1, so round 2 had no eligible device and the federation ended after
+round 1 ("participation schema: round 2 ..."): the honest devices' only slots were burnt by a round that spent
+nothing. Now round 2 opens with them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+
+from attacklib import until
+from fedtestlib import Recorder, device_toml, federation_toml, start_fed_broker
+
+from coordinator.config import load_coordinator_config
+from coordinator.server import Coordinator
+from edge_client.client import EdgeClient
+from edge_client.config import load_device_config
+from flayer.partition import make_partition, save_partition
+from flayer.train import client_data
+from mqtt_broker import mosquitto_available
+from mqtt_broker.kit import write_kit
+from protocol.metrics_schema import read_metrics
+from transport.credentials import Credentials
+from transport.kit import unpack_kit
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+HONEST = ["dev-0", "dev-1"]
+
+
+def _kit(fb: Any, tmp: Path, name: str) -> Path:
+    """``flayer broker add-device NAME --kit``, unpacked on the device's machine: its folder."""
+    return unpack_kit(write_kit(fb.state_dir, name, tmp / f"machine-{name}" / f"{name}.tar.gz")).parent
+
+
+class _Mallory:
+    """Keys and shares of the first round it is selected for (its own key and certificate, as any device), then
+    offline for a few seconds (its own retained status), then online and silent."""
+
+    def __init__(self, kit: Path) -> None:
+        from protocol import Topics
+
+        self.creds, self.cert = Credentials.load(kit / "credentials.toml"), (kit / "device.cert").read_bytes()
+        self.t, self.me = Topics("itest"), self.creds.username
+        self.rec = Recorder(self.creds, [self.t.round(), self.t.secreq(self.me)])
+        self.online, self.closed = True, threading.Event()
+        self.status("online")
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _heartbeat(self) -> None:  # as a device does: a status every 2 s while it is online
+        while not self.closed.wait(2.0):
+            if self.online:
+                self.status("online")
+
+    def status(self, state: str) -> None:
+        from protocol import Status, encode_message
+
+        body = encode_message(Status(0, state, time.time()), "itest", self.me, key=self.creds.signer())
+        self.rec.link.wait_published([self.rec.link.publish(self.t.status(self.me), body, retain=True)], 5)
+
+    def send(self, round_: int, body: bytes) -> None:
+        from protocol import Envelope, Kind
+
+        env = Envelope(Kind.SECAGG, "itest", self.me, round_, 0, 1, len(body), hashlib.sha256(body).hexdigest(), body)
+        assert self.rec.link.publish_all([(self.t.secagg(self.me), env.encode(self.creds.signer()), False)], 10.0)
+
+    def one_round(self, timeout: float = 120.0) -> int | None:
+        from flayer.engine.secure import secure_from_plan
+        from flayer.secagg import DeviceConsistency, KeyBundle, SecAggClient, decode_message
+        from protocol import decode_envelope
+        from protocol import decode_message as decode_wire
+        from protocol.plan_digest import plan_digest
+        from protocol.signing import advert_signer, survivor_signer
+
+        msg = self.rec.wait_message(lambda m: m.topic == self.t.round() and bool(m.payload)
+                                    and self.me in decode_wire(m.payload)[1].selected, timeout)
+        if msg is None:
+            return None
+        plan = decode_wire(msg.payload)[1]
+        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected), plan_digest=plan_digest(plan))
+        assert planned is not None
+        signer = self.creds.signer()
+        cons = DeviceConsistency(survivor_signer(signer, "itest", plan.round, self.me), lambda *a: True, 0.0,
+                                 advert_signer(signer, "itest", plan.round, self.me), lambda *a: True, self.cert)
+        client = SecAggClient(planned.params, self.me, os.urandom, cons)
+        self.send(plan.round, client.advertise().to_bytes())
+
+        def bundle(m: Any) -> bool:
+            if m.topic != self.t.secreq(self.me):
+                return False
+            env = decode_envelope(m.payload)
+            return env.round == plan.round and isinstance(decode_message(env.body), KeyBundle)
+
+        got = self.rec.wait_message(bundle, 60)
+        assert got is not None, "no key bundle came"
+        self.send(plan.round, client.share_keys(decode_message(decode_envelope(got.payload).body)).to_bytes())
+        time.sleep(0.5)
+        self.online = False
+        self.status("offline")  # a signer that cannot come
+        time.sleep(6.0)
+        self.online = True
+        self.status("online")
+        return plan.round
+
+    def close(self) -> None:
+        self.closed.set()
+        self.rec.close()
+
+
+@pytest.mark.timeout(400)
+def test_a_round_abandoned_before_its_unmasking_leaves_the_honest_devices_eligible(tmp_path: Path,
+                                                                                  digits: Any) -> None:
+    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", [*HONEST, "mallory"])
+    mallory = _Mallory(_kit(fb, tmp_path, "mallory"))
+    devices: list[EdgeClient] = []
+    try:
+        part = make_partition(digits.y, digits.num_classes, len(HONEST), "dir0.5", seed=0, samples=400,
+                              meta={"dataset": digits.name, "dataset_fingerprint": digits.fingerprint()})
+        pfile = save_partition(part, tmp_path / "digits.npz")
+        for i, name in enumerate(HONEST):
+            kit = _kit(fb, tmp_path, name)
+            path = device_toml(tmp_path / f"{name}.toml", kit / "credentials.toml", dataset="digits",
+                               partition_file=pfile, client=i, state_dir=tmp_path / name)
+            devices.append(EdgeClient(load_device_config(path).edge, Credentials.load(kit / "credentials.toml"),
+                                      client_data(digits, part.clients[i])))
+        for dev in devices:
+            dev.start()
+        assert all(dev.link.connected.wait(60) for dev in devices)
+        time.sleep(2.0)
+        fed = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
+                              tmp_path / "coord", strategy="flayer", rounds=2, dataset="digits", seed=0, lr=0.05,
+                              quorum=3, min_devices=3, deadline_s=120.0)
+        fed.write_text(fed.read_text() + '[privacy]\nsecure_aggregation = true\nsecure_stage_s = 10.0\n'
+                       'enabled = true\nmode = "local"\nclip = 0.5\nnoise_multiplier = 1.0\npopulation = 40\n'
+                       'max_participations = 1\n')
+        coord = Coordinator(load_coordinator_config(fed), fb.coordinator)
+        thread = coord.start()
+        assert mallory.one_round() == 1
+        metrics = tmp_path / "coord/metrics.jsonl"
+
+        def record(r: int) -> dict[str, Any] | None:
+            if not metrics.exists():
+                return None
+            return next((x for x in read_metrics(metrics) if x["kind"] == "round" and x["round"] == r), None)
+
+        assert until(lambda: record(1) is not None, 90.0), "round 1 did not close"
+        first = record(1)
+        assert first is not None and first["secure_abandoned"] is not None, first
+        assert set(HONEST) <= set(first["selected"]), first["selected"]
+        thread.join(180)
+        assert coord.budget_stop is None or "participation schema: round 2" not in coord.budget_stop, \
+            f"the honest devices' slots were used up by a round that revealed nothing: {coord.budget_stop}"
+        second = record(2)
+        assert second is not None, f"round 2 never opened: {coord.budget_stop}"
+        assert set(HONEST) <= set(second["selected"]), second["selected"]
+    finally:
+        mallory.close()
+        for dev in devices:
+            dev.stop()
+        fb.broker.stop()
