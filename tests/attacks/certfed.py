@@ -31,6 +31,7 @@ from flayer.secagg import (
 from mqtt_broker import BrokerConfig, add_device, load_credentials, start_broker
 from mqtt_broker.kit import write_kit
 from protocol import Envelope, Kind, Plan, SigningKey, Topics, decode_envelope, encode_message
+from protocol.plan_digest import plan_digest
 from protocol.signing import advert_signer, survivor_signer
 from transport.credentials import Credentials
 from transport.kit import unpack_kit
@@ -112,11 +113,11 @@ class KitFed:
         certs = certs or {}
         assert self.coord is not None
         terms = secure_terms(round_, len(cohort))
-        planned = secure_from_plan(terms, round_, cohort)
-        assert planned is not None
-        server = SecAggServer(planned.params, ServerConsistency(lambda *_: True))  # it checks nothing itself
         plan = Plan(round_, cohort, time.time() + 600, "fedavg", {}, {"name": "mlp"}, "ab" * 32, 1, 100,
                     seed=RUN_SEED, secure=terms)
+        planned = secure_from_plan(terms, round_, cohort, plan_digest=plan_digest(plan))  # bound to the whole plan
+        assert planned is not None
+        server = SecAggServer(planned.params, ServerConsistency(lambda *_: True))  # it checks nothing itself
         payload = encode_message(plan, FED, "coordinator", key=self.fb.coordinator.signer())
         assert self.coord.link.wait_published([self.coord.link.publish(T.round(), payload, retain=True)], 5)
         advert = self._from_victim(KeyAdvert, 20, round_)
