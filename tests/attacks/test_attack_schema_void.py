@@ -164,10 +164,10 @@ def test_a_round_abandoned_before_its_unmasking_leaves_the_honest_devices_eligib
         assert first is not None and first["secure_abandoned"] is not None, first
         assert set(HONEST) <= set(first["selected"]), first["selected"]
         thread.join(180)
-        assert coord.budget_stop is None or "participation schema: round 2" not in coord.budget_stop, \
-            f"the honest devices' slots were used up by a round that revealed nothing: {coord.budget_stop}"
+        assert coord.cycle.budget_stop is None or "participation schema: round 2" not in coord.cycle.budget_stop, \
+            f"the honest devices' slots were used up by a round that revealed nothing: {coord.cycle.budget_stop}"
         second = record(2)
-        assert second is not None, f"round 2 never opened: {coord.budget_stop}"
+        assert second is not None, f"round 2 never opened: {coord.cycle.budget_stop}"
         assert set(HONEST) <= set(second["selected"]), second["selected"]
     finally:
         mallory.close()
