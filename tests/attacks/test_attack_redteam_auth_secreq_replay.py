@@ -32,6 +32,7 @@ from flayer.engine.secure import round_ring, secure_from_plan
 from flayer.secagg import DeviceConsistency, KeyAdvert, SecAggClient, SecAggServer, ShareBatch, decode_message
 from mqtt_broker import mosquitto_available
 from protocol import Envelope, Kind, Plan, Topics, decode_envelope, encode_message
+from protocol.plan_digest import plan_digest
 from protocol.signing import advert_signer, advert_verifier, survivor_signer, survivor_verifier
 
 pytestmark = [pytest.mark.integration,
@@ -72,7 +73,9 @@ def test_a_bundle_signed_for_another_device_does_not_end_this_devices_round(tmp_
                                                                           digits_shard: Any) -> None:
     fed = attack_fed(IDS, federation=FED)  # mallory, the mistaken ACL
     shard = digits_shard(0)
-    planned = secure_from_plan(_secure(), 1, IDS)
+    plan = Plan(1, IDS, time.time() + 600, "fedavg", {}, {"name": "mlp"}, "ab" * 32, 1, 100, seed=RUN_SEED,
+                secure=_secure())
+    planned = secure_from_plan(_secure(), 1, IDS, plan_digest=plan_digest(plan))  # bound to the plan, as devices do
     assert planned is not None
     server = SecAggServer(planned.params)
     peers = PeerKeys(FED, fed.devices["dev-a"].registry)
@@ -89,8 +92,6 @@ def test_a_bundle_signed_for_another_device_does_not_end_this_devices_round(tmp_
     client = EdgeClient(settings, fed.devices["dev-b"], shard)
     client.start()
     try:
-        plan = Plan(1, IDS, time.time() + 600, "fedavg", {}, {"name": "mlp"}, "ab" * 32, 1, 100, seed=RUN_SEED,
-                    secure=_secure())
         payload = encode_message(plan, FED, "coordinator", key=fed.coordinator.signer())
         assert coord.link.wait_published([coord.link.publish(T.round(), payload, retain=True)], 5)
         advert = _from_dev_b(coord, fed, KeyAdvert, 20)
