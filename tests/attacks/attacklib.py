@@ -3,7 +3,9 @@ Mosquitto with the adversary's account and view, and the small waits every attac
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -178,3 +180,35 @@ def adversary_creds(fb: FedBroker, view: str, name: str, tmp: Path) -> Credentia
         own = add_device(other.state_dir, name)  # its own password and certificate, pointed at this broker
         return replace(own, host=fb.coordinator.host, port=fb.coordinator.port)
     raise ValueError(f"unknown adversary view {view!r} (one of {', '.join(VIEWS)})")
+
+
+class ProtocolDevice:
+    """A device's account driven by hand at the protocol level (an adversary that is a device of the federation):
+    its own signed retained status every 2 s while ``online`` (as a device heartbeats), and secure-round messages
+    signed with its own key on its own ``secagg`` topic. ``rec`` records the round plans and its ``secreq``."""
+
+    def __init__(self, creds: Credentials, federation: str = "itest") -> None:
+        self.creds, self.t, self.me = creds, Topics(federation), creds.username
+        self.rec = Recorder(creds, [self.t.round(), self.t.secreq(self.me)])
+        self.online, self.closed = True, threading.Event()
+        self.status("online")
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        while not self.closed.wait(2.0):
+            if self.online:
+                self.status("online")
+
+    def status(self, state: str) -> None:
+        from protocol import Status, encode_message
+
+        body = encode_message(Status(0, state, time.time()), self.creds.federation, self.me, key=self.creds.signer())
+        self.rec.link.wait_published([self.rec.link.publish(self.t.status(self.me), body, retain=True)], 5)
+
+    def send(self, round_: int, body: bytes) -> None:
+        from protocol import Envelope, Kind
+
+        env = Envelope(Kind.SECAGG, self.creds.federation, self.me, round_, 0, 1, len(body),
+                       hashlib.sha256(body).hexdigest(), body)
+        assert self.rec.link.publish_all([(self.t.secagg(self.me), env.encode(self.creds.signer()), False)], 10.0)
+

@@ -13,10 +13,8 @@ nothing. Now round 2 opens with them.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
-from attacklib import until
-from fedtestlib import Recorder, device_toml, federation_toml, start_fed_broker
+from attacklib import ProtocolDevice, until
+from fedtestlib import device_toml, federation_toml, start_fed_broker
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
@@ -49,36 +47,13 @@ def _kit(fb: Any, tmp: Path, name: str) -> Path:
     return unpack_kit(write_kit(fb.state_dir, name, tmp / f"machine-{name}" / f"{name}.tar.gz")).parent
 
 
-class _Mallory:
+class _Mallory(ProtocolDevice):
     """Keys and shares of the first round it is selected for (its own key and certificate, as any device), then
     offline for a few seconds (its own retained status), then online and silent."""
 
     def __init__(self, kit: Path) -> None:
-        from protocol import Topics
-
-        self.creds, self.cert = Credentials.load(kit / "credentials.toml"), (kit / "device.cert").read_bytes()
-        self.t, self.me = Topics("itest"), self.creds.username
-        self.rec = Recorder(self.creds, [self.t.round(), self.t.secreq(self.me)])
-        self.online, self.closed = True, threading.Event()
-        self.status("online")
-        threading.Thread(target=self._heartbeat, daemon=True).start()
-
-    def _heartbeat(self) -> None:  # as a device does: a status every 2 s while it is online
-        while not self.closed.wait(2.0):
-            if self.online:
-                self.status("online")
-
-    def status(self, state: str) -> None:
-        from protocol import Status, encode_message
-
-        body = encode_message(Status(0, state, time.time()), "itest", self.me, key=self.creds.signer())
-        self.rec.link.wait_published([self.rec.link.publish(self.t.status(self.me), body, retain=True)], 5)
-
-    def send(self, round_: int, body: bytes) -> None:
-        from protocol import Envelope, Kind
-
-        env = Envelope(Kind.SECAGG, "itest", self.me, round_, 0, 1, len(body), hashlib.sha256(body).hexdigest(), body)
-        assert self.rec.link.publish_all([(self.t.secagg(self.me), env.encode(self.creds.signer()), False)], 10.0)
+        self.cert = (kit / "device.cert").read_bytes()
+        super().__init__(Credentials.load(kit / "credentials.toml"))
 
     def one_round(self, timeout: float = 120.0) -> int | None:
         from flayer.engine.secure import secure_from_plan

@@ -21,10 +21,8 @@ addressed to it, what it sends under its own topics.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,8 +31,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
-from attacklib import until
-from fedtestlib import Recorder, device_toml, federation_toml, finished, start_fed_broker
+from attacklib import ProtocolDevice, until
+from fedtestlib import device_toml, federation_toml, finished, start_fed_broker
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
@@ -81,35 +79,13 @@ def _booked(dev: EdgeClient) -> int:
     return DeviceLedger.from_extra(dev.stored.extra).rounds
 
 
-class _GoesAway:
+class _GoesAway(ProtocolDevice):
     """Mallory: keys and shares in each round it is selected for (signed with its own key, as any device), then
     offline for ``away_s`` seconds (its own retained status), then online again."""
 
     def __init__(self, creds: Any, away_s: float = 6.0) -> None:
-        from protocol import Topics
-
-        self.creds, self.t, self.away_s, self.me = creds, Topics("itest"), away_s, creds.username
-        self.rec = Recorder(creds, [self.t.round(), self.t.secreq(self.me)])
-        self.online, self.closed = True, threading.Event()
-        self.status("online")
-        threading.Thread(target=self._heartbeat, daemon=True).start()
-
-    def _heartbeat(self) -> None:  # as a device does: a status every 2 s while it is online
-        while not self.closed.wait(2.0):
-            if self.online:
-                self.status("online")
-
-    def status(self, state: str) -> None:
-        from protocol import Status, encode_message
-
-        body = encode_message(Status(0, state, time.time()), "itest", self.me, key=self.creds.signer())
-        self.rec.link.wait_published([self.rec.link.publish(self.t.status(self.me), body, retain=True)], 5)
-
-    def send(self, round_: int, body: bytes) -> None:
-        from protocol import Envelope, Kind
-
-        env = Envelope(Kind.SECAGG, "itest", self.me, round_, 0, 1, len(body), hashlib.sha256(body).hexdigest(), body)
-        assert self.rec.link.publish_all([(self.t.secagg(self.me), env.encode(self.creds.signer()), False)], 10.0)
+        self.away_s = away_s
+        super().__init__(creds)
 
     def one_round(self, after: int, timeout: float = 120.0) -> int | None:
         """Take part in the first plan after round ``after`` that selects mallory; its round (None: none came)."""
