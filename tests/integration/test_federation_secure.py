@@ -115,10 +115,11 @@ class _MuteDevice:
 
     def advertise_then_vanish(self) -> None:
         import hashlib
+        import time
 
         from flayer.engine.secure import secure_from_plan
         from flayer.secagg import KeyAdvert, SecAggClient
-        from protocol import Envelope, Kind, decode_message
+        from protocol import Envelope, Kind, Status, decode_message, encode_message
         from protocol.plan_digest import plan_digest
 
         msg = self.rec.wait_message(lambda m: m.topic == self.t.round() and bool(m.payload), 60)
@@ -135,6 +136,9 @@ class _MuteDevice:
                            body)
             items.append((self.t.secagg(me), env.encode(self.creds.signer()), False))
         assert self.rec.link.publish_all(items, 10.0)
+        # gone: the offline status its connection's will carries when the broker sees the link drop
+        gone = encode_message(Status(0, "offline", time.time()), "itest", me, key=self.creds.signer())
+        self.rec.link.wait_published([self.rec.link.publish(self.t.status(me), gone, retain=True)], 5)
 
     def close(self) -> None:
         self.rec.close()
