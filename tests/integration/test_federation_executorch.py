@@ -23,7 +23,9 @@ from flayer.train import client_data
 from mqtt_broker import mosquitto_available
 
 pytest.importorskip("executorch")
-pytestmark = pytest.mark.integration
+# slow set: tests/export/test_et_runtime.py runs a federation through the ExecuTorch program against torch
+# in process, and test_federation_rounds.py the devices over the broker; CI runs this one too (make test-slow)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DEVICES = ["dev-torch", "dev-et"]
 
 
