@@ -97,6 +97,7 @@ class _LowOrderKey:
         from flayer.engine.secure import secure_from_plan
         from flayer.secagg.signed_adverts import sign_advert
         from protocol import Envelope, Kind, decode_message
+        from protocol.plan_digest import plan_digest
         from protocol.signing import advert_signer
 
         me = self.creds.username
@@ -107,7 +108,7 @@ class _LowOrderKey:
         msg = self.rec.wait_message(selected, 200)
         assert msg is not None
         plan = decode_message(msg.payload)[1]
-        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected))
+        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected), plan_digest=plan_digest(plan))
         assert planned is not None and me in plan.selected
         honest = SecAggClient(planned.params, me).advertise()
         bad = replace(honest, c_pk=bytes(32))  # the rest as its honest advert, signed with its own key

@@ -40,6 +40,7 @@ from flayer.secagg import (
 )
 from mqtt_broker import mosquitto_available
 from protocol import Envelope, Kind, Plan, Topics, decode_envelope, encode_message
+from protocol.plan_digest import plan_digest
 from protocol.signing import advert_signer, advert_verifier, survivor_signer, survivor_verifier
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -77,7 +78,9 @@ def test_a_real_device_refuses_a_bundle_with_the_coordinators_keys(tmp_path: Pat
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     fed = attack_fed(IDS, view="coordinator", federation=FED)
     shard = digits_shard(0)
-    planned = secure_from_plan(_secure(), 1, IDS)
+    plan = Plan(1, IDS, time.time() + 600, "fedavg", {}, {"name": "mlp"}, "ab" * 32, 1, 100, seed=RUN_SEED,
+                secure=_secure())
+    planned = secure_from_plan(_secure(), 1, IDS, plan_digest=plan_digest(plan))  # bound to the plan, as devices do
     assert planned is not None
     peers = PeerKeys(FED, fed.devices["dev-a"].registry)
     verify = advert_verifier(peers, FED, 1)
@@ -95,8 +98,6 @@ def test_a_real_device_refuses_a_bundle_with_the_coordinators_keys(tmp_path: Pat
     client.start()
     caplog.set_level(logging.WARNING, logger="edge_client.client")
     try:
-        plan = Plan(1, IDS, time.time() + 600, "fedavg", {}, {"name": "mlp"}, "ab" * 32, 1, 100, seed=RUN_SEED,
-                    secure=_secure())
         payload = encode_message(plan, FED, "coordinator", key=fed.coordinator.signer())
         assert coord.link.wait_published([coord.link.publish(T.round(), payload, retain=True)], 5)
         advert = _from_dev_b(coord, KeyAdvert, 20)

@@ -28,8 +28,8 @@ def test_a_private_fleet_states_its_epsilon(tmp_path: Path) -> None:
     assert [r["epsilon"] for r in rounds] == pytest.approx([epsilon_for([(0.8, 1.0, t)], delta) for t in (1, 2)])
     assert all(r["epsilon_coordinator"] == "inf" for r in rounds)
     log = (tmp_path / "emulate.log").read_text()
-    assert (f"privacy: epsilon {rounds[-1]['epsilon']:.4g} at delta {delta:.3g} after 2 rounds against readers of the "
-            f"published models") in log
+    assert (f"privacy: epsilon {rounds[-1]['epsilon']:.4g} at delta {delta:.3g} after 2 rounds for a device in every "
+            f"round (no max_participations), against readers of the published models") in log
     assert "privacy: epsilon infinite against the coordinator" in log
 
 
