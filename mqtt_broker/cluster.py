@@ -159,14 +159,35 @@ def stop_recorded_cluster(state_dir: str | Path, timeout: float = 10.0) -> Clust
     return rec
 
 
-def reload_recorded_cluster(state_dir: str | Path) -> ClusterRecord | None:
-    """Rewrite ``aedes.json`` and the credentials, then make every running node re-read them (SIGHUP)."""
+RELOADED = ("reloaded passwords and ACL", "reload failed")  # what a node logs once it has handled a SIGHUP
+
+
+def _reloads(log: Path) -> int:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return 0
+    return sum(text.count(line) for line in RELOADED)
+
+
+def reload_recorded_cluster(state_dir: str | Path, wait_s: float = 5.0) -> ClusterRecord | None:
+    """Rewrite ``aedes.json`` and the credentials, then make every running node re-read them (SIGHUP) and wait,
+    at most ``wait_s``, until each has logged that it did: a rotated or removed user's connections are closed by
+    then, so what its old credentials send after this returns does not get through."""
+    files = ClusterFiles.at(state_dir)
     rec = recorded_cluster(state_dir)
     sync_cluster_files(state_dir)
     if rec is not None:
-        for r in rec.nodes:
-            if _is_ours(r):
-                os.kill(r.pid, signal.SIGHUP)
+        signalled = {i: _reloads(files.node_log(i)) for i, r in enumerate(rec.nodes) if _is_ours(r)}
+        for i in signalled:
+            os.kill(rec.nodes[i].pid, signal.SIGHUP)
+        end = time.monotonic() + wait_s
+        while signalled and time.monotonic() < end:
+            signalled = {i: n for i, n in signalled.items() if _reloads(files.node_log(i)) <= n}
+            if signalled:
+                time.sleep(0.05)
+        if signalled:
+            log.warning("cluster node(s) %s did not confirm the reload within %.0f s", sorted(signalled), wait_s)
     return rec
 
 
