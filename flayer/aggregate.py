@@ -344,7 +344,7 @@ class DPSumAggregator:
     def _draw(self) -> tuple[dict[str, torch.Tensor], float]:
         import torch
 
-        # the operating system's entropy keys a ChaCha20 keystream (a CSPRNG: no output predicts another)
+        # the OS's entropy keys a ChaCha20 keystream (a CSPRNG); seeded only under --dp-seeded-noise (not private)
         rng: Any = KeystreamRandom() if self.seed is None else np.random.default_rng(self.seed)
         # the clip bits centred at +-1/2 (Andrew et al. 2021; TF Privacy's QuantileEstimatorQuery); under zero-out
         # neighbours one device still moves the count by 1 (a zero upload reports bit 1), the sensitivity the

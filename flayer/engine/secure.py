@@ -213,7 +213,7 @@ def drops_for(selected: tuple[str, ...], rate: float, seed: int, round_: int) ->
     protocol step drawn uniformly (after its keys, after its shares, or after its masked input)."""
     if rate <= 0:
         return {}
-    rng = np.random.default_rng(derive_seed(seed, round_, "secagg-drops"))
+    rng = np.random.default_rng(derive_seed(seed, round_, "secagg-drops"))  # simulated dropouts: protects nothing
     out: dict[str, str] = {}
     for dev in selected:
         gone, stage = rng.random() < rate, DROP_STAGES[int(rng.integers(len(DROP_STAGES)))]
@@ -271,6 +271,7 @@ def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads
     full = common_layout(uploads)
     planned = plan_round(s, session, round_, participants, full, seed, rp, bound, keep=s.secure_keep)
     params, layout = planned.params, keep_layout(full, s.secure_keep, seed, round_)
+    # seeded (--dp-seeded-noise) only for reproducible runs labelled not private: protects nothing; else the CSPRNG
     vectors = {dev: planned.vector(planned.fitted(up), layout, np.random.default_rng(derive_seed(
         seed, round_, dev, "secagg")) if seeded else None) for dev, up in uploads.items()}
     run_seed = hashlib.sha256(f"secagg-run:{seed}:{round_}".encode()).digest() if seeded else secrets.token_bytes(32)
