@@ -187,8 +187,8 @@ class ProtocolDevice:
     its own signed retained status every 2 s while ``online`` (as a device heartbeats), and secure-round messages
     signed with its own key on its own ``secagg`` topic. ``rec`` records the round plans and its ``secreq``."""
 
-    def __init__(self, creds: Credentials, federation: str = "itest") -> None:
-        self.creds, self.t, self.me = creds, Topics(federation), creds.username
+    def __init__(self, creds: Credentials, federation: str = "itest", cert: bytes = b"", away_s: float = 6.0) -> None:
+        self.creds, self.t, self.me, self.cert, self.away_s = creds, Topics(federation), creds.username, cert, away_s
         self.rec = Recorder(creds, [self.t.round(), self.t.secreq(self.me)])
         self.online, self.closed = True, threading.Event()
         self.status("online")
@@ -211,4 +211,56 @@ class ProtocolDevice:
         env = Envelope(Kind.SECAGG, self.creds.federation, self.me, round_, 0, 1, len(body),
                        hashlib.sha256(body).hexdigest(), body)
         assert self.rec.link.publish_all([(self.t.secagg(self.me), env.encode(self.creds.signer()), False)], 10.0)
+
+    def keys_shares_then_away(self, after: int = 0, timeout: float = 120.0) -> int | None:
+        """Take part in the first plan after round ``after`` that selects this device -- its key advert (with its
+        certificate, if it has one) and its shares, signed with its own key -- then go offline for ``away_s`` (its
+        own status: a signer that cannot come) and come back; its round (None: no such plan came)."""
+        import os
+
+        from flayer.engine.secure import secure_from_plan
+        from flayer.secagg import DeviceConsistency, KeyBundle, SecAggClient, decode_message
+        from protocol import decode_envelope
+        from protocol import decode_message as decode_wire
+        from protocol.plan_digest import plan_digest
+        from protocol.signing import advert_signer, survivor_signer
+
+        def mine(m: Any) -> bool:
+            if m.topic != self.t.round() or not m.payload:
+                return False
+            plan = decode_wire(m.payload)[1]
+            return plan.round > after and self.me in plan.selected
+
+        msg = self.rec.wait_message(mine, timeout)
+        if msg is None:
+            return None
+        plan = decode_wire(msg.payload)[1]
+        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected), plan_digest=plan_digest(plan))
+        assert planned is not None
+        fed, signer = self.creds.federation, self.creds.signer()
+        cons = DeviceConsistency(survivor_signer(signer, fed, plan.round, self.me), lambda *a: True, 0.0,
+                                 advert_signer(signer, fed, plan.round, self.me), lambda *a: True, self.cert)
+        client = SecAggClient(planned.params, self.me, os.urandom, cons)
+        self.send(plan.round, client.advertise().to_bytes())
+
+        def bundle(m: Any) -> bool:
+            if m.topic != self.t.secreq(self.me):
+                return False
+            env = decode_envelope(m.payload)
+            return env.round == plan.round and isinstance(decode_message(env.body), KeyBundle)
+
+        got = self.rec.wait_message(bundle, 60)
+        assert got is not None, "no key bundle came"
+        self.send(plan.round, client.share_keys(decode_message(decode_envelope(got.payload).body)).to_bytes())
+        time.sleep(0.5)
+        self.online = False
+        self.status("offline")
+        time.sleep(self.away_s)
+        self.online = True
+        self.status("online")
+        return plan.round
+
+    def close(self) -> None:
+        self.closed.set()
+        self.rec.close()
 

@@ -13,7 +13,6 @@ nothing. Now round 2 opens with them.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -52,50 +51,10 @@ class _Mallory(ProtocolDevice):
     offline for a few seconds (its own retained status), then online and silent."""
 
     def __init__(self, kit: Path) -> None:
-        self.cert = (kit / "device.cert").read_bytes()
-        super().__init__(Credentials.load(kit / "credentials.toml"))
+        super().__init__(Credentials.load(kit / "credentials.toml"), cert=(kit / "device.cert").read_bytes())
 
     def one_round(self, timeout: float = 120.0) -> int | None:
-        from flayer.engine.secure import secure_from_plan
-        from flayer.secagg import DeviceConsistency, KeyBundle, SecAggClient, decode_message
-        from protocol import decode_envelope
-        from protocol import decode_message as decode_wire
-        from protocol.plan_digest import plan_digest
-        from protocol.signing import advert_signer, survivor_signer
-
-        msg = self.rec.wait_message(lambda m: m.topic == self.t.round() and bool(m.payload)
-                                    and self.me in decode_wire(m.payload)[1].selected, timeout)
-        if msg is None:
-            return None
-        plan = decode_wire(msg.payload)[1]
-        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected), plan_digest=plan_digest(plan))
-        assert planned is not None
-        signer = self.creds.signer()
-        cons = DeviceConsistency(survivor_signer(signer, "itest", plan.round, self.me), lambda *a: True, 0.0,
-                                 advert_signer(signer, "itest", plan.round, self.me), lambda *a: True, self.cert)
-        client = SecAggClient(planned.params, self.me, os.urandom, cons)
-        self.send(plan.round, client.advertise().to_bytes())
-
-        def bundle(m: Any) -> bool:
-            if m.topic != self.t.secreq(self.me):
-                return False
-            env = decode_envelope(m.payload)
-            return env.round == plan.round and isinstance(decode_message(env.body), KeyBundle)
-
-        got = self.rec.wait_message(bundle, 60)
-        assert got is not None, "no key bundle came"
-        self.send(plan.round, client.share_keys(decode_message(decode_envelope(got.payload).body)).to_bytes())
-        time.sleep(0.5)
-        self.online = False
-        self.status("offline")  # a signer that cannot come
-        time.sleep(6.0)
-        self.online = True
-        self.status("online")
-        return plan.round
-
-    def close(self) -> None:
-        self.closed.set()
-        self.rec.close()
+        return self.keys_shares_then_away(0, timeout)
 
 
 @pytest.mark.timeout(400)

@@ -84,56 +84,10 @@ class _GoesAway(ProtocolDevice):
     offline for ``away_s`` seconds (its own retained status), then online again."""
 
     def __init__(self, creds: Any, away_s: float = 6.0) -> None:
-        self.away_s = away_s
-        super().__init__(creds)
+        super().__init__(creds, away_s=away_s)
 
     def one_round(self, after: int, timeout: float = 120.0) -> int | None:
-        """Take part in the first plan after round ``after`` that selects mallory; its round (None: none came)."""
-        from flayer.engine.secure import secure_from_plan
-        from flayer.secagg import DeviceConsistency, KeyBundle, decode_message
-        from protocol import decode_envelope
-        from protocol import decode_message as decode_wire
-        from protocol.plan_digest import plan_digest
-        from protocol.signing import advert_signer, survivor_signer
-
-        def mine(m: Any) -> bool:
-            if m.topic != self.t.round() or not m.payload:
-                return False
-            plan = decode_wire(m.payload)[1]
-            return plan.round > after and self.me in plan.selected
-
-        msg = self.rec.wait_message(mine, timeout)
-        if msg is None:
-            return None
-        plan = decode_wire(msg.payload)[1]
-        planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected), plan_digest=plan_digest(plan))
-        assert planned is not None
-        signer = self.creds.signer()
-        cons = DeviceConsistency(survivor_signer(signer, "itest", plan.round, self.me), lambda *a: True, 0.0,
-                                 advert_signer(signer, "itest", plan.round, self.me), lambda *a: True)
-        client = SecAggClient(planned.params, self.me, os.urandom, cons)
-        self.send(plan.round, client.advertise().to_bytes())
-
-        def bundle(m: Any) -> bool:
-            if m.topic != self.t.secreq(self.me):
-                return False
-            env = decode_envelope(m.payload)
-            return env.round == plan.round and isinstance(decode_message(env.body), KeyBundle)
-
-        got = self.rec.wait_message(bundle, 60)
-        assert got is not None, "no key bundle came"
-        self.send(plan.round, client.share_keys(decode_message(decode_envelope(got.payload).body)).to_bytes())
-        time.sleep(0.5)
-        self.online = False
-        self.status("offline")  # a signer that cannot come
-        time.sleep(self.away_s)
-        self.online = True
-        self.status("online")
-        return plan.round
-
-    def close(self) -> None:
-        self.closed.set()
-        self.rec.close()
+        return self.keys_shares_then_away(after, timeout)
 
 
 @pytest.mark.timeout(400)
