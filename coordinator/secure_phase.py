@@ -20,13 +20,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from flayer.engine.secure import SecureSum, abandon_kind, central_noise, plan_round, plan_secure
 from flayer.engine.secure_fit import keep_layout
 from flayer.engine.secure_layout import round_layout
 from flayer.engine.secure_plan import failure_problem
-from flayer.secagg import SecAggAbandoned
+from flayer.secagg import MaskedInput, SecAggAbandoned, SecAggError, decode_message
 from flayer.secagg.graph import round_failure
 from flayer.strategies.base import Strategy
 from protocol import (
@@ -51,6 +52,7 @@ from .config import CoordinatorConfig
 from .device_certs import DeviceCerts
 from .device_keys import DeviceKeys
 from .inbox import Inbox
+from .journal import journal_path, read_journal
 from .open_round import OpenRound
 from .privacy import FederationPrivacy
 from .registry import DeviceRegistry
@@ -64,6 +66,19 @@ VOID_KEPT = 8  # the abandoned rounds a plan names (a device offline for longer 
 VOID_CHARS = 256  # the most a plan's string value holds (protocol.messages)
 
 log = logging.getLogger("coordinator.server")
+
+
+def journaled_masked(rnd: OpenRound, device: str) -> np.ndarray:
+    """``device``'s masked input of ``rnd``, read back from the round's journal (every accepted update lies there): a
+    masked input whose device gave no consent is taken out of the sum (flayer.secagg.server_consent)."""
+    if rnd.journal_dir is None:
+        raise SecAggError(f"round {rnd.number} keeps no journal to read {device}'s masked input back from")
+    for rec in read_journal(journal_path(rnd.journal_dir, rnd.number)).updates:
+        if rec.client == device:  # the first: the protocol takes one masked input a device
+            msg = decode_message(rec.data)
+            if isinstance(msg, MaskedInput):
+                return msg.vector
+    raise SecAggError(f"{device}'s masked input is not in round {rnd.number}'s journal")
 
 
 def secure_strategy(strategy: Strategy) -> Strategy:
@@ -156,7 +171,8 @@ class SecurePhase:
         sec = rnd.secure = SecureRound(planned, layout, c.clock() + self.timing.limit(1),
                                        verify=survivor_verifier(keys, fed, rnd.number),
                                        verify_advert=advert_verifier(keys, fed, rnd.number), timing=self.timing,
-                                       gone=lambda device: not c.registry.is_online(device, c.clock()), certs=certs)
+                                       gone=lambda device: not c.registry.is_online(device, c.clock()), certs=certs,
+                                       recall=lambda device: journaled_masked(rnd, device))
         rnd.stats.extra["secure_stage_limits"] = self.timing.limits()
         need = sec.needed
         fail = round_failure(len(selected), params.degree, params.threshold, need, planned.dropout)
@@ -249,9 +265,11 @@ class SecurePhase:
             if sec.stage == 3 and closing is not None:
                 rnd.stats.extra["secure_closed"] = closing
                 self._send(rnd, sec.advance(now, masked_done=True))
-            if sec.stage == 4:  # the consistency round: the unmask requests once the survivors signed
+            if sec.stage == 4:  # the consents: the survivor set once the survivors consented
                 self._send(rnd, sec.advance(now))
-            if sec.stage == 5 and sec.unmask_done(now):
+            if sec.stage == 5:  # the consistency round: the unmask requests once the survivors signed
+                self._send(rnd, sec.advance(now))
+            if sec.stage == 6 and sec.unmask_done(now):
                 return self.close(rnd, sec.finish(central_noise(rnd.aggregate.privacy)))
         except SecAggAbandoned as exc:
             return self.close(rnd, sec.abandon_early(exc.reason))
@@ -265,7 +283,7 @@ class SecurePhase:
             rnd.aggregate.fold_sum(out.update, len(out.survivors), out.bits, out.noised)
         else:
             log.warning("round %d: secure round abandoned: %s; the model stays as it was", rnd.number, out.reason)
-            if not sec.server.asked:  # no unmask request went out: no device's input can have been revealed
+            if not sec.consent_asked:  # no consent asked: no device booked the round, none's input can be revealed
                 self.void = [*self.void, (rnd.number, sec.planned.params.session)][-VOID_KEPT:]
                 if self.ctx.privacy is not None:  # the schema counts its selections toward no device's k
                     self.ctx.privacy.abandoned(rnd.number)

@@ -15,10 +15,16 @@ Driven by the coordinator's worker thread (its messages and ticks), over :class:
 3. **Masked inputs** arrive as the round's update blobs -- the update path's chunks, memory budget, journal
    and ack (:meth:`SecureRound.masked`) -- and the round's timer ends the stage as it ends a plain round
    (quorum and grace, or the deadline).
-4. **Consistency.** Each survivor gets the whole survivor set (``ConsistencyRequest``) and signs it with its own
+4. **Consent.** Each device whose masked input arrived is asked for its consent (``ConsentRequest``); it books the
+   round in its own privacy ledger, then signs its consent with its own key (``Consent``, checked against the
+   federation's registry or the certificate its advert carried); when all have, or the stage's time is up, the
+   survivors are the devices whose masked input and consent arrived: a masked input without a consent is read back
+   from the round's journal and taken out of the sum, its device counted as dropped (:mod:`flayer.secagg.server_consent`).
+5. **Consistency.** Each participant gets the whole survivor set (``ConsistencyRequest``) and signs it with its own
    key (``SurvivorSignature``, checked against the federation's registry); when all have, or the stage's time is up,
    the signatures travel on in the unmask requests (fewer than T abandon the round: :mod:`flayer.secagg.consistency`).
-5. **Unmasking.** Each survivor gets its ``UnmaskRequest``; when all answered, or the stage's time is up, the
+6. **Unmasking.** Each survivor gets its ``UnmaskRequest``, with the consent of each survivor it lists (a neighbour
+   reveals its share of b_u only for a u whose consent it verifies); when all answered, or the stage's time is up, the
    sum is rebuilt (:meth:`SecureRound.finish`): decoded, checked against what ``count`` clipped uploads can
    reach, and folded. Too few survivors or shares abandon the round with the reason; the model stays.
 
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 from flayer.engine.secure import PlannedSecure, SecureSum, sum_update
 from flayer.engine.secure_layout import Layout
 from flayer.secagg import (
+    Consent,
     KeyAdvert,
     MaskedInput,
     SecAggAbandoned,
@@ -49,6 +56,7 @@ from flayer.secagg import (
     UnmaskShares,
     decode_message,
 )
+from flayer.secagg.server_consent import Recall
 from flayer.secagg.signed_adverts import AdvertSignatureError
 from protocol.certs import RoundCerts
 
@@ -58,7 +66,8 @@ __all__ = ["SecureRound"]
 
 log = logging.getLogger(__name__)
 
-_STAGE_MESSAGE = {1: KeyAdvert, 2: ShareBatch, 3: ShareComplaint, 4: SurvivorSignature, 5: UnmaskShares}
+_STAGE_MESSAGE = {1: KeyAdvert, 2: ShareBatch, 3: ShareComplaint, 4: Consent, 5: SurvivorSignature, 6: UnmaskShares}
+_MESSAGE_STAGE = {KeyAdvert: 1, ShareBatch: 2, Consent: 4, SurvivorSignature: 5, UnmaskShares: 6}
 
 
 @dataclass
@@ -80,6 +89,7 @@ class SecureRound:
     stage_opened: dict[int, float] = field(default_factory=dict)  # stage -> when it opened
     refused: str | None = None  # why the round must not run (flayer.engine.secure_plan.failure_problem): ended at once
     certs: RoundCerts | None = None  # the adverts' certificates, checked on arrival (None: the key registry)
+    recall: Recall | None = None  # a masked input read back (the round's journal) when its device gave no consent
 
     def __post_init__(self) -> None:
         self.server = self._new_server()
@@ -100,7 +110,7 @@ class SecureRound:
         c = self.certs
         return SecAggServer(self.planned.params, ServerConsistency(
             self.verify, self.planned.corrupt_fraction, self.verify_advert, c.admit if c is not None else None,
-            c.cert_of if c is not None else None))
+            c.cert_of if c is not None else None), self.recall)
 
     def _limit(self, stage: int) -> float:
         return self.timing.limit(stage) if self.timing is not None else self.planned.stage_s
@@ -112,7 +122,7 @@ class SecureRound:
 
     def observe(self, msg: object, now: float) -> None:
         """Note how long a stage's message took (late ones too: what the fleet takes, :mod:`.secure_timing`)."""
-        stage = {KeyAdvert: 1, ShareBatch: 2, SurvivorSignature: 4, UnmaskShares: 5}.get(type(msg))
+        stage = _MESSAGE_STAGE.get(type(msg))
         if self.timing is not None and stage is not None:
             start = self.stage_opened.get(stage)
             if start is not None:
@@ -152,6 +162,8 @@ class SecureRound:
                 except AdvertSignatureError as exc:  # a share its sender did not sign, in the sender's envelope
                     self.server.name_faulty(client, f"{client} signed its sealed shares falsely: {exc}")
                     raise
+            elif isinstance(msg, Consent):
+                self.server.receive_consent(msg)
             elif isinstance(msg, SurvivorSignature):
                 self.server.receive_signature(msg)
             elif isinstance(msg, ShareComplaint):  # checked at once: the accused, or a false complainer, is named
@@ -207,20 +219,29 @@ class SecureRound:
             self._censor(2, now, can_come)
             out = [(d, s.shares_for(d).to_bytes()) for d in sorted(s.shared)]
             self.stage, self.opened = 3, now
-        elif self.stage == 3 and masked_done:  # every participant in good standing may sign (witnesses too)
-            self.asked = set(everyone)
-            out = [(d, s.consistency_request(d).to_bytes()) for d in sorted(everyone)]
+        elif self.stage == 3 and masked_done:  # every device whose masked input arrived is asked for its consent
+            out = [(d, s.consent_request(d).to_bytes()) for d in sorted(s.survivors)]
             self._open_stage(4, now)
-        elif self.stage == 4:  # witnesses count towards T; the survivors' own signatures are waited for (each
+        elif self.stage == 4:  # the survivors: masked input and consent (the others are taken out of the sum)
+            unasked = {d for d in s.survivors - s.consented if not self.gone(d)}
+            if len(s.consented) + (0 if now >= self.stage_end else len(unasked)) < need:
+                raise SecAggAbandoned(f"{len(s.consented)} devices consented and {len(unasked)} more can, fewer than "
+                                      f"the {need} the unmasking needs: ended at once")
+            if not unasked or now >= self.stage_end:  # every participant in good standing may sign (witnesses too)
+                self._censor(4, now, unasked)
+                self.asked = set(everyone)
+                out = [(d, s.consistency_request(d).to_bytes()) for d in sorted(everyone)]
+                self._open_stage(5, now)
+        elif self.stage == 5:  # witnesses count towards T; the survivors' own signatures are waited for (each
             unsigned = {d for d in everyone - s.signed if not self.gone(d)}  # answers the unmasking only then)
             if len(s.signed) + (0 if now >= self.stage_end else len(unsigned)) < need:
                 raise SecAggAbandoned(f"{len(s.signed)} devices signed the survivor set and {len(unsigned)} more "
                                       f"can, fewer than T={need}: ended at once")
             survivors_unsigned = unsigned & s.survivors
             if (len(s.signed) >= need and not survivors_unsigned) or now >= self.stage_end:
-                self._censor(4, now, survivors_unsigned)
+                self._censor(5, now, survivors_unsigned)
                 out = [(d, s.unmask_request(d).to_bytes()) for d in sorted(s.survivors)]
-                self._open_stage(5, now)
+                self._open_stage(6, now)
         self.sent_bytes += sum(len(b) for _, b in out)
         return out
 
@@ -233,19 +254,24 @@ class SecureRound:
         """A participant heard from during the signing stage that was not asked yet (its plan came late): the
         survivor set to sign, while the round is open."""
         s = self.server
-        if self.stage != 4 or device in self.asked or device in s.faulty or not self.planned.params.is_participant(device):
+        if self.stage != 5 or device in self.asked or device in s.faulty or not self.planned.params.is_participant(device):
             return []
         self.asked.add(device)
         out = [(device, s.consistency_request(device).to_bytes())]
         self.sent_bytes += len(out[0][1])
         return out
 
+    @property
+    def consent_asked(self) -> bool:
+        """A consent request went out: a device may have booked the round (edge_client.booking)."""
+        return bool(self.server.consent is not None and self.server.consent.asked) or bool(self.server.asked)
+
     def unmask_done(self, now: float) -> bool:
-        """The unmasking (stage 5) is over: every survivor answered, or its time is up, or every one still missing
+        """The unmasking (stage 6) is over: every survivor answered, or its time is up, or every one still missing
         is known offline."""
         s = self.server
         missing = [d for d in s.survivors - s.responded if not self.gone(d)]
-        return self.stage == 5 and (not missing or now >= self.stage_end)
+        return self.stage == 6 and (not missing or now >= self.stage_end)
 
     def finish(self, central: tuple[float, float] | None = None) -> SecureSum:
         """The round's sum, decoded and checked, or why it cannot be had (the model then stays as it was);

@@ -2,7 +2,7 @@
 "Stage deadlines").
 
 Each stage's latency is the time from the stage's opening to a device's message of that stage (key advert, share
-batch, survivor signature, unmask answer), late ones included (a message that missed its stage still says how long
+batch, consent, survivor signature, unmask answer), late ones included (a message that missed its stage still says how long
 the fleet takes). A stage then waits ``FACTOR`` times the ``QUANTILE`` of the latencies measured over the last
 ``WINDOW`` rounds, at least ``FLOOR_S`` (never above the configured ``secure_stage_s``) and at most the ceiling the
 coordinator gives (a third of the round's deadline): ``clamp(2 x p95, min(2 s, secure_stage_s), deadline / 3)``.
@@ -23,7 +23,8 @@ FACTOR = 2.0
 QUANTILE = 0.95
 FLOOR_S = 2.0
 WINDOW = 4  # rounds
-STAGES = (1, 2, 4, 5)  # keys, shares, survivor signatures, unmask answers (stage 3, the masked inputs, is the round's timer)
+STAGES = (1, 2, 4, 5, 6)  # keys, shares, consents, survivor signatures, unmask answers (stage 3, the masked inputs,
+# is the round's timer)
 
 
 class StageTiming:

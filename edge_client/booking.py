@@ -1,91 +1,45 @@
-"""When a secure round's contribution stays in a device's ledger (docs/explanation/secure-aggregation.md, "When a
+"""When a secure round's contribution enters a device's ledger (docs/explanation/secure-aggregation.md, "When a
 device books a secure round").
 
-A device books a private secure round in its ledger (:mod:`edge_client.budget`) before its masked input leaves, and
-marks that entry **provisional** in the same state file (``extra["dp_secure_pending"]``: round, session, z). It becomes
-final when the device answers the round's unmask request -- the point its input can be revealed in the sum -- and the
-state file saying so is written before the answer leaves. It is **taken back** (the ledger as if the round had not
-been booked) only when a later plan names the round's session as abandoned before any unmask request went out (the
-plan's ``secure.void``: the sessions, space-separated; the coordinator's word).
+A device books a private secure round in its ledger (:mod:`edge_client.budget`) **at its consent**: the coordinator
+asks each device whose masked input it holds for its consent (:mod:`flayer.secagg.msg_consent`), and the device
+writes the round into its ledger, in its state file, before the consent leaves. The booking is final: the device
+needs nothing later (no unmask request, no word of the coordinator) to settle it.
 
-A device that signs a survivor set leaving it out (a witness: :attr:`flayer.secagg.SecAggClient.left_out`) before its
-masked input left sends nothing more and has booked nothing. Once its masked input has left, such a set does **not**
-take the booking back: the consistency round binds only the devices that answer the unmasking, so the coordinator may
-show this device a set without it, show every other device the set with it (T signatures without this one) and
-unmask the sum with its input (its neighbours reveal shares of its self-mask seed).
+Why this is sound against a coordinator that lies: a neighbour reveals its share of the device's self-mask seed b_u
+only when the unmask request carries the device's consent and the neighbour verifies it under the device's own key
+(:meth:`flayer.secagg.SecAggClient.unmask`), so the device's input can enter a revealed sum only after the device
+booked it. A coordinator that skips the device's unmask request, or names the round void afterwards, holds no b_u
+without the consent, and with it the round is in the ledger already.
 
-Anything else -- the device crashed or went offline after its masked input, the round was abandoned during the
-unmasking, or the device never heard -- keeps the booking: a ledger may count a round whose sum was not revealed,
-never miss one whose sum was.
+What it costs: nothing before the consent -- a round abandoned before (too few keys, shares or masked inputs, the
+coordinator gone, the device gone after its masked input) is not booked -- and the whole round after it, whether
+or not the sum is then revealed: a round abandoned after the device consented stays in its ledger (over, never under).
+A device that never sent its masked input refuses to consent; one that signed a survivor set leaving it out (a
+witness) consents to nothing after.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from flayer.engine.privacy import RoundPrivacy
-
-from .budget import LEDGER_KEY, DeviceLedger, contribution_multiplier
-
-__all__ = ["PENDING_KEY", "mark_pending", "pending", "settle", "void_sessions"]
+__all__ = ["PENDING_KEY", "book"]
 
 log = logging.getLogger("edge_client.client")
 
-PENDING_KEY = "dp_secure_pending"
+PENDING_KEY = "dp_secure_pending"  # an earlier release's provisional booking: final as it stands (removed at the next)
 
 
-def pending(extra: Mapping[str, Any]) -> tuple[int, str, float] | None:
-    """The provisional booking in a state file's ``extra`` (None: none, or malformed: then it stays booked)."""
-    raw = extra.get(PENDING_KEY)
-    try:
-        return (int(raw["round"]), str(raw["session"]), float(raw["z"])) if raw else None
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def mark_pending(extra: MutableMapping[str, Any], privacy: Mapping[str, Any], round_: int, session: str,
-                 rounds_before: int) -> None:
-    """Mark the booking just made for ``round_`` provisional (only when the ledger did count it: a re-sent masked
-    input books nothing new)."""
-    rp = RoundPrivacy.from_plan(privacy) if privacy else None
-    try:
-        booked = DeviceLedger.from_extra(extra).rounds > rounds_before
-    except ValueError:
-        booked = False
-    if rp is None or not booked:
-        return
-    extra[PENDING_KEY] = {"round": int(round_), "session": str(session), "z": contribution_multiplier(rp, True)}
-
-
-def settle(extra: MutableMapping[str, Any], round_: int, session: str, revealed: bool) -> bool:
-    """Make the provisional booking of (``round_``, ``session``) final (``revealed``) or take it back; True when
-    ``extra`` changed (the caller writes the state file before it answers)."""
-    mine = pending(extra)
-    if mine is None or mine[:2] != (round_, session):
+def book(extra: MutableMapping[str, Any], record: Callable[[Mapping[str, Any], bool, int], None],
+         privacy: Mapping[str, Any], round_: int) -> bool:
+    """Book the secure round ``round_`` at its consent (``record``: the device's ledger writer,
+    :meth:`edge_client.budget.DeviceBudgets._record_contribution`, which counts a round once); True when ``extra``
+    changed and the caller writes the state file before the consent leaves. A round without privacy books nothing."""
+    if not privacy:
         return False
-    del extra[PENDING_KEY]
-    if revealed:
-        return True
-    try:
-        ledger = DeviceLedger.from_extra(extra)
-    except ValueError:
-        return True  # a malformed ledger is replaced at the next booking (edge_client.budget)
-    z = mine[2]
-    if ledger.last_round == round_ and ledger.runs and ledger.runs[-1][0] == z:
-        last_z, n = ledger.runs[-1]
-        ledger.runs = ledger.runs[:-1] + ([(last_z, n - 1)] if n > 1 else [])
-        extra[LEDGER_KEY] = ledger.state()  # last_round stays: the round is never booked twice
-        log.info("secure round %d: its contribution is taken back from the ledger (its sum cannot be revealed)",
-                 round_)
+    record(privacy, True, round_)
+    extra.pop(PENDING_KEY, None)
+    log.info("secure round %d: booked in the privacy ledger before its consent leaves", round_)
     return True
-
-
-def void_sessions(raw: Any) -> frozenset[str]:
-    """The sessions a plan's ``secure.void`` names (space-separated); ValueError when malformed."""
-    if raw is None or raw == "":
-        return frozenset()
-    if not isinstance(raw, str) or len(raw) > 256:
-        raise ValueError("plan: secure.void must be a string of at most 256 characters (space-separated sessions)")
-    return frozenset(raw.split())

@@ -14,17 +14,15 @@ A selected device:
 3. once it has trained and holds the shares addressed to it, lays its upload out on the round's common
    positions, quantises it into the ring and masks it (:meth:`SecureSession.masked_blob`): that blob is its
    update of the round, sent, stored and re-sent like any update;
-4. signs the whole survivor set the coordinator shows it (``ConsistencyRequest``), once, with its own key -- also
+4. once its masked input has left, answers the ``ConsentRequest`` with its consent, signed with its own key: a
+   private round is booked in its ledger, on disk, before the consent leaves (:mod:`edge_client.booking`);
+5. signs the whole survivor set the coordinator shows it (``ConsistencyRequest``), once, with its own key -- also
    when the set leaves it out (a witness: its keys, shares or masked input came late), which then sends nothing more;
-5. answers the ``UnmaskRequest`` with the shares it holds (one kind per neighbour: never both), and only when the
+6. answers the ``UnmaskRequest`` with the shares it holds (one kind per neighbour: never both), and only when the
    request carries T valid signatures of other devices over the set it signed, each checked under the certificate
    the round's messages carried for its signer (or the federation's key registry on a device without a certificate:
-   :mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`).
-
-A private round is booked in the device's ledger before its masked input leaves, provisionally: final once it
-answers the unmask request (written before the answer leaves), taken back only when a later plan names the round
-abandoned before its unmasking (:mod:`edge_client.booking`). A device that witnessed a set without itself before its
-masked input left booked nothing; one whose masked input had left keeps the booking.
+   :mod:`edge_client.peer_keys`; :mod:`flayer.secagg.consistency`), and the consent of every survivor it lists,
+   each checked under the key its neighbour's advert carried (no share of b_u for a u that did not consent).
 
 Without a key registry (``signing_keys.json`` from its kit) a device can check none of the other devices' keys, so
 it takes no part in secure rounds: it sends no advert (it would refuse every bundle, and before this every unmask
@@ -43,6 +41,7 @@ from typing import Any
 from flayer.engine.secure import PlannedSecure, secure_from_plan
 from flayer.engine.secure_layout import layout_of
 from flayer.secagg import (
+    ConsentRequest,
     ConsistencyRequest,
     DeviceConsistency,
     KeyBundle,
@@ -67,7 +66,6 @@ from protocol.plan_digest import plan_digest
 from protocol.signing import advert_signer, advert_verifier, survivor_signer, survivor_verifier
 
 from . import booking
-from .budget import DeviceLedger
 from .certified_keys import round_keys
 from .download import Pending
 from .store import StoredState, UploadRecord
@@ -89,7 +87,7 @@ class SecureSession:
         self.masked_sent = False
         self.privacy: dict[str, Any] = {}  # the plan's privacy parameters (a private round: counted when sent)
         self.terms = ""  # edge_client.work.plan_terms of the plan the session was opened under
-        self.answered = False  # it answered the unmask request: its provisional booking is final (edge_client.booking)
+        self.consenting = False  # the last message asked for its consent: booked before the answer leaves
 
     @property
     def round(self) -> int:
@@ -115,12 +113,14 @@ class SecureSession:
         if isinstance(msg, ShareBatch):
             self.shares = msg
             return []
+        if isinstance(msg, ConsentRequest):  # booked before the consent leaves (SecureRounds._on_secreq)
+            out = [self.client.consent(msg).to_bytes()]
+            self.consenting = True
+            return out
         if isinstance(msg, ConsistencyRequest):
             return [self.client.sign_survivors(msg).to_bytes()]
         if isinstance(msg, UnmaskRequest):
-            out = [self.client.unmask(msg).to_bytes()]
-            self.answered = True  # booked for good before the answer leaves (SecureRounds._on_secreq)
-            return out
+            return [self.client.unmask(msg).to_bytes()]
         raise SecAggError(f"a {type(msg).__name__} is not a message for a device")
 
     def masked_blob(self) -> bytes | None:
@@ -175,7 +175,6 @@ class SecureRounds:
 
     def _secure_plan(self, plan: Any) -> None:
         """A plan: open this device's session of a secure round it is selected for, and send its keys."""
-        self._secure_void(plan)
         try:
             planned = secure_from_plan(plan.secure, plan.round, tuple(plan.selected),  # bound to the whole plan
                                        self.settings.secure_corrupt_fraction, plan.privacy, plan_digest(plan))
@@ -229,29 +228,16 @@ class SecureRounds:
         if sec is None or env.round != sec.round:
             log.info("%s: a secure-round message of round %d, no such round here", self.id, env.round)
             return
+        sec.consenting = False
         try:
             out = sec.on_message(env.body)
         except SecAggError as exc:
             log.warning("%s: secure round %d: refused a message: %s", self.id, sec.round, exc)
             return
-        # final once it answers the unmasking; a witness keeps its booking: one that signed before its masked input
-        # left booked nothing (it sends nothing more), and once its input has left the coordinator may have shown
-        # the others a set holding it (edge_client.booking)
-        if sec.answered and booking.settle(self.stored.extra, sec.round, sec.session, True):
-            self.store.save(self.stored)  # the booking made final on disk before the answer leaves
+        if sec.consenting and booking.book(self.stored.extra, self._record_contribution, sec.privacy, sec.round):
+            self.store.save(self.stored)  # the round in the ledger on disk before the consent leaves
         self._secure_publish(out, sec.round)
         self._secure_send_masked()
-
-    def _secure_void(self, plan: Any) -> None:
-        """Take back the provisional booking of a round the plan names as abandoned before its unmasking."""
-        try:
-            void = booking.void_sessions((plan.secure or {}).get("void"))
-        except ValueError as exc:
-            log.warning("%s: %s: ignored (a provisional booking stays)", self.id, exc)
-            return
-        mine = booking.pending(self.stored.extra) if void else None
-        if mine is not None and mine[1] in void and booking.settle(self.stored.extra, mine[0], mine[1], False):
-            self.store.save(self.stored)
 
     def _secure_trained(self, up: Any, round_: int) -> None:
         """The local round of a secure round is done: keep the state, mask the update once the shares are here."""
@@ -281,12 +267,6 @@ class SecureRounds:
         self._progress("trained", round=round_, bytes=0, acc=up.eval.acc if up.eval else None, secure=True)
         self._secure_send_masked()
 
-    def _ledger_rounds(self) -> int:
-        try:
-            return DeviceLedger.from_extra(self.stored.extra).rounds
-        except ValueError:
-            return 0
-
     def _secure_send_masked(self) -> None:
         sec = self._secure
         if sec is None or self._busy:
@@ -309,9 +289,6 @@ class SecureRounds:
         payloads = tuple(chunk_blob(blob, Kind.UPDATE_CHUNK, self.creds.federation, self.id, r,
                                     self.creds.max_payload, key=self.signer))
         self.store.save_upload(blob)  # the masked input (nothing of the update readable), re-sent like an update
-        before = self._ledger_rounds()
-        self._record_contribution(sec.privacy, True, r)  # a private round: in the ledger with the state below,
-        booking.mark_pending(self.stored.extra, sec.privacy, r, sec.session, before)  # provisional until unmasked
         self.stored = StoredState(self.stored.state, r, UploadRecord(r, digest, len(blob)), False, self.stored.extra,
                                   self.stored.on_disk)  # a released state stays the state file's
         self.store.save(self.stored)

@@ -7,7 +7,7 @@ What a driver does with :mod:`flayer.secagg` (docs/explanation/secure-aggregatio
    With adaptive clipping the clip bit ``b_k`` rides as one more coordinate, so only its sum is seen.
 2. **Ring.** Each value is clipped to ``[-R, R]`` and quantised into Z_{2^32} with stochastic rounding
    (:func:`flayer.secagg.ring.encode`), the scale chosen so the sum of the round's cohort never wraps.
-3. **Protocol.** Keys, encrypted shares, masked inputs, unmasking with the survivors' shares
+3. **Protocol.** Keys, encrypted shares, masked inputs, consents, unmasking with the survivors' shares
    (:func:`flayer.secagg.local.run_round` in process; the same state machines over MQTT).
 4. **Fold.** The unmasked ring sum is decoded, checked (:func:`check_sum`: no sum of ``count`` honest
    uploads exceeds ``count`` times the bound each is clipped to), and folded as ``count`` contributions
@@ -70,7 +70,7 @@ __all__ = [
     "sum_update",
 ]
 
-DROP_STAGES = ("after_keys", "after_shares", "after_masked")
+DROP_STAGES = ("after_keys", "after_shares", "after_masked", "after_consent")
 
 
 @dataclass(frozen=True)
@@ -209,8 +209,8 @@ def abandon_kind(reason: str | None) -> str | None:
 
 
 def drops_for(selected: tuple[str, ...], rate: float, seed: int, round_: int) -> dict[str, str]:
-    """``flayer simulate``'s planned dropouts: each selected device drops with probability ``rate`` at a
-    protocol step drawn uniformly (after its keys, after its shares, or after its masked input)."""
+    """``flayer simulate``'s planned dropouts: each selected device drops with probability ``rate`` at a protocol
+    step drawn uniformly (after its keys, its shares, its masked input -- no consent: left out -- or its consent)."""
     if rate <= 0:
         return {}
     rng = np.random.default_rng(derive_seed(seed, round_, "secagg-drops"))  # simulated dropouts: protects nothing

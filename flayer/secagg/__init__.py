@@ -88,6 +88,8 @@ from .errors import SecAggAbandoned, SecAggError
 from .graph import neighbour_count, neighbour_graph
 from .local import DROP_POINTS, RoundOutcome, run_round
 from .messages import (
+    Consent,
+    ConsentRequest,
     ConsistencyRequest,
     EncryptedShare,
     KeyAdvert,
@@ -108,6 +110,8 @@ from .server import SecAggServer
 
 __all__ = [
     "DROP_POINTS",
+    "Consent",
+    "ConsentRequest",
     "ConsistencyRequest",
     "DeviceConsistency",
     "EncryptedShare",

@@ -13,11 +13,14 @@ Bonawitz et al. (CCS 2017), Fig. 4, restricted to the device's neighbours N(u) (
 2. :meth:`SecAggClient.masked_input`: open the shares received (their senders are the neighbours that
    completed stage 2) and send ``y_u = x_u + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)``
    (mod 2^bits, the round's ring width; v over those neighbours, ``>`` on the participant order).
-3. :meth:`SecAggClient.sign_survivors` (with a :class:`~flayer.secagg.consistency.DeviceConsistency`): sign the
-   whole survivor set the coordinator shows, once per round (the consistency round, :mod:`.consistency`).
+3. :meth:`SecAggClient.consent` (with a :class:`~flayer.secagg.consistency.DeviceConsistency`): after its masked
+   input, sign this device's consent to its input entering the round's revealed sum (:mod:`.msg_consent`; the
+   caller books the round first). :meth:`SecAggClient.sign_survivors`: sign the whole survivor set the coordinator
+   shows, once per round (the consistency round, :mod:`.consistency`).
 4. :meth:`SecAggClient.unmask`: reveal the share of b_v for each surviving v and of s_v^SK for each
    dropped v -- never both for one v, and only once per round; with the consistency round only when the
-   request matches the signed set and carries T valid signatures over that same set.
+   request matches the signed set, carries T valid signatures over that same set, and carries the consent of
+   every survivor it lists, each verified here under that survivor's key.
 
 Every stage checks what it can (round, addressee, sender in N(u), enough devices left: t) and
 raises :class:`~flayer.secagg.errors.SecAggError` on anything else; after a refusal the client
@@ -35,7 +38,10 @@ from . import keys, shamir
 from .consistency import DeviceConsistency, consistency_threshold, count_valid, survivor_set_message
 from .errors import SecAggError
 from .graph import connected
+from .msg_consent import consent_message
 from .messages import (
+    Consent,
+    ConsentRequest,
     ConsistencyRequest,
     EncryptedShare,
     KeyAdvert,
@@ -81,6 +87,7 @@ class SecAggClient:
         self._complaints: dict[str, bytes] = {}  # neighbour whose share did not open -> that pair's private key
         self._consistency = consistency  # None: no consistency round (a coordinator trusted to tell one story)
         self._signed: frozenset[str] | None = None  # the survivor set this device signed (once per round)
+        self._consent: Consent | None = None  # this device's consent, once given (after its masked input)
 
     @property
     def partners(self) -> frozenset[str]:
@@ -257,6 +264,22 @@ class SecAggClient:
             return None
         return b_share, s_share
 
+    def consent(self, request: ConsentRequest) -> Consent:
+        """The consent stage: this device's signature consenting to its masked input entering the round's revealed sum
+        (the same one when asked again). Refused before its masked input was made: nothing of it can be summed."""
+        p, me, cons = self.params, self.device, self._consistency
+        if self._consent is not None and (request.round, request.device) == (p.round, me):
+            return self._consent
+        self._enter(3, "consent")  # its masked input made: stage 3
+        if cons is None:
+            raise self._refuse("asked to consent, but this device runs no consistency round (no long-term key)")
+        if request.round != p.round or request.device != me:
+            raise self._refuse(f"consent request is for {request.device} in round {request.round}")
+        if self._signed is not None:
+            raise self._refuse("asked to consent after this device signed a survivor set")
+        self._consent = Consent(p.round, me, cons.sign(consent_message(p.session, p.round, me, p.transcript)))
+        return self._consent
+
     def sign_survivors(self, request: ConsistencyRequest) -> SurvivorSignature:
         """The consistency round: sign the whole survivor set shown, once (a second set is refused). A participant
         left out of the set -- its keys, shares or masked input came late, or never -- signs it too, as a witness
@@ -285,6 +308,8 @@ class SecAggClient:
         if not connected(p.graph, survivors):  # each part's masks would cancel alone: its sum exposed
             raise self._refuse("the survivor set's neighbour graph is split: each part's sum could be unmasked "
                                "on its own")
+        if not witness and self._consent is None:
+            raise self._refuse("the survivor set holds this device, which never consented to its input being summed")
         unknown = sorted((survivors & p.neighbours(me)) - self._partners) if not witness else []
         if unknown:
             raise self._refuse(f"the survivor set holds neighbours {unknown}, whose shares never reached this device")
@@ -294,9 +319,7 @@ class SecAggClient:
 
     @property
     def left_out(self) -> bool:
-        """This device signed a survivor set without itself: it sends no masked input after this. A masked input
-        sent before may still be in a sum -- the consistency round binds only the devices that answer the unmasking,
-        and the coordinator may have shown the others a set holding this device (edge_client.booking)."""
+        """This device signed a survivor set without itself: it sends no masked input (nor consent) after this."""
         return self._signed is not None and self.device not in self._signed
 
     def _check_consistent(self, request: UnmaskRequest) -> None:
@@ -319,6 +342,24 @@ class SecAggClient:
         if len(good) < need:
             raise self._refuse(f"{len(good)} devices signed the survivor set this device signed, fewer than "
                                f"T={need}: the coordinator may have shown others another set")
+        self._check_consents(request)
+
+    def _check_consents(self, request: UnmaskRequest) -> None:
+        """Every survivor the request lists consented (its signature over :func:`consent_message`, verified here under
+        its own key): a share of b_u leaves only for a u that booked the round before consenting."""
+        p, me, cons = self.params, self.device, self._consistency
+        assert cons is not None
+        if self._consent is None:
+            raise self._refuse("an unmask request, but this device never consented to its input being summed")
+        given = dict(request.consents)  # one per device (UnmaskRequest checks it)
+        for u in sorted(set(request.survivors) - {me}):
+            sig = given.get(u)
+            if sig is None:
+                raise self._refuse(f"the unmask request lists {u} as a survivor without its consent: no share of b_{u} "
+                                   "is revealed for a device that has not consented")
+            if not cons.verify(u, consent_message(p.session, p.round, u, p.transcript), sig):
+                raise self._refuse(f"the consent the unmask request carries for {u} does not verify under {u}'s key "
+                                   f"(another round, plan or device, or forged): no share of b_{u} is revealed")
 
     def unmask(self, request: UnmaskRequest) -> UnmaskShares:
         """Stage 4: shares of b_v for the surviving, of s_v^SK for the dropped neighbours (once)."""

@@ -7,10 +7,15 @@ layout and the codecs are exercised. A device may drop at one point of the round
 * ``"before_keys"``: it never advertises;
 * ``"after_keys"``: it advertises and then sends nothing (no shares);
 * ``"after_shares"``: it sends its shares and no masked input;
-* ``"after_masked"``: it sends its masked input and does not answer the consistency or unmask stage.
+* ``"after_masked"``: it sends its masked input and gives no consent (with ``consistency``): it counts as
+  dropped, its input left out of the sum; without the consistency round it does not answer the unmask stage;
+* ``"after_consent"``: it sends its masked input and its consent, and does not answer the consistency or unmask
+  stage (its input is in the sum, unmasked with its neighbours' shares).
 
-With ``consistency`` (the default) the survivors sign the survivor set between the masked inputs and the
-unmasking (:mod:`~flayer.secagg.consistency`), with in-process long-term keys (:class:`LocalIdentities`).
+With ``consistency`` (the default) each device whose masked input arrived is asked for its consent
+(:mod:`~flayer.secagg.msg_consent`), and the survivors -- masked input and consent -- sign the survivor set
+between the consents and the unmasking (:mod:`~flayer.secagg.consistency`), with in-process long-term keys
+(:class:`LocalIdentities`).
 
 A device that refuses a message (:class:`~flayer.secagg.errors.SecAggError`) drops at that point
 and its reason is kept in ``RoundOutcome.refusals``.
@@ -37,8 +42,8 @@ from .server import SecAggServer
 
 __all__ = ["DROP_POINTS", "RoundOutcome", "run_round"]
 
-DropPoint = Literal["before_keys", "after_keys", "after_shares", "after_masked"]
-DROP_POINTS: tuple[str, ...] = ("before_keys", "after_keys", "after_shares", "after_masked")
+DropPoint = Literal["before_keys", "after_keys", "after_shares", "after_masked", "after_consent"]
+DROP_POINTS: tuple[str, ...] = ("before_keys", "after_keys", "after_shares", "after_masked", "after_consent")
 M = TypeVar("M", bound=Message)
 
 
@@ -46,7 +51,7 @@ M = TypeVar("M", bound=Message)
 class RoundOutcome:
     """What a round gave: the sums (None if abandoned), who survived or dropped, and each device's traffic.
 
-    ``dropped`` are the devices that sent shares but no masked input (the server's U2 minus U3);
+    ``dropped`` are the devices that sent shares but are not survivors (no masked input, or no consent);
     ``bytes_per_device`` counts the bytes a device sent and received, ``messages_per_device`` the
     messages.
     """
@@ -123,6 +128,9 @@ def run_round(params: SecAggParams, vectors: Mapping[str, np.ndarray],
                     for complaint in clients[d].complaints():  # before the masked input, as a device sends them
                         server.receive_complaint(carry(complaint, d))
                     server.receive_masked(carry(masked, d))
+                elif action == "consent":
+                    asked = carry(server.consent_request(d), d)
+                    server.receive_consent(carry(clients[d].consent(asked), d))
                 elif action == "sign":
                     shown = carry(server.consistency_request(d), d)
                     server.receive_signature(carry(clients[d].sign_survivors(shown), d))
@@ -139,9 +147,13 @@ def run_round(params: SecAggParams, vectors: Mapping[str, np.ndarray],
     try:
         step("after_keys", "advertise")
         step("after_shares", "share")
-        step("after_masked", "mask")
+        step("", "mask")  # "": nobody leaves here
+        alive = [d for d in alive if drops.get(d) != "after_masked"]  # gone after the masked input: no consent
         if consistency:
-            step("consistency", "sign")  # nobody leaves here
+            step("after_consent", "consent")
+            step("", "sign")
+        else:  # no consent stage: leaving after the consent is leaving after the masked input
+            alive = [d for d in alive if drops.get(d) != "after_consent"]
         step(None, "unmask")
         ring_sum = server.result()
     except SecAggAbandoned as exc:

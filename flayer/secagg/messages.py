@@ -20,8 +20,11 @@ kind               direction            body
                                         164 B sealed, 64 B sender's signature) each
 4 MaskedInput      device -> server     id, u8 width w, u32 n, n values of w bits   n w / 8 B
 5 UnmaskRequest    server -> device     id, u32 survivor count, survivors, dropped, ~ 20 k B
-                                        signatures, their signers' certificates     + 355 (T - 1) B
+                                        signatures, their signers' certificates,    + 355 (T - 1) B
+                                        the listed survivors' consents              + ~ 75 k B
 6 UnmaskShares     device -> server     id, b shares (id, 68 B), s shares (id, 68 B) ~ 90 k B
+10 ConsentRequest  server -> device     id (:mod:`.msg_consent`)                    ~ 20 B
+11 Consent         device -> server     id, 64 B signature                          ~ 85 B
 =================  ===================  ==========================================================
 """
 
@@ -29,12 +32,15 @@ from __future__ import annotations
 
 from ._wire import MAGIC, VERSION
 from .errors import SecAggError
+from .msg_consent import Consent, ConsentRequest
 from .msg_setup import CIPHERTEXT_LEN, EncryptedShare, KeyAdvert, KeyBundle, ShareBatch, ShareComplaint
 from .msg_unmask import ConsistencyRequest, MaskedInput, SurvivorSignature, UnmaskRequest, UnmaskShares
 
 __all__ = [
     "CIPHERTEXT_LEN",
     "MAGIC",
+    "Consent",
+    "ConsentRequest",
     "VERSION",
     "ConsistencyRequest",
     "EncryptedShare",
@@ -51,10 +57,10 @@ __all__ = [
 ]
 
 Message = (KeyAdvert | KeyBundle | ShareBatch | MaskedInput | UnmaskRequest | UnmaskShares | ConsistencyRequest
-           | SurvivorSignature | ShareComplaint)
+           | SurvivorSignature | ShareComplaint | ConsentRequest | Consent)
 _KINDS: dict[int, type[Message]] = {1: KeyAdvert, 2: KeyBundle, 3: ShareBatch, 4: MaskedInput,
                                     5: UnmaskRequest, 6: UnmaskShares, 7: ConsistencyRequest, 8: SurvivorSignature,
-                                    9: ShareComplaint}
+                                    9: ShareComplaint, 10: ConsentRequest, 11: Consent}
 
 
 def decode_message(data: bytes) -> Message:

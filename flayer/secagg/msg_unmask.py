@@ -102,7 +102,9 @@ class UnmaskRequest:
     ``survivors`` includes the device itself; ``survivor_count`` is the size of the whole survivor set;
     ``signatures`` the survivors' signatures over the survivor set (the consistency round: :mod:`.consistency`);
     ``certs`` the signers' certificates from the federation's authority, in the signatures' order (the device checks
-    each against the authority itself; empty where devices' keys come from a registry).
+    each against the authority itself; empty where devices' keys come from a registry); ``consents`` each listed
+    survivor's consent (:mod:`.msg_consent`): the device reveals its share of b_u only for a u whose consent it
+    verifies itself.
     """
 
     round: int
@@ -112,10 +114,15 @@ class UnmaskRequest:
     dropped: tuple[str, ...]
     signatures: tuple[tuple[str, bytes], ...] = ()
     certs: tuple[bytes, ...] = field(default=(), repr=False)
+    consents: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         check_round(self.round)
         check_id(self.device, "UnmaskRequest device")
+        object.__setattr__(self, "consents", tuple((s, sig) for s, sig in self.consents))
+        if len(self.consents) > MAX_ENTRIES:
+            raise SecAggError(f"UnmaskRequest consents: {len(self.consents)} entries exceed the limit {MAX_ENTRIES}")
+        _check_signatures(self.consents, "UnmaskRequest consent")
         object.__setattr__(self, "certs", tuple(self.certs))
         if self.certs and len(self.certs) != len(self.signatures):
             raise SecAggError("UnmaskRequest: certs are one per signature, or none")
@@ -135,7 +142,7 @@ class UnmaskRequest:
                 + pack_u16(len(self.survivors), "survivors") + b"".join(pack_id(s) for s in self.survivors)
                 + pack_u16(len(self.dropped), "dropped") + b"".join(pack_id(d) for d in self.dropped)
                 + _pack_signatures(self.signatures) + pack_u16(len(self.certs), "certs")
-                + b"".join(pack_u16(len(c), "cert") + c for c in self.certs))
+                + b"".join(pack_u16(len(c), "cert") + c for c in self.certs) + _pack_signatures(self.consents))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnmaskRequest:
@@ -147,8 +154,10 @@ class UnmaskRequest:
                      for i in range(r.count("signatures", MAX_SET)))
         certs = tuple(r.take(r.count(f"cert {i} length", MAX_CERT_LEN), f"cert {i}")
                       for i in range(r.count("certs", MAX_SET)))
+        consents = tuple((r.device(f"consent {i} device"), r.take(SIGNATURE_LEN, f"consent {i}"))
+                         for i in range(r.count("consents", MAX_ENTRIES)))
         r.done()
-        return cls(round_id, device, count, survivors, dropped, sigs, certs)
+        return cls(round_id, device, count, survivors, dropped, sigs, certs, consents)
 
 
 @dataclass(frozen=True)

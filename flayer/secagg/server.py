@@ -2,9 +2,10 @@
 
 Bonawitz et al. (CCS 2017), Fig. 4, server side, over the SecAgg+ graph (Bell et al., CCS 2020). The
 device sets shrink stage by stage: U1 advertised keys, U2 sent shares (U2 within U1), U3 sent a masked
-input (survivors, within U2), U2 minus U3 dropped. Each stage closes when the wire layer first asks
-for the next stage's output (``key_bundle``, ``shares_for``, ``unmask_request``, ``result``); a set
-smaller than t ends the round with :class:`~flayer.secagg.errors.SecAggAbandoned`.
+input (within U2); with the consistency round, the survivors are those of U3 that also consented
+(:mod:`.server_consent`), and U2 minus the survivors dropped. Each stage closes when the wire layer first asks
+for the next stage's output (``key_bundle``, ``shares_for``, ``consent_request``, ``unmask_request``, ``result``);
+a set smaller than t ends the round with :class:`~flayer.secagg.errors.SecAggAbandoned`.
 
 The server holds the running sum of the masked inputs, never one of them alone, and it reconstructs
 b_u only for survivors and s_u^SK only for the dropped: ``_reconstruct`` refuses the second kind of
@@ -15,19 +16,22 @@ on its own.
 from __future__ import annotations
 
 import logging
-import random
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Mapping
 
 import numpy as np
 
 from . import keys, shamir
 from .consistency import ServerConsistency
+from .decoding import decoded as _decoded
+from .decoding import subsets as _subsets
 from .errors import SecAggAbandoned, SecAggError
-from .messages import KeyAdvert, KeyBundle, MaskedInput, ShareBatch, UnmaskRequest, UnmaskShares
+from .graph import connected
+from .messages import Consent, ConsentRequest, KeyAdvert, KeyBundle, MaskedInput, ShareBatch, UnmaskRequest, UnmaskShares
 from .msg_setup import EncryptedShare
 from .params import SecAggParams
 from .prg import expand
 from .server_complaints import ComplaintStage
+from .server_consent import ConsentBook, Recall
 from .server_consistency import ConsistencyStage
 from .signed_adverts import AdvertSignatureError, SignedAdvertStage
 from .signed_shares import batch_problem
@@ -41,9 +45,12 @@ _KINDS = ("b", "s")  # b: self-mask seed (survivors), s: mask private key (dropp
 class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
     """The coordinator's state for one round; every input is checked against ``params`` and the stage."""
 
-    def __init__(self, params: SecAggParams, consistency: ServerConsistency | None = None) -> None:
+    def __init__(self, params: SecAggParams, consistency: ServerConsistency | None = None,
+                 recall: Recall | None = None) -> None:
         self.params = params
         self.consistency = consistency  # the consistency round between masked inputs and unmasking (None: none)
+        # the consent stage, with the consistency round (the same long-term keys); ``recall``: server_consent
+        self.consent = ConsentBook(params, consistency.verify, recall) if consistency is not None else None
         self._signatures: dict[str, bytes] = {}
         self._signed_closed = False
         self._set_message: bytes | None = None
@@ -73,22 +80,24 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         return frozenset(self._sent)
 
     @property
-    def asked(self) -> frozenset[str]:
-        """The survivors sent an unmask request so far."""
+    def asked(self) -> frozenset[str]:  # the survivors sent an unmask request so far
         return frozenset(self._requests)
 
     @property
-    def responded(self) -> frozenset[str]:
-        """The survivors whose unmask answer arrived."""
+    def responded(self) -> frozenset[str]:  # the survivors whose unmask answer arrived
         return frozenset(self._responded)
 
     @property
-    def survivors(self) -> frozenset[str]:
+    def survivors(self) -> frozenset[str]:  # U3 (masked inputs); once the consent stage closed, those that consented
         return frozenset(self._masked)
 
     @property
+    def consented(self) -> frozenset[str]:  # the devices whose consent arrived (none without a consent stage)
+        return self.consent.consented if self.consent is not None else frozenset()
+
+    @property
     def dropped(self) -> frozenset[str]:
-        """U2 minus U3, once stage 3 is closed (empty before: who will send a masked input is open)."""
+        """U2 minus the survivors, once stage 3 is closed (empty before: who will send a masked input is open)."""
         return frozenset(self._sent) - frozenset(self._masked) if self._stage >= 4 else frozenset()
 
     @property
@@ -133,27 +142,6 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
             self.faulty[advert.device] = why
             raise SecAggError(why)
         self._adverts[advert.device] = advert
-
-    def _bad_keys(self, advert: KeyAdvert) -> str | None:
-        """Why an advert's keys are refused (its sender proven faulty: anyone can check it), or None."""
-        if advert.c_pk == advert.s_pk or advert.s_pk in advert.pair_pks:
-            return f"{advert.device} advertised one key for both purposes"
-        why = self._pair_keys_problem(advert)
-        if why is not None:
-            return why
-        if len({advert.c_pk, *advert.pair_pks}) != 1 + len(advert.pair_pks):
-            return f"{advert.device} advertised one channel key for two neighbours"
-        for key, what in ((advert.c_pk, "c_pk"), (advert.s_pk, "s_pk"),
-                          *((k, f"pair key {i}") for i, k in enumerate(advert.pair_pks))):
-            try:
-                keys.check_public_key(key, f"{advert.device}'s {what}")
-            except SecAggError as exc:
-                return str(exc)
-        taken = {k: d for d, a in self._adverts.items() for k in (a.c_pk, a.s_pk, *a.pair_pks)}
-        for key in (advert.c_pk, advert.s_pk, *advert.pair_pks):
-            if key in taken:
-                return f"{advert.device} advertised a public key {taken[key]} advertised first"
-        return None
 
     def key_bundle(self, device: str) -> KeyBundle:
         """The adverts of ``device``'s neighbours that advertised (closes stage 1 on the first call)."""
@@ -210,11 +198,41 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
             raise SecAggError(f"masked input from {masked.device} is in Z_2^{masked.bits}, not the round's "
                               f"Z_2^{self.params.ring.bits}")
         self._masked.add(masked.device)
-        self._sum += masked.vector  # wraps mod 2^32; only the running sum is kept
+        self._sum += masked.vector  # wraps mod 2^32; only the running sum is kept (and, without recall, the input
+        if self.consent is not None:  # until its device consents: server_consent)
+            self.consent.keep(masked.device, masked.vector)
+
+    # -- the consent stage (with the consistency round) -----------------------------------------------
+    def consent_request(self, device: str) -> ConsentRequest:
+        """Ask ``device``, whose masked input arrived, for its consent (closes stage 3 on the first call)."""
+        if self.consent is None:
+            raise SecAggError("this round runs no consent stage")
+        self._at((3, 4), "consent request")
+        self._close(3, self.survivors, "sent a masked input")
+        return self.consent.request(device, self.survivors)
+
+    def receive_consent(self, msg: Consent) -> None:
+        self._at((4,) if self.consent is not None else (), "consent")  # a round without one: out of order
+        assert self.consent is not None
+        self.consent.receive(msg, self.survivors)
 
     def _close_masked(self) -> None:
+        """Close stage 3 (and the consent stage): the survivors are fixed, at least t of them, connected."""
+        if self.consent is None:
+            if self._stage == 3:
+                self._close(3, self.survivors, "sent a masked input")
+                self._check_connected()
+            return
         if self._stage == 3:
-            self._close(3, self.survivors, "sent a masked input")
+            raise SecAggError("the survivors asked for before the consent stage")
+        if not self.consent.closed:
+            try:
+                self._masked = set(self.consent.close(frozenset(self._masked), self._sum))
+            except SecAggError as exc:  # a masked input without a consent that cannot be read back
+                raise self._abandon(str(exc)) from None
+            if len(self._masked) < self.params.threshold:
+                raise self._abandon(f"{len(self._masked)} devices sent a masked input and consented, fewer than "
+                                    f"t={self.params.threshold}")
             self._check_connected()
 
     def unmask_request(self, device: str) -> UnmaskRequest:
@@ -240,24 +258,17 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
                 others = sorted(set(self._signatures) - {device})[:self.signatures_needed]  # the device counts itself
                 sigs = tuple((s, self._signatures[s]) for s in others)
                 certs = tuple(map(self.consistency.cert_of, others)) if self.consistency.cert_of else ()
-            self._requests[device] = UnmaskRequest(
-                self.params.round, device, len(self._masked),
-                tuple([device] + sorted(near & self.survivors)), tuple(sorted(near & self.dropped)), sigs, certs)
+            listed = tuple([device] + sorted(near & self.survivors))
+            consents = self.consent.signatures(listed) if self.consent is not None else ()
+            self._requests[device] = UnmaskRequest(self.params.round, device, len(self._masked), listed,
+                                                   tuple(sorted(near & self.dropped)), sigs, certs, consents)
         return self._requests[device]
 
     def _check_connected(self) -> None:
         """Abandon if the survivors' graph is split: each component's sum would be exposed."""
-        survivors = self.survivors
-        start = min(survivors)
-        seen, todo = {start}, [start]
-        while todo:
-            for v in self.params.neighbours(todo.pop()) & survivors:
-                if v not in seen:
-                    seen.add(v)
-                    todo.append(v)
-        if seen != survivors:
-            raise self._abandon(f"the survivors' neighbour graph is split ({len(seen)} of {len(survivors)} "
-                                "reachable): unmasking would expose partial sums")
+        if not connected(self.params.graph, self.survivors):
+            raise self._abandon(f"the survivors' neighbour graph is split ({len(self.survivors)} survivors): "
+                                "unmasking would expose partial sums")
 
     # -- stage 4 -------------------------------------------------------------------------------------
     def receive_unmask(self, msg: UnmaskShares) -> None:
@@ -371,30 +382,3 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         self._result = total
         return total.copy()
 
-
-def _decoded(shares: Mapping[int, int], used: Mapping[int, int], t: int, exact: bool) -> list[int] | None:
-    """The x of the shares off the polynomial through ``used`` (t of ``shares``), or None when more than
-    ``(m - t) / 2`` of the m shares are off it: that polynomial is then not determined by the shares (another one,
-    the dealer's, may be off by as few), so nobody can be named from it. ``exact``: the polynomial's value at 0 is
-    known to be the dealer's (b_u, by its commitment; not s_u, whose public key X25519's clamping leaves the same for
-    other values), one more point: ``(m - t + 1) / 2``."""
-    limit = (len(shares) - t + int(exact)) // 2
-    beyond = sorted(set(shares) - set(used))
-    on = shamir.evaluate_many(used, beyond)
-    off = [x for x in beyond if on[x] != shares[x]]
-    return off if len(off) <= limit else None
-
-
-def _subsets(xs: list[int], t: int, tries: int = 256) -> Iterator[tuple[int, ...]]:
-    """t-subsets of the share positions ``xs`` to try, most likely clean first: the t smallest, each window of t
-    consecutive ones (with one false share among m > t, some window leaves it out), then ``tries`` random ones
-    (a fixed generator: nothing here is secret)."""
-    if len(xs) < t:
-        return
-    yield tuple(xs[:t])
-    m = len(xs)
-    for i in range(1, m if m > t else 0):
-        yield tuple(sorted(xs[(i + j) % m] for j in range(t)))
-    pick = random.Random(m * 65537 + t)  # protects nothing: which subsets a connectivity check tries
-    for _ in range(tries if m > t else 0):
-        yield tuple(sorted(pick.sample(xs, t)))

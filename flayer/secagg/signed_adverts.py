@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from ._wire import pack_id
 from .consistency import SIGNATURE_LEN, AdmitCert, DeviceConsistency, ServerConsistency, Sign, Verify
 from .errors import SecAggError
+from . import keys
 from .keys import check_session
 from .msg_setup import KeyAdvert, KeyBundle
 from .params import SecAggParams
@@ -118,6 +119,9 @@ class SignedAdvertStage:
     def _pair_key(self, owner: str, toward: str) -> bytes:
         raise NotImplementedError
 
+    def _pair_keys_problem(self, advert: KeyAdvert) -> str | None:  # server_complaints.ComplaintStage
+        raise NotImplementedError
+
     @property
     def advert_verify(self) -> Verify | None:
         """The registry the adverts' signatures are checked against (None: relayed unchecked, the devices check)."""
@@ -125,6 +129,27 @@ class SignedAdvertStage:
         if c is None:
             return None
         return c.verify_advert if c.verify_advert is not None else c.verify
+
+    def _bad_keys(self, advert: KeyAdvert) -> str | None:
+        """Why an advert's keys are refused (its sender proven faulty: anyone can check it), or None."""
+        if advert.c_pk == advert.s_pk or advert.s_pk in advert.pair_pks:
+            return f"{advert.device} advertised one key for both purposes"
+        why = self._pair_keys_problem(advert)
+        if why is not None:
+            return why
+        if len({advert.c_pk, *advert.pair_pks}) != 1 + len(advert.pair_pks):
+            return f"{advert.device} advertised one channel key for two neighbours"
+        for key, what in ((advert.c_pk, "c_pk"), (advert.s_pk, "s_pk"),
+                          *((k, f"pair key {i}") for i, k in enumerate(advert.pair_pks))):
+            try:
+                keys.check_public_key(key, f"{advert.device}'s {what}")
+            except SecAggError as exc:
+                return str(exc)
+        taken = {k: d for d, a in self._adverts.items() for k in (a.c_pk, a.s_pk, *a.pair_pks)}
+        for key in (advert.c_pk, advert.s_pk, *advert.pair_pks):
+            if key in taken:
+                return f"{advert.device} advertised a public key {taken[key]} advertised first"
+        return None
 
     def _signature_problem(self, advert: KeyAdvert) -> None:
         """AdvertSignatureError when the advert's signatures are not one per neighbour or do not verify; SecAggError

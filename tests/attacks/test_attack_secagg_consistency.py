@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from flayer.secagg import (
+    ConsentRequest,
     ConsistencyRequest,
     LocalIdentities,
     RingSpec,
@@ -60,12 +61,13 @@ def _round(round_id: int, consistency: bool):
         msg = clients[d].masked_input(server.shares_for(d), inputs[d])
         masked[d] = msg.vector
         server.receive_masked(msg)
-    return params, ids, clients, inputs, adverts, masked
+    consents = {d: clients[d].consent(ConsentRequest(params.round, d)).signature for d in IDS} if consistency else {}
+    return params, ids, clients, inputs, adverts, masked, consents
 
 
 def _attack(round_id: int, consistency: bool, to_b: int):
     """One round of the adversary's moves; u's input if it got both secrets, else None; and the devices' refusals."""
-    params, ids, clients, inputs, adverts, masked = _round(round_id, consistency)
+    params, ids, clients, inputs, adverts, masked, consents = _round(round_id, consistency)
     u = IDS[0]
     near = sorted(params.neighbours(u))
     colluder, told_survived, told_dropped = near[0], near[1:2], near[2:]
@@ -99,7 +101,9 @@ def _attack(round_id: int, consistency: bool, to_b: int):
         mine = sorted((s & params.neighbours(d)) | {d})
         dropped = sorted(params.neighbours(d) - s)
         sigs = tuple(sorted((signer, sig) for signer, sig in signatures[name].items() if signer != d))
-        request = UnmaskRequest(params.round, d, len(s), tuple([d] + [v for v in mine if v != d]), tuple(dropped), sigs)
+        listed = tuple([d] + [v for v in mine if v != d])  # with each listed survivor's consent (every device gave one)
+        request = UnmaskRequest(params.round, d, len(s), listed, tuple(dropped), sigs,
+                                consents=tuple((v, consents[v]) for v in listed if v in consents))
         try:
             answer = clients[d].unmask(request)
         except SecAggError as exc:

@@ -91,6 +91,8 @@ def test_an_honest_round_still_completes_with_signed_adverts():
     for d in IDS:
         server.receive_masked(clients[d].masked_input(server.shares_for(d), np.full(8, 3, np.uint32)))
     for d in IDS:
+        server.receive_consent(clients[d].consent(server.consent_request(d)))
+    for d in IDS:
         server.receive_signature(clients[d].sign_survivors(server.consistency_request(d)))
     for d in IDS:
         server.receive_unmask(clients[d].unmask(server.unmask_request(d)))

@@ -124,6 +124,10 @@ def _round(plan_a: Plan, plan_b: Plan) -> tuple[np.ndarray | None, dict[str, np.
         s.on_message(server.shares_for(d).to_bytes())
         server.receive_masked(s.client.masked_input(s.shares, vectors[d]))
 
+    def consent(d: str, s: Any) -> None:
+        (given,) = s.on_message(server.consent_request(d).to_bytes())
+        server.receive_consent(decode_message(given))
+
     def sign(d: str, s: Any) -> None:
         (sig,) = s.on_message(server.consistency_request(d).to_bytes())
         server.receive_signature(decode_message(sig))
@@ -135,7 +139,7 @@ def _round(plan_a: Plan, plan_b: Plan) -> tuple[np.ndarray | None, dict[str, np.
     for d in IDS:
         server.receive_advert(decode_message(devices[d].sent[0]))
     try:
-        for action in (share, mask, sign, unmask):
+        for action in (share, mask, consent, sign, unmask):
             step(action)
         return server.result(), vectors, refused
     except (SecAggAbandoned, SecAggError):  # abandoned, or stuck: nobody it could go on with

@@ -59,19 +59,28 @@ def test_a_whole_round_gives_the_sum_and_each_stage_takes_only_its_message():
     for d in ("a", "c", "d"):
         assert sec.masked(d, blobs[d]) is None
     assert sec.masked("a", blobs["a"]) is not None  # a second one
-    sets = _deliver(sec.advance(102.0, masked_done=True))
+    asks = _deliver(sec.advance(102.0, masked_done=True))  # each device whose masked input arrived: its consent
+    assert sec.stage == 4 and set(asks) == {"a", "c", "d"}
+    consent_a = clients["a"].consent(asks["a"]).to_bytes()
+    assert "does not verify" in (sec.receive("c", consent_a.replace(b"\x01a", b"\x01c", 1)) or "")  # a's, as c's
+    for d in ("a", "c"):
+        assert sec.receive(d, clients[d].consent(asks[d]).to_bytes()) is None
+    assert sec.advance(102.0) == [] and sec.stage == 4  # d's consent is awaited
+    assert sec.receive("d", clients["d"].consent(asks["d"]).to_bytes()) is None
+    sets = _deliver(sec.advance(102.0))
     # every participant is asked to sign, b too (a witness: its masked input came late)
-    assert sec.stage == 4 and set(sets) == set(IDS) and all(m.survivors == ("a", "c", "d") for m in sets.values())
+    assert sec.stage == 5 and set(sets) == set(IDS) and all(m.survivors == ("a", "c", "d") for m in sets.values())
     signature_c = clients["c"].sign_survivors(sets["c"]).to_bytes()
     assert "does not verify" in (sec.receive("a", signature_c.replace(b"\x01c", b"\x01a", 1)) or "")  # c's, as a's
     for d in ("a", "d"):
         assert sec.receive(d, clients[d].sign_survivors(sets[d]).to_bytes()) is None
     assert sec.receive("b", clients["b"].sign_survivors(sets["b"]).to_bytes()) is None  # a witness
     assert clients["b"].left_out  # it vouched for a set without itself: its input is in no sum
-    assert sec.advance(102.0) == [] and sec.stage == 4  # T = 3 signed, but survivor c's own signature is awaited
+    assert sec.advance(102.0) == [] and sec.stage == 5  # T = 3 signed, but survivor c's own signature is awaited
     assert sec.receive("c", signature_c) is None
     requests = _deliver(sec.advance(102.0))  # every survivor signed: the unmask requests, with the signatures
-    assert sec.stage == 5 and set(requests) == {"a", "c", "d"}
+    assert sec.stage == 6 and set(requests) == {"a", "c", "d"}
+    assert all(dict(r.consents).keys() == {"a", "c", "d"} for r in requests.values())  # 4 neighbours: all listed
     from coordinator.intake import IntakeContext, validate
     from protocol import WireLimits
 
@@ -139,9 +148,11 @@ def test_the_loop_sleeps_until_the_unmask_stage_ends_instead_of_spinning():
         vec = device_vector(ups[d], sec.layout, sec.planned.params, np.random.default_rng(0))
         sec.masked(d, clients[d].masked_input(shares[d], vec).to_bytes())
     for d, req in _deliver(sec.advance(102.0, masked_done=True)).items():
+        sec.receive(d, clients[d].consent(req).to_bytes())
+    for d, req in _deliver(sec.advance(102.0)).items():
         sec.receive(d, clients[d].sign_survivors(req).to_bytes())
     sec.advance(102.0)
-    assert sec.stage == 5 and sec.stage_end == 107.0
+    assert sec.stage == 6 and sec.stage_end == 107.0
     timer = RoundTimer(opened_at=90.0, deadline=150.0, selected=4, quorum=3, grace_s=1.0, quorum_at=100.0)
     waits: list[float] = []
     fake = types.SimpleNamespace(

@@ -97,7 +97,8 @@ def test_every_device_clips_to_the_round_bound_and_the_sum_is_checked_against_it
 def test_planned_drops_are_seeded_and_follow_the_rate():
     devs = tuple(f"d{i}" for i in range(400))
     a, b = drops_for(devs, 0.25, 5, 2), drops_for(devs, 0.25, 5, 2)
-    assert a == b and 60 < len(a) < 140 and set(a.values()) <= {"after_keys", "after_shares", "after_masked"}
+    assert a == b and 60 < len(a) < 140 and set(a.values()) <= {"after_keys", "after_shares", "after_masked",
+                                                                  "after_consent"}
     assert drops_for(devs, 0.0, 5, 2) == {} and drops_for(devs, 0.25, 5, 3) != a
 
 

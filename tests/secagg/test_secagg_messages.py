@@ -96,8 +96,8 @@ def test_header_fields_are_named(messages):
         decode_message(b"XXXX" + raw[4:])
     with pytest.raises(SecAggError, match="unsupported version 2"):
         decode_message(raw[:4] + b"\x02" + raw[5:])
-    with pytest.raises(SecAggError, match="unknown kind 10"):
-        decode_message(raw[:5] + b"\x0a" + raw[6:])
+    with pytest.raises(SecAggError, match="unknown kind 12"):
+        decode_message(raw[:5] + b"\x0c" + raw[6:])
     with pytest.raises(SecAggError, match="kind 1 is not 4"):
         MaskedInput.from_bytes(raw)
     with pytest.raises(SecAggError, match="expected bytes"):

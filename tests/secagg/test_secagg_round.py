@@ -68,7 +68,7 @@ def test_the_same_seed_gives_the_same_round_and_masks_differ_between_seeds():
     assert np.array_equal(run_round(p, vectors).ring_sum, a.ring_sum)  # os.urandom: other masks, same sum
 
 
-@pytest.mark.parametrize("point", ["before_keys", "after_keys", "after_shares", "after_masked"])
+@pytest.mark.parametrize("point", ["before_keys", "after_keys", "after_shares", "after_masked", "after_consent"])
 @pytest.mark.parametrize(("count", "degree", "threshold"), [(7, None, None), (16, 6, 3)])
 def test_one_dropout_at_each_stage_is_recovered(point, count, degree, threshold):
     p = params(count, degree, threshold)
@@ -76,9 +76,10 @@ def test_one_dropout_at_each_stage_is_recovered(point, count, degree, threshold)
     victim = "dev-04"
     out = run_round(p, vectors, {victim: point}, seed=b"r")
     assert out.abandoned_reason is None and not out.refusals
-    in_sum = set(p.participants) - ({victim} if point != "after_masked" else set())
-    assert out.survivors == in_sum  # a device that sent its masked input is summed even if it then leaves
-    assert out.dropped == ({victim} if point == "after_shares" else set())
+    in_sum = set(p.participants) - ({victim} if point != "after_consent" else set())
+    assert out.survivors == in_sum  # a device that consented is summed even if it then leaves; one that sent its
+    # masked input and left before consenting is dropped: its input is taken back out of the sum
+    assert out.dropped == ({victim} if point in ("after_shares", "after_masked") else set())
     assert np.array_equal(out.ring_sum, ring_sum(vectors, in_sum))
 
 
@@ -86,11 +87,11 @@ def test_dropouts_at_every_stage_together_are_recovered():
     p = params(20, 8, 4)
     _, vectors = encoded(p, seed=4)
     drops = {"dev-01": "before_keys", "dev-05": "after_keys", "dev-09": "after_shares",
-             "dev-10": "after_shares", "dev-15": "after_masked"}
+             "dev-10": "after_shares", "dev-15": "after_masked", "dev-17": "after_consent"}
     out = run_round(p, vectors, drops, seed=b"r")
     assert out.abandoned_reason is None
-    assert out.dropped == {"dev-09", "dev-10"}
-    assert out.survivors == set(p.participants) - {"dev-01", "dev-05", "dev-09", "dev-10"}
+    assert out.dropped == {"dev-09", "dev-10", "dev-15"}
+    assert out.survivors == set(p.participants) - {"dev-01", "dev-05", "dev-09", "dev-10", "dev-15"}
     assert np.array_equal(out.ring_sum, ring_sum(vectors, out.survivors))
     assert np.array_equal(out.sum, decode_sum(out.ring_sum, p.ring, len(out.survivors)))
 
@@ -99,14 +100,15 @@ def test_dropouts_at_every_stage_together_are_recovered():
     ("before_keys", "2 devices advertised keys, fewer than t=3"),
     ("after_keys", "2 devices sent shares, fewer than t=3"),
     ("after_shares", "2 devices sent a masked input, fewer than t=3"),
-    ("after_masked", "2 survivors signed the survivor set, fewer than T=4")])
+    ("after_masked", "2 devices sent a masked input and consented, fewer than t=3"),
+    ("after_consent", "2 survivors signed the survivor set, fewer than T=4")])
 def test_too_many_dropouts_abandon_the_round_with_a_reason(point, reason):
     p = params(5)  # complete graph, t = 3
     _, vectors = encoded(p)
     out = run_round(p, vectors, dict.fromkeys(["dev-00", "dev-01", "dev-02"], point), seed=b"r")
     assert out.ring_sum is None and out.sum is None
     assert out.abandoned_reason is not None and reason in out.abandoned_reason
-    if point == "after_masked":  # 5 survivors, 2 answer: too few sign the set (T = 4 of 5) ...
+    if point == "after_consent":  # 5 survivors, 2 answer: too few sign the set (T = 4 of 5) ...
         from flayer.engine.secure import abandon_kind
 
         assert abandon_kind(out.abandoned_reason) == "too_few"  # the exporter's reason label
@@ -138,11 +140,13 @@ def test_traffic_grows_with_k_and_n_not_with_the_participants():
     p = params(10, 4, 3, 100)
     assert set(run_round(p, encoded(p)[1], seed=b"r", consistency=False).messages_per_device.values()) == {7}
     # the long-term keys add the adverts' signatures; the consistency round two messages, the whole survivor set
-    # (7 B an id here) and T signatures (7 + 64 B)
-    assert set(run_round(p, encoded(p)[1], seed=b"r").messages_per_device.values()) == {9}
+    # (7 B an id here) and T signatures (7 + 64 B); the consent stage two more: the request (10 + 7 B), the consent
+    # (10 + 7 + 64 B), and the unmask request carries the consent of each survivor it lists (itself and k = 4: 7 + 64 B)
+    assert set(run_round(p, encoded(p)[1], seed=b"r").messages_per_device.values()) == {11}
     for count in (10, 40):
         t_sig = count // 2 + 1  # T = floor((P + 1) / 2) + 1 at gamma = 0: P // 2 + 1
         extra = (10 + 7 + 2 + 7 * count) + (10 + 7 + 64) + 71 * t_sig
+        extra += (10 + 7) + (10 + 7 + 64) + 5 * 71  # the consent stage
         extra += 2 * 64 * 4  # the signed adverts: 64 B a neighbour (k = 4) in the advert and in the bundle
         extra += 2 * 64 * 4  # the signed sealed shares: 64 B a neighbour sent, and as many received
         assert worst(count, 4, 100, consistency=True) - worst(count, 4, 100) == extra

@@ -50,6 +50,11 @@ def _setup(bad: str | None = None):  # type: ignore[no-untyped-def]
     return p, server, clients
 
 
+def _consent(server: SecAggServer, clients, devices) -> None:  # type: ignore[no-untyped-def]
+    for d in devices:  # the consent stage: each device whose masked input arrived
+        server.receive_consent(clients[d].consent(server.consent_request(d)))
+
+
 def _floats(p: SecAggParams, d: str) -> np.ndarray:
     return np.random.default_rng(int(d[-2:])).uniform(-0.5, 0.5, p.length)
 
@@ -61,6 +66,9 @@ def test_a_late_device_signs_as_a_witness_and_sends_no_masked_input() -> None:
         vector = encode(_floats(p, d), p.ring, np.random.default_rng(0))
         server.receive_masked(clients[d].masked_input(server.shares_for(d), vector))
     routed = server.shares_for(late)  # its training was slow: the shares are here, its masked input is not
+    _consent(server, clients, IDS[:-1])
+    with pytest.raises(SecAggError, match="sent no masked input: it is asked for no consent"):
+        server.consent_request(late)
     for d in IDS:  # every participant is shown S and signs it, the late one too
         server.receive_signature(clients[d].sign_survivors(server.consistency_request(d)))
     assert server.witnesses == {late} and clients[late].left_out
@@ -83,6 +91,7 @@ def test_a_garbage_sealer_is_named_and_the_round_unmasks_without_it() -> None:
             server.receive_complaint(c)
         server.receive_masked(masked)
     assert set(server.faulty) == {bad}
+    _consent(server, clients, honest)
     for d in IDS:
         if d != bad:
             server.receive_signature(clients[d].sign_survivors(server.consistency_request(d)))
