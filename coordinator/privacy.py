@@ -133,7 +133,7 @@ class FederationPrivacy:
                 rounds.sort()
 
     def abandoned(self, number: int) -> None:
-        """Secure round ``number`` was abandoned before any unmask request went out (the next plans name it in
+        """Secure round ``number`` was abandoned before any consent was asked (the next plans name it in
         ``secure.void``): its cohort's selections no longer count toward max_participations (rule 3a)."""
         self.void.add(int(number))
 

@@ -124,8 +124,9 @@ class SecurePhase:
         # device over its strikes is cut off; checkpointed with each round, so a restart keeps them out
         self.excluded: dict[str, str] = {}
         # each stage's limit from the fleet's measured latencies (coordinator.secure_timing), at most a third of the
-        # round's deadline; and the recent rounds abandoned before any unmask request went out, which the plan names
-        # so that the devices that booked them provisionally take them back (edge_client.secure)
+        # round's deadline; and the recent rounds abandoned before any consent was asked, which the plan names so that
+        # anyone holding the plans counts no selection in them toward max_participations (no device booked them:
+        # edge_client.booking)
         privacy = ctx.cfg.run.privacy
         self.timing = StageTiming(privacy.secure_stage_s, max(privacy.secure_stage_s, ctx.cfg.federation.deadline_s / 3))
         self.void: list[tuple[int, str]] = []

@@ -28,7 +28,7 @@ __all__ = ["REPUBLISHED", "SECURE_REPUBLISHED", "plan_binding", "plan_digest"]
 #   issued   -- when this publication left the coordinator (later plans of one round are issued later).
 REPUBLISHED = frozenset({"deadline", "close_by", "issued"})
 # Keys of the plan's ``secure`` mapping left out:
-#   void -- the sessions of earlier rounds abandoned before their unmasking (the devices take back those bookings):
+#   void -- the sessions of earlier rounds abandoned before any consent was asked (booked by no device):
 #           a statement about other rounds, which grows as they end; nothing of this round's input depends on it.
 SECURE_REPUBLISHED = frozenset({"void"})
 _DOMAIN = b"flayer-plan/v1/bound\x00"

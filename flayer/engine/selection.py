@@ -13,10 +13,10 @@ All three draw with :func:`draw`: ``k`` of a sorted pool without replacement.
 With a participation schema (``[privacy] max_participations`` k, ``min_separation`` b;
 :class:`flayer.privacy_config.ParticipationSchema`) the pool is first cut by :func:`eligible`: a device named
 in k earlier cohorts, or in one fewer than b rounds before, is not in it. The rule reads only the earlier plans'
-``selected`` lists (:func:`participations`) and the secure rounds a later plan names abandoned before their unmasking
-(``secure.void``: :func:`void_rounds`), so anyone holding the plans can check every cohort against it. A selection in
-such a void round revealed nothing of the device (no sum was unmasked, and the device's own ledger takes the round
-back, :mod:`edge_client.booking`): it does not count toward k, only toward the separation b.
+``selected`` lists (:func:`participations`) and the secure rounds a later plan names abandoned before any consent was
+asked (``secure.void``: :func:`void_rounds`), so anyone holding the plans can check every cohort against it. A
+selection in such a void round revealed nothing of the device (no sum was unmasked, and the device books a round only
+at its consent, :mod:`edge_client.booking`): it does not count toward k, only toward the separation b.
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@ Overhead" (CCS 2020, "SecAgg+").
    coordinator routes them.
 3. *Masked input*: u sends ``y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv) mod 2^bits``
    over the neighbours v whose shares reached it, s_uv = HKDF(KA(s_u, s_v)).
-4. *Consistency* (optional, :mod:`.consistency`): each survivor signs the whole survivor set it is shown.
+4. *Consent* (with the consistency round, :mod:`.msg_consent`): each device whose masked input arrived signs its
+   consent (having booked the round); the survivors are those with a masked input and a consent, and a neighbour
+   reveals a share of b_u only for a u whose consent it verifies. *Consistency* (optional, :mod:`.consistency`):
+   each survivor signs the whole survivor set it is shown.
 5. *Unmask*: the coordinator names the survivors (sent y) and the dropped (shared keys, sent no y);
    each survivor returns its share of b_v for surviving and of s_v^SK for dropped neighbours,
    never both for one v. The coordinator rebuilds each survivor's b_u and each dropped device's
@@ -73,7 +76,8 @@ advert (32 B), one advert in the bundle (id + 96 B), a sealed share each way (2 
 revealed share (id + 68 B), about 570 B with 6-character ids, plus n bits / 8 B for the masked input:
 O(k + n) bytes and O(k n) PRG work, never n times the participants. The coordinator: O(N k) routing and
 O((survivors + k * dropped) n) PRG work. The consistency round adds one message each way and O(N) bytes
-and signature checks per device (the survivor set, T signatures); the signed adverts 128 B and two signature
+and signature checks per device (the survivor set, T signatures); the consent stage two messages (about 100 B)
+and up to k consents in the unmask request (73 B each with 8-character ids); the signed adverts 128 B and two signature
 operations per neighbour (k signed, k checked), and N k checks at the coordinator.
 
 Entry points: :class:`SecAggClient` (device), :class:`SecAggServer` (coordinator),

@@ -102,8 +102,8 @@ class UnmaskRequest:
     ``survivors`` includes the device itself; ``survivor_count`` is the size of the whole survivor set;
     ``signatures`` the survivors' signatures over the survivor set (the consistency round: :mod:`.consistency`);
     ``certs`` the signers' certificates from the federation's authority, in the signatures' order (the device checks
-    each against the authority itself; empty where devices' keys come from a registry); ``consents`` each listed
-    survivor's consent (:mod:`.msg_consent`): the device reveals its share of b_u only for a u whose consent it
+    each against the authority itself; empty where devices' keys come from a registry); ``consents`` the consent of
+    each listed survivor but the device itself (:mod:`.msg_consent`): the device reveals its share of b_u only for a u whose consent it
     verifies itself.
     """
 

@@ -259,7 +259,7 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
                 sigs = tuple((s, self._signatures[s]) for s in others)
                 certs = tuple(map(self.consistency.cert_of, others)) if self.consistency.cert_of else ()
             listed = tuple([device] + sorted(near & self.survivors))
-            consents = self.consent.signatures(listed) if self.consent is not None else ()
+            consents = self.consent.signatures(listed[1:]) if self.consent is not None else ()  # not its own
             self._requests[device] = UnmaskRequest(self.params.round, device, len(self._masked), listed,
                                                    tuple(sorted(near & self.dropped)), sigs, certs, consents)
         return self._requests[device]

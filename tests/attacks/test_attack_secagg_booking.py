@@ -10,8 +10,8 @@ addressed to it, what it sends under its own topics.
   (t = 2, T = 3): once mallory is gone the round can never be unmasked. On the code before, the coordinator waited
   for the round's deadline (120 s) and then the signatures' stage, and the two honest devices booked the round when
   they sent their masked inputs -- a budget burnt by a round whose sum nobody could reveal. Now the round ends at
-  once, and an honest device's ledger counts nothing for it (a masked input it sent is taken back when the next plan
-  names the round abandoned before its unmasking).
+  once, and an honest device's ledger counts nothing for it (a device books a round at its consent, which it is never
+  asked for in a round abandoned before).
 * **Shares that do not authenticate.** Evil seals every neighbour random bytes, signed with its own key. It is named
   (a complaint) and left out; on the code before the round was abandoned (nobody held t shares of evil's mask key)
   while the honest devices had booked it. Now its neighbours reveal their own pair's mask seed toward it, the round
@@ -116,8 +116,8 @@ def test_a_round_whose_signer_cannot_come_ends_at_once_and_books_nothing(tmp_pat
         assert rec is not None and rec["secure_abandoned"] is not None, rec
         assert rec["wall_s"] < DEADLINE_S / 2, rec["wall_s"]
         assert rec.get("dp_rounds") == 0, "an abandoned round was composed in the coordinator's ledger"
-        # round 2 (mallory online, silent: no advert, so no device masks anything) names round 1 in its plan as
-        # abandoned before its unmasking: a masked input an honest device sent for round 1 is taken back
+        # round 2 (mallory online, silent: no advert, so no device masks anything): round 1 was abandoned before any
+        # consent was asked, so no honest device booked it
         assert until(lambda: closed(2) is not None, 60.0)
         assert all(d.plan is not None and d.plan.round == 2 for d in devices)
         booked = {d.id: _booked(d) for d in devices}

@@ -1,4 +1,4 @@
-"""A survivor set shown to a device without itself after its masked input left does not take back its booking
+"""A survivor set shown to a device without itself after its consent leaves its booking in place
 (docs/explanation/secure-aggregation.md, "When a device books a secure round").
 
 The adversary is the coordinator: its own credentials and the messages it signs to each device. A private secure
@@ -6,8 +6,9 @@ round (distributed DP, every device's ledger counting it) runs over a real Mosqu
 the masked inputs are in. Then the coordinator shows the victim the survivor set without the victim, and every other
 device the whole set with it: the victim signs as a witness, the others give T signatures over the set holding it,
 and the victim's neighbours reveal shares of its self-mask seed, so the sum unmasked holds the victim's input.
-On the code before, the victim's device took its provisional booking back the moment it signed the set without
-itself: its ledger counted no round while its input was in a revealed sum. Now the booking stays.
+On an earlier release, the victim's device took its provisional booking back the moment it signed the set without
+itself: its ledger counted no round while its input was in a revealed sum. The booking now happens at the victim's
+consent, before the survivor set is shown, and nothing takes it back.
 """
 
 from __future__ import annotations

@@ -141,12 +141,12 @@ def test_traffic_grows_with_k_and_n_not_with_the_participants():
     assert set(run_round(p, encoded(p)[1], seed=b"r", consistency=False).messages_per_device.values()) == {7}
     # the long-term keys add the adverts' signatures; the consistency round two messages, the whole survivor set
     # (7 B an id here) and T signatures (7 + 64 B); the consent stage two more: the request (10 + 7 B), the consent
-    # (10 + 7 + 64 B), and the unmask request carries the consent of each survivor it lists (itself and k = 4: 7 + 64 B)
+    # (10 + 7 + 64 B), and the unmask request carries the consent of each other survivor it lists (k = 4: 7 + 64 B)
     assert set(run_round(p, encoded(p)[1], seed=b"r").messages_per_device.values()) == {11}
     for count in (10, 40):
         t_sig = count // 2 + 1  # T = floor((P + 1) / 2) + 1 at gamma = 0: P // 2 + 1
         extra = (10 + 7 + 2 + 7 * count) + (10 + 7 + 64) + 71 * t_sig
-        extra += (10 + 7) + (10 + 7 + 64) + 5 * 71  # the consent stage
+        extra += (10 + 7) + (10 + 7 + 64) + 4 * 71  # the consent stage
         extra += 2 * 64 * 4  # the signed adverts: 64 B a neighbour (k = 4) in the advert and in the bundle
         extra += 2 * 64 * 4  # the signed sealed shares: 64 B a neighbour sent, and as many received
         assert worst(count, 4, 100, consistency=True) - worst(count, 4, 100) == extra
