@@ -180,3 +180,46 @@ def test_an_asynchronous_version_waits_for_its_deadline_not_a_past_quorum():
     assert Coordinator._wake_at(fake, 100.0) == 150.0  # type: ignore[arg-type]
     fake.asynchronous = False
     assert Coordinator._wake_at(fake, 100.0) == 96.0  # type: ignore[arg-type]  # synchronous: quorum + grace
+
+
+def test_a_masked_input_without_a_consent_is_read_back_from_the_journal_and_left_out(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """d sends its masked input and never consents: the coordinator keeps only the running sum, reads d's masked input
+    back from the round's journal when the consent stage closes, takes it out of the sum and counts d as dropped."""
+    import types
+
+    from coordinator.journal import Journal
+    from coordinator.secure_phase import journaled_masked
+
+    sec, clients, ups = _round()
+    journal = Journal(tmp_path, 1)
+    rnd = types.SimpleNamespace(journal_dir=tmp_path, number=1)
+    sec.recall = lambda device: journaled_masked(rnd, device)
+    sec.server = sec._new_server()
+    for d in IDS:
+        sec.receive(d, clients[d].advertise().to_bytes())
+    bundles = _deliver(sec.advance(101.0))
+    for d in IDS:
+        sec.receive(d, clients[d].share_keys(bundles[d]).to_bytes())
+    shares = _deliver(sec.advance(101.0))
+    for d in IDS:
+        blob = clients[d].masked_input(shares[d], device_vector(ups[d], sec.layout, sec.planned.params,
+                                                                np.random.default_rng(0))).to_bytes()
+        assert sec.masked(d, blob) is None
+        journal.append_update(d, 1, blob)  # as OpenRound.accept journals each accepted update
+    assert sec.server.consent is not None and sec.server.consent._inputs is None  # only the running sum in memory
+    asks = _deliver(sec.advance(102.0, masked_done=True))
+    for d in ("a", "b", "c"):  # d never consents
+        assert sec.receive(d, clients[d].consent(asks[d]).to_bytes()) is None
+    sets = _deliver(sec.advance(108.0))  # the consent stage's time is up (opened at 102, 5 s)
+    assert sec.stage == 5 and all(m.survivors == ("a", "b", "c") for m in sets.values())
+    for d in IDS:
+        sec.receive(d, clients[d].sign_survivors(sets[d]).to_bytes())
+    requests = _deliver(sec.advance(108.0))
+    assert set(requests) == {"a", "b", "c"} and all(r.dropped == ("d",) for r in requests.values())
+    for d, req in requests.items():
+        assert sec.receive(d, clients[d].unmask(req).to_bytes()) is None
+    out = sec.finish()
+    assert out.reason is None and out.survivors == ("a", "b", "c") and out.dropped == ("d",)
+    plain = sum(ups[d].deltas["w"].values.astype(np.float64) for d in ("a", "b", "c"))
+    assert out.update is not None and np.abs(out.update.deltas["w"].values - plain).max() < 3 / sec.planned.params.ring.scale
+    journal.close()
