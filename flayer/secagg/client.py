@@ -38,7 +38,6 @@ from . import keys, shamir
 from .consistency import DeviceConsistency, consistency_threshold, count_valid, survivor_set_message
 from .errors import SecAggError
 from .graph import connected
-from .msg_consent import consent_message
 from .messages import (
     Consent,
     ConsentRequest,
@@ -53,6 +52,7 @@ from .messages import (
     UnmaskRequest,
     UnmaskShares,
 )
+from .msg_consent import consent_message
 from .params import SecAggParams
 from .prg import SEED_LEN, Entropy, expand, randbelow_from
 from .signed_adverts import bundle_problem, device_signs, sign_advert

@@ -39,9 +39,9 @@ from .msg_unmask import ConsistencyRequest, MaskedInput, SurvivorSignature, Unma
 __all__ = [
     "CIPHERTEXT_LEN",
     "MAGIC",
+    "VERSION",
     "Consent",
     "ConsentRequest",
-    "VERSION",
     "ConsistencyRequest",
     "EncryptedShare",
     "KeyAdvert",

@@ -26,7 +26,16 @@ from .decoding import decoded as _decoded
 from .decoding import subsets as _subsets
 from .errors import SecAggAbandoned, SecAggError
 from .graph import connected
-from .messages import Consent, ConsentRequest, KeyAdvert, KeyBundle, MaskedInput, ShareBatch, UnmaskRequest, UnmaskShares
+from .messages import (
+    Consent,
+    ConsentRequest,
+    KeyAdvert,
+    KeyBundle,
+    MaskedInput,
+    ShareBatch,
+    UnmaskRequest,
+    UnmaskShares,
+)
 from .msg_setup import EncryptedShare
 from .params import SecAggParams
 from .prg import expand

@@ -34,10 +34,10 @@ import logging
 import struct
 from collections.abc import Iterator
 
+from . import keys
 from ._wire import pack_id
 from .consistency import SIGNATURE_LEN, AdmitCert, DeviceConsistency, ServerConsistency, Sign, Verify
 from .errors import SecAggError
-from . import keys
 from .keys import check_session
 from .msg_setup import KeyAdvert, KeyBundle
 from .params import SecAggParams
