@@ -11,6 +11,8 @@ with the private runs' data-independent positions (``--set flayer.positions=publ
 them by sample counts. ``--server-lr`` / ``--server-momentum`` (comma lists: their grid) add the server step
 (``--dp-server-lr``, ``--dp-server-momentum``) to the private and clip runs; the plain step (1, 0) adds no flag,
 so the runs without it keep their folders.
+``--clip-split sqrt|equal`` clips each layer to its own bound (``--dp-clip-split``), ``--clipping adaptive``
+moves C with the noised clip bits (``--dp-clipping adaptive``); both only on the private runs.
 ``--max-participations K`` (``--min-separation B``) runs under the participation schema: z for K-fold
 composition (``noise_for_target(most=K)``), the flags passed on to ``flayer simulate``.
 Every run's folder is keyed by a digest of its whole command line (reused only under the same settings:
@@ -62,6 +64,12 @@ def schema_flags(a: argparse.Namespace) -> list[str]:
             + (["--min-separation", str(a.min_separation)] if a.min_separation else []))
 
 
+def clip_flags(a: argparse.Namespace) -> list[str]:
+    """Per-layer clip bounds and adaptive clipping's flags (none for one bound on the whole upload, fixed)."""
+    return ((["--dp-clip-split", a.clip_split] if a.clip_split != "total" else [])
+            + (["--dp-clipping", "adaptive"] if a.clipping == "adaptive" else []))
+
+
 def noise_flags(a: argparse.Namespace) -> list[str]:
     """Banded correlated noise's flags (none for independent noise, whose runs keep their folders)."""
     return ["--dp-noise-kind", "banded", "--dp-bands", str(a.bands)] if a.noise_kind == "banded" else []
@@ -84,7 +92,7 @@ def command(a: argparse.Namespace, method: str, variant: str, seed: int, lr: flo
     if variant != "none":
         z, _, _ = noise_for(float(variant), a.clients, a.join_ratio, a.rounds, seed, a.max_participations)
         cmd += ["--dp", a.dp_mode, "--dp-clip", str(a.clip), "--dp-noise", f"{z:.4f}", "--target-epsilon", variant,
-                *step_flags(lr, momentum), *schema_flags(a), *noise_flags(a)]
+                *step_flags(lr, momentum), *schema_flags(a), *noise_flags(a), *clip_flags(a)]
     return cmd
 
 
@@ -139,6 +147,8 @@ def summarize(out: Path, table: str) -> list[dict[str, Any]]:
             variant = "clip" if _flag(cmd, "--clip-average") == "fixed" else "clip-weighted"
         mode = _flag(cmd, "--dp", "-") or "-"
         mode += f" banded {_flag(cmd, '--dp-bands')}" if _flag(cmd, "--dp-noise-kind") == "banded" else ""
+        mode += f" per layer ({_flag(cmd, '--dp-clip-split')})" if "--dp-clip-split" in cmd else ""
+        mode += " adaptive" if _flag(cmd, "--dp-clipping") == "adaptive" else ""
         step = f"{float(_flag(cmd, '--dp-server-lr', '1') or 1):g}/{float(_flag(cmd, '--dp-server-momentum', '0') or 0):g}"
         groups.setdefault((str(_flag(cmd, "--strategy")), str(variant), mode, step), []).append(s)
     order = {"none": 0, "public": 1, "clip-weighted": 2, "clip": 3, "8": 4, "4": 5, "1": 6}
@@ -209,6 +219,10 @@ def main() -> int:
     p.add_argument("--noise-kind", choices=("independent", "banded"), default="independent",
                    help="central noise: independent draws, or banded correlated noise (--dp-noise-kind)")
     p.add_argument("--bands", type=int, default=5, help="banded noise: the strategy's bands (<= --min-separation)")
+    p.add_argument("--clip-split", choices=("total", "sqrt", "equal"), default="total",
+                   help="C over the whole upload, or a bound a layer (--dp-clip-split)")
+    p.add_argument("--clipping", choices=("fixed", "adaptive"), default="fixed",
+                   help="adaptive: C follows the noised clip bits from --clip on (--dp-clipping adaptive)")
     p.add_argument("--no-public", action="store_true", help="leave out FLAYER's public positions without noise")
     p.add_argument("--summary", action="store_true",
                    help="run nothing: tabulate every finished run under --out over its seeds (mean ± std)")

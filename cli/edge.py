@@ -6,8 +6,9 @@ source, or a share of a public data set), then follows the coordinator's plans: 
 the global model, runs the local round, uploads, waits for the ack. Its state stays in the state
 folder, so a restarted device resumes. After the federation ends it saves its personal model
 (``personal.safetensors``, for ``flayer export``) and exits 0. Ctrl-C / SIGTERM stop it cleanly
-(exit 130 / 143); a configuration error, a refused connection or an update over the size limit
-exits 2 with one line saying why. ``--print-unit`` prints a systemd unit that runs this command as a
+(exit 130 / 143); a configuration error, a refused connection (a password the broker refuses, or a TLS
+certificate it refuses at every handshake: revoked, replaced, expired) or an update over the size limit
+exits 2 with one line saying why; a broker that is down is retried for ever. ``--print-unit`` prints a systemd unit that runs this command as a
 service (docs/howto/service.md); ``[edge] label`` names the device's kind in the coordinator's metrics.
 """
 

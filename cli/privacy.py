@@ -25,6 +25,9 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
                    help="stop before a round would bring epsilon above EPS")
     g.add_argument("--dp-clipping", choices=("fixed", "adaptive"), default=None,
                    help="adaptive: C follows a private estimate of the update norms' quantile (Andrew et al. 2021)")
+    g.add_argument("--dp-clip-split", choices=("total", "sqrt", "equal"), default=None,
+                   help="C over the whole upload (total, the default), or a bound C_i a layer with sum C_i^2 = C^2: "
+                        "C_i proportional to sqrt(the layer's uploaded coordinates) (sqrt) or equal (equal)")
     g.add_argument("--dp-server-lr", type=float, metavar="ETA",
                    help="server step on the noised average: next = prev + ETA * v (1.0; post-processing, no epsilon)")
     g.add_argument("--dp-server-momentum", type=float, metavar="BETA",
@@ -58,6 +61,7 @@ def privacy_overrides(a: dict[str, Any]) -> dict[str, Any]:
     return {"enabled": True if a.get("dp") else None, "mode": a.get("dp"), "clip": a.get("dp_clip"),
             "noise_multiplier": a.get("dp_noise"), "delta": a.get("dp_delta"),
             "target_epsilon": a.get("target_epsilon"), "clipping": a.get("dp_clipping"),
+            "clip_split": a.get("dp_clip_split"),
             "server_lr": a.get("dp_server_lr"), "server_momentum": a.get("dp_server_momentum"),
             "secure_aggregation": a.get("secure_agg"), "secure_dropout": a.get("secure_dropout"),
             "secure_keep": a.get("secure_keep"), "max_participations": a.get("max_participations"),

@@ -45,6 +45,7 @@ class MessageIntake:
         self.inbox, self.revoked, self.registry, self.cycle = inbox, revoked, registry, cycle
         self.secure, self.calibration, self.versions = secure, calibration, versions
         self.counters, self.clock, self.close, self.on_progress = counters, clock, close, on_progress
+        revoked.on_new = self.withdraw  # a device revoked from now on: the open round stops waiting for it
 
     def on_message(self, ev: Received) -> None:
         parsed = self.inbox.parse(ev.topic)
@@ -90,6 +91,19 @@ class MessageIntake:
                 if status != "accepted":
                     self.inbox.count(status if status in ("duplicate", "not_selected") else "bad_message", reason)
                 self.inbox.ack(parsed.client, 0, env.digest, status, reason)
+
+    def withdraw(self, revoked: frozenset[str]) -> None:
+        """Devices revoked just now (:class:`coordinator.revocations.RevocationList`): the open round's close no
+        longer waits for those selected whose update has not come (:meth:`coordinator.rounds.RoundTimer.withdraw`);
+        whatever they send is dropped, and the registry counts them offline, so no stage of a secure round waits
+        for them either."""
+        rnd = self.cycle.open
+        if rnd is None or rnd.timer is None or self.versions is not None:  # async: their slots are freed instead
+            return
+        for device in sorted((revoked & frozenset(rnd.selected)) - frozenset(rnd.accepted)):
+            rnd.timer.withdraw(device)
+            log.warning("round %d: %s was revoked before its update came: the round no longer waits for it",
+                        rnd.number, device)
 
     def _announced(self, client: str, msg: Status, retained: bool) -> None:
         """A device's status announcing an upload it has started: the round's close may wait for it

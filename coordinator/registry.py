@@ -23,6 +23,7 @@ coordinator remembers the newest status from its start only (docs/explanation/se
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from protocol import Status
@@ -39,8 +40,10 @@ class DeviceInfo:
 
 
 class DeviceRegistry:
-    def __init__(self, stale_after_s: float) -> None:
-        self.stale_after_s = stale_after_s
+    def __init__(self, stale_after_s: float, revoked: Callable[[], Collection[str]] = frozenset) -> None:
+        """``revoked``: the devices revoked now (:class:`coordinator.revocations.RevocationList`): never online, so
+        no stage of a secure round waits for one (its connection is closed and whatever it sends is dropped)."""
+        self.stale_after_s, self.revoked = stale_after_s, revoked
         self._devices: dict[str, DeviceInfo] = {}
         self._newest: dict[str, tuple[float, str, float | None]] = {}  # client -> (time, digest, since)
 
@@ -71,7 +74,8 @@ class DeviceRegistry:
 
     def is_online(self, client: str, now: float) -> bool:
         d = self._devices.get(client)
-        return d is not None and d.state != "offline" and now - d.last_seen <= self.stale_after_s
+        return d is not None and d.state != "offline" and now - d.last_seen <= self.stale_after_s \
+            and client not in self.revoked()
 
     def online(self, now: float) -> list[str]:
         return sorted(c for c in self._devices if self.is_online(c, now))

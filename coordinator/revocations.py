@@ -3,7 +3,8 @@
 The broker shuts a revoked device out (password gone, live connection closed); the coordinator
 reads the same list so that it stops selecting the device and drops whatever it sent from then on
 (a message already queued at the broker, a retained status). The file is read again when its
-modification time changes, at most every ``min_interval_s``.
+modification time changes, at most every ``min_interval_s``; ``on_new``, when set, is told the devices each
+reading adds (the open round then stops waiting for them: :meth:`coordinator.messages_in.MessageIntake.withdraw`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class RevocationList:
         self.revoked: frozenset[str] = frozenset()
         self._mtime: float | None = None
         self._checked = -float("inf")
+        self.on_new: Callable[[frozenset[str]], None] | None = None  # told the devices a later reading adds
         self.refresh(force=True)
 
     def __contains__(self, client: object) -> bool:
@@ -60,4 +62,6 @@ class RevocationList:
             log.warning("revoked: %s (no longer selected; their messages are dropped)", ", ".join(sorted(new)))
         self.revoked = frozenset(data)
         self._mtime = st.st_mtime
+        if new and self.on_new is not None:
+            self.on_new(new)
         return self.revoked

@@ -5,7 +5,8 @@ online, seeded from (run seed, round): the same draw on a restarted coordinator)
 
 Closing (:class:`RoundTimer`, first rule that holds):
 
-1. every selected device was accepted -> close now;
+1. every selected device was accepted, or revoked since it was selected (:meth:`RoundTimer.withdraw`: it cannot
+   come) -> close now;
 2. the quorum (capped at the number selected) was reached ``grace_s`` ago -> close;
 3. the deadline passed with at least ``min_updates`` accepted -> close;
 4. the deadline passed with fewer, and the round was not extended yet, and ``extend_s > 0`` ->
@@ -97,6 +98,7 @@ class RoundTimer:
     announce_wait_s: float = 0.0  # announced uploads hold rule 2 off this long at most (Announcements)
     announced: Announcements | None = None
     arrived: Collection[str] = ()  # the devices accepted so far (announcements of those are done)
+    withdrawn: set[str] = field(default_factory=set)  # selected, revoked before their update came: not waited for
 
     @property
     def effective_quorum(self) -> int:
@@ -107,9 +109,14 @@ class RoundTimer:
         if self.quorum_at is None and count >= self.effective_quorum:
             self.quorum_at = now
 
+    def withdraw(self, device: str) -> None:
+        """``device``, selected, was revoked before its update came: rule 1 no longer waits for it."""
+        self.withdrawn.add(device)
+
     def decide(self, count: int, now: float) -> Decision:
-        if self.selected and count >= self.selected:
-            return Decision("close", "every selected device reported")
+        if self.selected and count >= self.selected - len(self.withdrawn):
+            return Decision("close", "every selected device reported" if not self.withdrawn else
+                            f"every selected device reported but {len(self.withdrawn)} revoked")
         if self.quorum_at is not None and now >= self.quorum_at + self.grace_s:
             wait = self._announced_until(now)
             if wait is None:

@@ -118,8 +118,8 @@ class Coordinator:
         self.limits = limits or WireLimits(max_blob_bytes=max(fs.max_update_bytes, 1 << 20))
         self.events = ReceiveQueue(fs.queue_bytes, fs.queue_sender_bytes)
         self.on_progress = on_progress
-        self.registry = DeviceRegistry(fs.stale_after_s)
-        self.revoked = RevocationList(cfg.revoked_file)
+        self.revoked = RevocationList(cfg.revoked_file)  # the intake is told who it adds (MessageIntake.withdraw)
+        self.registry = DeviceRegistry(fs.stale_after_s, self.revoked.refresh)  # a revoked device is never online
         try:  # everything published is signed with the coordinator's key; a device is believed on its own key only
             self.signer = creds.signer()
         except CredentialsError as exc:

@@ -210,6 +210,10 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
                 self._handle(ev)
                 self._release_idle()
                 self._timers()
+        except EdgeError as exc:  # a stop its message explains in one line (e.g. refused by the broker)
+            if not self._crashed:
+                log.error("%s", exc)
+                self.error = exc
         except BaseException as exc:  # reported through self.error / run()
             if not self._crashed:  # after crash() the link is gone: nothing to report
                 log.exception("%s: %s", self.id, exc)
@@ -244,6 +248,9 @@ class EdgeClient(Jobs, ModelFetch, SecureRounds, DeviceBudgets, HeldSlots, Devic
         if isinstance(ev, Received):
             self._on_message(ev)
         elif isinstance(ev, Connected):
+            if not ev.ok and ev.certificate:  # TLS: refused again and again at the handshake (transport.tls_refusal)
+                raise EdgeError(f"{self.id}: the broker refused this device's TLS certificate ({ev.reason}); "
+                                f"ask the federation's admin for a new kit")
             if not ev.ok:
                 raise EdgeError(f"{self.id}: the broker refused the connection ({ev.reason}); check the "
                                 f"credentials file")

@@ -62,6 +62,7 @@ class SharedNetwork:
         self._lock = threading.Lock()
         self._requests: deque[tuple[str, _Entry, Any]] = deque()
         self._entries: dict[int, _Entry] = {}
+        self._reconnecting: dict[int, _Entry] = {}  # the entries whose reconnect_at is set (a loop pass reads only these)
         self._thread: threading.Thread | None = None
         self._closing = False
         self._misc_at = 0.0
@@ -156,6 +157,7 @@ class SharedNetwork:
             return
         if op == "attach":
             self._entries[id(entry.client)] = entry
+            self._reconnect_at(entry, entry.reconnect_at)
         elif op == "open":
             entry.sock = arg
             entry.writing = False
@@ -171,7 +173,7 @@ class SharedNetwork:
         elif op == "detach":
             abrupt, done, by = arg
             entry.detached, entry.detach_by = done, by
-            entry.reconnect_at = None
+            self._reconnect_at(entry, None)
             if abrupt or entry.sock is None:
                 self._close_socket(entry)
                 self._forget(entry)
@@ -209,7 +211,7 @@ class SharedNetwork:
 
     def _forget(self, entry: _Entry) -> None:
         entry.done = True
-        entry.reconnect_at = None
+        self._reconnect_at(entry, None)
         self._entries.pop(id(entry.client), None)
         if entry.detached is not None:
             entry.detached.set()
@@ -217,10 +219,19 @@ class SharedNetwork:
     def _schedule_reconnect(self, entry: _Entry) -> None:
         lo, hi = self.reconnect_delay
         entry.delay = lo if entry.delay <= 0 else min(hi, entry.delay * 2)
-        entry.reconnect_at = time.monotonic() + entry.delay
+        self._reconnect_at(entry, time.monotonic() + entry.delay)
+
+    def _reconnect_at(self, entry: _Entry, at: float | None) -> None:
+        """Set when ``entry`` reconnects (None: not) and keep :attr:`_reconnecting` in step, so that a pass of
+        the loop looks at the few clients waiting to reconnect, not at every client of the process."""
+        entry.reconnect_at = at
+        if at is None:
+            self._reconnecting.pop(id(entry.client), None)
+        else:
+            self._reconnecting[id(entry.client)] = entry
 
     def _connect(self, entry: _Entry, now: float) -> None:
-        entry.reconnect_at = None
+        self._reconnect_at(entry, None)
         entry.connecting = True
         try:
             entry.client.reconnect()  # on_socket_open registers the new socket
@@ -241,7 +252,7 @@ class SharedNetwork:
     def _run(self) -> None:
         while not self._closing:
             now = time.monotonic()
-            due = [e.reconnect_at for e in self._entries.values() if e.reconnect_at is not None]
+            due = [e.reconnect_at for e in self._reconnecting.values() if e.reconnect_at is not None]
             timeout = max(0.0, min([self._misc_at - now, *(d - now for d in due), 1.0]))
             for key, mask in self._sel.select(timeout):
                 entry = key.data
@@ -255,7 +266,7 @@ class SharedNetwork:
                 self._io(entry, mask)
             self._drain_requests()
             now = time.monotonic()
-            for entry in [e for e in self._entries.values() if e.reconnect_at is not None
+            for entry in [e for e in self._reconnecting.values() if e.reconnect_at is not None
                           and e.reconnect_at <= now]:
                 self._connect(entry, now)
             if now >= self._misc_at:

@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-__all__ = ["SERVER_LR_RANGE", "ParticipationSchema", "PrivacySettings", "check_server_step", "default_delta"]
+__all__ = ["CLIP_SPLITS", "SERVER_LR_RANGE", "ParticipationSchema", "PrivacySettings", "check_server_step", "default_delta"]
 
 NOISE_KINDS = ("independent", "banded")  # flayer.engine.correlated
+# how a device spends C over its upload (flayer.engine.privacy.clip_upload): one bound on the whole upload, or a
+# bound C_i a layer with sum_i C_i^2 = C^2, C_i proportional to sqrt(the layer's uploaded coordinates), or equal
+CLIP_SPLITS = ("total", "sqrt", "equal")
 MAX_BANDS = 64
 SERVER_LR_RANGE = (1e-3, 100.0)  # eta outside it is refused: 0 freezes the model, a huge eta multiplies the noise
 
@@ -125,6 +128,7 @@ class PrivacySettings:
     clipping: Literal["fixed", "adaptive"] = "fixed"
     target_quantile: float = 0.5  # adaptive: gamma, the fraction of updates left unclipped
     clip_lr: float = 0.2  # adaptive: eta of the geometric update (Andrew et al. recommend 0.2)
+    clip_split: Literal["total", "sqrt", "equal"] = "total"  # C over the whole upload, or per layer (CLIP_SPLITS)
     count_stddev: float | None = None  # adaptive: sigma_b on the clip-bit count; default max(m / 20, 2 z)
     population: int | None = None  # N, the devices that could be selected (coordinator: required)
     expected_contributions: int | None = None  # m, the fixed denominator; default: who a round asks
@@ -165,6 +169,8 @@ class PrivacySettings:
         if self.device_budget is not None and not (math.isfinite(self.device_budget) and self.device_budget > 0):
             raise ValueError(f"device_budget must be a finite epsilon > 0, got {self.device_budget}")
         ParticipationSchema(self.max_participations, self.min_separation)  # ValueError naming the bad value
+        if self.clip_split not in CLIP_SPLITS:
+            raise ValueError(f"clip_split must be one of {', '.join(CLIP_SPLITS)}, got {self.clip_split!r}")
         if self.noise_kind not in NOISE_KINDS:
             raise ValueError(f"noise_kind must be one of {', '.join(NOISE_KINDS)}, got {self.noise_kind!r}")
         if isinstance(self.noise_bands, bool) or not isinstance(self.noise_bands, int) \

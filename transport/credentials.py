@@ -39,6 +39,7 @@ from typing import Any
 
 from protocol.signing import SigningKey, VerifyKey, key_problem
 from protocol.topics import TopicError, validate_id
+from transport.tls_refusal import WatchedContext
 
 try:
     import tomllib
@@ -275,8 +276,11 @@ class ConnectSettings:
 
 
 def tls_context(tls: TlsSettings, with_client_cert: bool = True) -> ssl.SSLContext:
-    """Verify the broker against the federation CA (host name included); present the client cert."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(tls.ca_file))
+    """Verify the broker against the federation CA (host name included); present the client cert. The context
+    notes the certificate alerts the broker sends (:mod:`transport.tls_refusal`)."""
+    ctx = WatchedContext(ssl.PROTOCOL_TLS_CLIENT)  # ssl.create_default_context's client settings:
+    ctx.verify_mode, ctx.check_hostname = ssl.CERT_REQUIRED, True
+    ctx.load_verify_locations(cafile=str(tls.ca_file))
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if with_client_cert and tls.cert_file is not None and tls.key_file is not None:
         ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))

@@ -6,7 +6,9 @@ stalls keep-alives and PUBACKs. So :class:`MqttLink` turns every callback into a
 ``queue.Queue.put`` -- and the owner's own thread does the work. Publishing is QoS 1 and
 :meth:`MqttLink.wait_published` waits for the broker's PUBACKs; a message published while the
 link is down stays queued in paho and goes out after the reconnect (paho reconnects by itself,
-with ``reconnect_delay_set`` backoff). With ``ConnectSettings.failover`` (the other nodes of a clustered
+with ``reconnect_delay_set`` backoff). A TLS broker that refuses the client's certificate, again and again
+(:mod:`transport.tls_refusal`: revoked, replaced, expired), ends the retries with ``Connected(ok=False,
+certificate=True)`` instead, while a broker that is down is retried for ever. With ``ConnectSettings.failover`` (the other nodes of a clustered
 broker), each lost connection or failed connect moves the next attempt to the next address in turn, so a
 client whose node died reconnects to another one (docs/howto/clustered-broker.md).
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Union
 
 from transport.credentials import ConnectSettings, make_client
+from transport.tls_refusal import CertAlert, CertRefusals, refusal_watch
 
 __all__ = ["Connected", "Disconnected", "LinkError", "LinkEvent", "MqttLink", "NetworkDriver", "Received", "probe"]
 
@@ -38,6 +41,7 @@ class Connected:
     ok: bool  # False: the broker refused (bad credentials, not authorised, ...)
     session_present: bool
     reason: str
+    certificate: bool = False  # (not ok) the TLS handshake refused this client's certificate, again and again
 
 
 @dataclass(frozen=True)
@@ -87,12 +91,14 @@ class MqttLink:
     before the first connect and again when a connection is lost, before paho reconnects, so each CONNECT
     carries its own will (a device signs a will per connection: the will of an earlier connection, put back
     later, is told apart, coordinator.registry). ``network``: a :class:`NetworkDriver` that runs this client's
-    network side (default: paho's own thread, ``loop_start``).
+    network side (default: paho's own thread, ``loop_start``). ``cert_refusals``: when the broker's refusals of
+    this client's TLS certificate end the retries (:class:`transport.tls_refusal.CertRefusals`).
     """
 
     def __init__(self, settings: ConnectSettings, post: Callable[[LinkEvent], None], *, clean_session: bool = False,
                  will: tuple[str, bytes] | Callable[[], tuple[str, bytes]] | None = None, keepalive: int = 30,
-                 reconnect_delay: tuple[float, float] = (0.5, 30.0), network: NetworkDriver | None = None) -> None:
+                 reconnect_delay: tuple[float, float] = (0.5, 30.0), network: NetworkDriver | None = None,
+                 cert_refusals: CertRefusals | None = None) -> None:
         self.settings = settings
         self._post = post
         self._keepalive = keepalive
@@ -101,6 +107,9 @@ class MqttLink:
         self.connected = threading.Event()
         self.addresses = [(settings.host, settings.port), *settings.failover]
         self._address = 0  # index into addresses of the current (or next) connection attempt
+        self._watch = refusal_watch(settings.ssl_context)  # the broker's certificate alerts (TLS only)
+        self._refusals = cert_refusals or CertRefusals()
+        self.refused: str | None = None  # why the broker's certificate refusals ended the retries
         self.client = make_client(settings, clean_session=clean_session)
         self.client.max_queued_messages_set(0)
         self.client.reconnect_delay_set(int(max(1, reconnect_delay[0])), int(max(1, reconnect_delay[1])))
@@ -110,23 +119,48 @@ class MqttLink:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
-        if len(self.addresses) > 1:
-            self.client.on_connect_fail = lambda client, userdata: self._next_address("connect failed")
+        self.client.on_connect_fail = self._on_connect_fail
 
     # ---- paho callbacks: enqueue only ---------------------------------------------------------
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         ok = not reason_code.is_failure
         if ok:
             self.connected.set()
+            self._refusals.connected()
         self._post(Connected(ok, bool(getattr(flags, "session_present", False)), str(reason_code)))
+
+    def _on_connect_fail(self, client: Any, userdata: Any) -> None:
+        if len(self.addresses) > 1:
+            self._next_address("connect failed")
+        self._attempt_failed()
+
+    def _attempt_failed(self) -> CertAlert | None:
+        """A connection attempt failed or a connection ended: after enough certificate refusals in a row, stop
+        paho's retries and tell the owner (module transport.tls_refusal). Returns the broker's certificate alert."""
+        if self._watch is None or self.refused is not None or self._stopped:
+            return None
+        alert = self._watch.take()
+        why = self._refusals.failed(alert)
+        if why is None:
+            return alert
+        self.refused = why
+        log.info("%s: the broker refused this client's TLS certificate (%s); not retrying",
+                  self.settings.client_id, why)
+        self.client.disconnect()  # no more attempts where paho can tell (the owner still calls stop())
+        self._post(Connected(False, False, why, certificate=True))
+        return alert
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         self.connected.clear()
+        alert = self._attempt_failed()
+        if self.refused is not None:
+            return
         if len(self.addresses) > 1 and not self._stopped:
             self._next_address(f"disconnected ({reason_code})")
         if self._will is not None and not self._stopped:
             self._set_will(self._will())  # the next connection's own will (paho sends it with the next CONNECT)
-        self._post(Disconnected(str(reason_code)))
+        self._post(Disconnected(f"{reason_code}: the broker refused the TLS certificate ({alert.what})" if alert
+                                else str(reason_code)))
 
     def _set_will(self, will: tuple[str, bytes]) -> None:
         self.client.will_set(will[0], will[1], qos=1, retain=True)

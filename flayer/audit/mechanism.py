@@ -50,7 +50,7 @@ from flayer.update import TensorDelta, Update
 
 from .bounds import AuditBound, epsilon_lower_bound
 
-__all__ = ["MECHANISMS", "SECURE_DISTRIBUTED_M", "MechanismAudit", "Trial", "ceiling", "claimed_epsilon", "gaussian_estimate", "gaussian_lower",
+__all__ = ["LAYERED", "MECHANISMS", "SECURE_DISTRIBUTED_M", "MechanismAudit", "Trial", "ceiling", "claimed_epsilon", "gaussian_estimate", "gaussian_lower",
            "half_sensitivity_plan", "mechanism_case", "run_audit"]
 
 # every private mechanism the docs offer: name -> (mode, clipping, secure, asynchronous, adversary)
@@ -65,7 +65,12 @@ MECHANISMS: dict[str, tuple[str, str, bool, bool, str]] = {
     "secure-central": ("central", "fixed", True, False, "public"),
     "secure-adaptive": ("central", "adaptive", True, False, "public"),
     "secure-distributed": ("local", "fixed", True, False, "public"),
+    "fixed-layers": ("central", "fixed", False, False, "public"),
 }
+# mechanisms that clip each layer to its own bound (clip_split): the audited model has two layers, and the canary
+# fills both bounds, so its clipped upload has norm C along a direction spread over the layers
+LAYERED: dict[str, str] = {"fixed-layers": "sqrt"}
+LAYERS = {"a.weight": slice(0, 2), "b.weight": slice(2, 4)}  # the layered model's two layers over the DIM coordinates
 SECURE_DISTRIBUTED_M = 6  # the cohort whose consistency threshold lets the audit drop to t survivors (m = 3 cannot)
 DIM = 4  # coordinates of the audited model: the canary's are on 0, the known uploads on the others too
 SCALE = 1e3  # the canary's upload norm before the device clips it (far above C)
@@ -98,7 +103,7 @@ def mechanism_case(name: str, z: float, m: int = 3, clip: float = 1.0, delta: fl
     own; an audit of another rule passes its own); ``noise_scale``: the mis-accounted twin (module docstring)."""
     mode, clipping, secure, asynchronous, adversary = MECHANISMS[name]
     s = PrivacySettings(enabled=True, mode=mode, clip=clip, noise_multiplier=z, delta=delta, clipping=clipping,  # type: ignore[arg-type]
-                        count_stddev=count_stddev, secure_aggregation=secure,
+                        count_stddev=count_stddev, clip_split=LAYERED.get(name, "total"),  # type: ignore[arg-type] secure_aggregation=secure,
                         secure_corrupt_fraction=0.0, secure_dropout=0.0).resolve(max(100, 10 * m), m)
     rp = (rp_of or RoundPrivacy.of)(s)
     if secure and mode == "local":
@@ -128,8 +133,31 @@ def half_sensitivity_plan(s: PrivacySettings, bit_std: float) -> RoundPrivacy:
                         bit_std)
 
 
-def _vec(values: np.ndarray) -> Update:
+def _vec(values: np.ndarray, layered: bool = False) -> Update:
+    if layered:
+        return Update({k: TensorDelta((2,), values[sl].astype(np.float32)) for k, sl in LAYERS.items()}, 1, {})
     return Update({"w": TensorDelta((DIM,), values.astype(np.float32))}, 1, {})
+
+
+def _flat(t: Trial, state: dict[str, Any]) -> np.ndarray:
+    """A model or upload of the trial's layout as one DIM-vector."""
+    if t.rp.clip_split == "total":
+        return np.asarray(state["w"], dtype=np.float64).reshape(-1)
+    return np.concatenate([np.asarray(state[k], dtype=np.float64).reshape(-1) for k in LAYERS])
+
+
+def _canary(t: Trial) -> tuple[np.ndarray, np.ndarray]:
+    """(what the canary uploads before its clip, the unit direction of its clipped upload): ``SCALE e_0`` and
+    ``e_0``; per-layer bounds, ``SCALE`` on the first coordinate of each layer, clipped to ``C_i`` on each, so its
+    clipped norm is C, spread over the layers."""
+    values, u = np.zeros(DIM), np.zeros(DIM)
+    if t.rp.clip_split == "total":
+        values[0], u[0] = SCALE, 1.0
+        return values, u
+    for sl in LAYERS.values():
+        values[sl.start] = SCALE
+    out = _flat(t, {k: d.values for k, d in privatize(_vec(values, True), t.rp, None).deltas.items()})
+    return values, out / np.linalg.norm(out)
 
 
 def _known(m: int, clip: float) -> list[np.ndarray]:
@@ -145,20 +173,20 @@ def _known(m: int, clip: float) -> list[np.ndarray]:
 def _device(t: Trial, values: np.ndarray) -> Update:
     """What one device sends: privatize's clip, clip bit and (local mode) noise share from the CSPRNG."""
     rng = KeystreamRandom() if t.drawn.share_std > 0 else None  # what devices draw their shares from
-    return privatize(_vec(values), t.drawn, rng)
+    return privatize(_vec(values, t.rp.clip_split != "total"), t.drawn, rng)
 
 
 def _release(t: Trial, canary: bool, known: list[np.ndarray]) -> tuple[float, float | None, float]:
     """One round; (what the adversary reads on coordinate 0, the clip-bit count it reads back or None, the known
     uploads' share of coordinate 0 in the sum: every known upload but those that dropped)."""
-    rp, g = t.drawn, {"w": torch.zeros(DIM)}
-    values = np.zeros(DIM)
-    if canary:
-        values[0] = SCALE
+    rp = t.drawn
+    g = {"w": torch.zeros(DIM)} if rp.clip_split == "total" else {k: torch.zeros(2) for k in LAYERS}
+    big, u = _canary(t)
+    values = big if canary else np.zeros(DIM)
     uploads = [_device(t, values)] + [_device(t, k) for k in known]
-    known0 = float(sum(k[0] for k in known))
+    known0 = float(sum(k @ u for k in known))  # the known uploads are inside every bound: folded as they are
     if t.adversary == "coordinator":  # it reads the canary's upload as it arrives
-        return float(uploads[0].deltas["w"].values[0]), None, known0
+        return float(_flat(t, {k: d.values for k, d in uploads[0].deltas.items()}) @ u), None, known0
     agg = OpenAggregate(None, g, rp, None)  # type: ignore[arg-type]  # a private round never asks the strategy
     if t.secure:
         from flayer.engine.secure import secure_sum
@@ -170,14 +198,14 @@ def _release(t: Trial, canary: bool, known: list[np.ndarray]) -> tuple[float, fl
         if out.update is None:
             raise RuntimeError(f"audit: the secure round was abandoned: {out.reason}")
         agg.fold_sum(out.update, len(out.survivors), out.bits, out.noised)
-        known0 -= float(sum(known[names.index(d) - 1][0] for d in dropped))
+        known0 -= float(sum(known[names.index(d) - 1] @ u for d in dropped))
     else:
         staleness = 0  # the strongest canary: trained on the current version (a stale one is scaled down)
         bounds = Bounds(server_bound(rp, agg.coordinates), "clip", 2**32, 4 if t.asynchronous else 0)
         for up in uploads:
             verdict = admit(up, upload_norm(up), bounds, staleness)
             agg.fold(verdict)
-    x = float(agg.result()["w"][0])
+    x = float(_flat(t, {k: v.numpy() for k, v in agg.result().items()}) @ u)
     bits = None
     if rp.adaptive:  # the next C is public; invert next_clip where b_bar was not clamped
         s = t.settings

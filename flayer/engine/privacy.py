@@ -43,12 +43,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from flayer.privacy_config import PrivacySettings
+from flayer.privacy_config import CLIP_SPLITS, PrivacySettings
 from flayer.strategies.base import Strategy
 from flayer.update import TensorDelta, Update
 
 __all__ = ["BIT_SENSITIVITY", "REPORTED", "UNCLIPPED_KEY", "PrivacySettings", "RoundPrivacy",
-           "adaptive_update_multiplier", "central_std", "clip_upload", "combined_multiplier", "local_share_std", "next_clip", "private_strategy", "privatize", "server_bound",
+           "adaptive_update_multiplier", "central_std", "clip_upload", "layer_bounds", "layer_of", "combined_multiplier", "local_share_std", "next_clip", "private_strategy", "privatize", "server_bound",
            "upload_norm"]
 
 UNCLIPPED_KEY = "dp_unclipped"  # the device's clip bit b_k in Update.info (adaptive clipping)
@@ -111,15 +111,55 @@ def upload_norm(update: Update) -> float:
                          for d in update.deltas.values()))
 
 
-def clip_upload(update: Update, clip: float) -> tuple[Update, float]:
-    """(``update`` scaled by ``min(1, C / ||update||)``, its norm before clipping). The scale is a hair under
-    ``C / ||update||`` so that the float32 values come out at most C: the coordinator clips again to C and counts
-    what it scales down, and that count must not say whose update was over C."""
+def layer_of(tensor: str) -> str:
+    """The layer a tensor belongs to: its name without the last dotted part (``fc1.0.weight`` and ``fc1.0.bias``
+    are layer ``fc1.0``), a fact of the model's names, the same on every device."""
+    return tensor.rsplit(".", 1)[0] if "." in tensor else tensor
+
+
+def layer_bounds(update: Update, clip: float, split: str) -> dict[str, float]:
+    """Per-layer clip bounds ``C_i`` with ``sum_i C_i^2 = C^2`` over the layers ``update`` carries
+    (:data:`flayer.privacy_config.CLIP_SPLITS`): ``sqrt``, ``C_i = C sqrt(n_i / n)`` with ``n_i`` the coordinates
+    layer i uploads (public: private rounds upload at public positions), so every coordinate gets the same share
+    ``C^2 / n``; ``equal``, ``C_i = C / sqrt(L)`` over the L layers. Neither reads a value of the update."""
+    counts: dict[str, int] = {}
+    for k, d in update.deltas.items():
+        counts[layer_of(k)] = counts.get(layer_of(k), 0) + int(d.values.size)
+    if split == "equal":
+        return {layer: clip / math.sqrt(len(counts)) for layer in counts}
+    if split == "sqrt":
+        total = sum(counts.values())
+        return {layer: clip * math.sqrt(n / total) if total else 0.0 for layer, n in counts.items()}
+    raise ValueError(f"clip_split must be one of {', '.join(CLIP_SPLITS)} here, got {split!r}")
+
+
+def _scaled(d: TensorDelta, f: float) -> TensorDelta:
+    return TensorDelta(d.shape, (d.values.astype(np.float64) * f).astype(np.float32), d.indices)
+
+
+def clip_upload(update: Update, clip: float, split: str = "total") -> tuple[Update, float]:
+    """(``update`` clipped, its norm before clipping). ``total``: scaled by ``min(1, C / ||update||)``. ``sqrt`` or
+    ``equal``: each layer i scaled by ``min(1, C_i / ||Delta_i||)`` with ``sum_i C_i^2 = C^2``
+    (:func:`layer_bounds`), so ``||clip(Delta)||^2 = sum_i ||clip_i(Delta_i)||^2 <= sum_i C_i^2 = C^2``: the same
+    sensitivity C, whatever the update. Each scale is a hair under ``C_i / ||Delta_i||`` so that the float32
+    values come out at most C: the coordinator clips again to C and counts what it scales down, and that count
+    must not say whose update was over C."""
     norm = upload_norm(update)
-    if norm <= clip:
+    if split == "total":
+        if norm <= clip:
+            return update, norm
+        f = clip / norm * (1 - 1e-6)
+        return Update({k: _scaled(d, f) for k, d in update.deltas.items()}, update.num_samples, update.info), norm
+    bounds = layer_bounds(update, clip, split)
+    squares: dict[str, float] = {}
+    for k, d in update.deltas.items():
+        v = d.values.astype(np.float64)
+        squares[layer_of(k)] = squares.get(layer_of(k), 0.0) + float(np.dot(v, v))
+    factors = {layer: 1.0 if math.sqrt(sq) <= bounds[layer] else bounds[layer] / math.sqrt(sq) * (1 - 1e-6)
+               for layer, sq in squares.items()}
+    if all(f == 1.0 for f in factors.values()):
         return update, norm
-    f = clip / norm * (1 - 1e-6)
-    deltas = {k: TensorDelta(d.shape, (d.values.astype(np.float64) * f).astype(np.float32), d.indices)
+    deltas = {k: d if factors[layer_of(k)] == 1.0 else _scaled(d, factors[layer_of(k)])
               for k, d in update.deltas.items()}
     return Update(deltas, update.num_samples, update.info), norm
 
@@ -136,6 +176,7 @@ class RoundPrivacy:
     adaptive: bool = False
     bit_std: float = 0.0  # adaptive: sigma_b, the noise on the clip-bit count
     ring: bool = False  # local mode in a secure round: the shares are discrete Gaussian, in the ring (flayer.engine.secure)
+    clip_split: str = "total"  # how C is spent over the upload's layers (clip_upload; CLIP_SPLITS)
 
     @classmethod
     def of(cls, s: PrivacySettings, clip: float | None = None) -> RoundPrivacy:
@@ -143,7 +184,7 @@ class RoundPrivacy:
         adaptive = s.clipping == "adaptive"
         zu = adaptive_update_multiplier(s.noise_multiplier, s.bit_stddev) if adaptive else s.noise_multiplier
         return cls(s.mode, s.clip if clip is None else clip, s.noise_multiplier, zu, s.expected_contributions,
-                   adaptive, s.bit_stddev if adaptive else 0.0)
+                   adaptive, s.bit_stddev if adaptive else 0.0, clip_split=s.clip_split)
 
     @property
     def named_multiplier(self) -> float:
@@ -195,7 +236,8 @@ class RoundPrivacy:
     def as_plan(self) -> dict[str, float | int | str | bool]:
         return {"mode": self.mode, "clip": self.clip, "noise_multiplier": self.noise_multiplier,
                 "update_multiplier": self.update_multiplier, "contributions": self.contributions,
-                "adaptive": self.adaptive, "bit_std": self.bit_std, "ring": self.ring}
+                "adaptive": self.adaptive, "bit_std": self.bit_std, "ring": self.ring,
+                **({} if self.clip_split == "total" else {"clip_split": self.clip_split})}
 
     @classmethod
     def from_plan(cls, raw: Mapping[str, Any]) -> RoundPrivacy | None:
@@ -209,12 +251,13 @@ class RoundPrivacy:
         try:
             out = cls(str(raw["mode"]), float(raw["clip"]), float(raw["noise_multiplier"]),  # type: ignore[arg-type]
                       float(raw["update_multiplier"]), int(raw["contributions"]), flags["adaptive"],
-                      float(raw.get("bit_std", 0.0)), flags["ring"])
+                      float(raw.get("bit_std", 0.0)), flags["ring"], raw.get("clip_split", "total"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"plan: malformed privacy parameters ({exc})") from None
         if out.mode not in ("central", "local") or not CLIP_RANGE[0] <= out.clip <= CLIP_RANGE[1] \
                 or not all(v >= 0 and math.isfinite(v) for v in (out.noise_multiplier, out.update_multiplier,
-                                                                   out.bit_std)) or out.contributions < 1:
+                                                                   out.bit_std)) or out.contributions < 1 \
+                or out.clip_split not in CLIP_SPLITS:
             raise ValueError(f"plan: privacy parameters out of range: {dict(raw)}")
         return out
 
@@ -224,7 +267,7 @@ def privatize(update: Update, rp: RoundPrivacy, rng: np.random.Generator | None)
     local mode add this device's noise share to every value it sends. ``rng``: the device's own
     generator (a real device draws it from the operating system; the simulator seeds it); None where
     the device adds no noise (central mode), and a ValueError where it must."""
-    clipped, norm = clip_upload(update, rp.clip)
+    clipped, norm = clip_upload(update, rp.clip, rp.clip_split)
     info = {k: v for k, v in update.info.items() if k in REPORTED}
     if rp.adaptive:
         info[UNCLIPPED_KEY] = 1.0 if norm <= rp.clip else 0.0

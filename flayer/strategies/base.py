@@ -24,6 +24,7 @@ federation then runs ``strategy.with_options(resolved)`` -- i.e. ``type(strategy
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 from abc import ABC, abstractmethod
@@ -108,12 +109,25 @@ class Strategy(ABC):
         model = build_model(self.spec)
         return model.to(device) if device is not None else model
 
+    def blank_model(self) -> tuple[nn.Module, frozenset[str]]:
+        """The model :meth:`model_from` copies, built and initialised once per strategy, and the names of its
+        floating-point state. Every float tensor of a copy is overwritten by the load, so a fresh model's random
+        initialisation per call (most of the cost of a round's download at 1,000 devices) bought nothing; the
+        template is never handed out or changed, so its integer buffers keep their defaults."""
+        blank = self.__dict__.get("_blank")
+        if blank is None:
+            model = self.new_model()
+            blank = self._blank = (model, frozenset(k for k, v in model.state_dict().items() if v.is_floating_point()))
+        return blank
+
     def model_from(self, state: Mapping[str, torch.Tensor], device: torch.device) -> nn.Module:
-        """A model on ``device`` holding ``state`` (float tensors; integer buffers keep defaults)."""
-        model = self.new_model()
-        missing = set(k for k, v in model.state_dict().items() if v.is_floating_point()) - set(state)
+        """A model on ``device`` holding ``state`` (float tensors; integer buffers keep defaults): a copy of
+        :meth:`blank_model` loaded with ``state``, its own tensors (training it changes neither)."""
+        template, floats = self.blank_model()
+        missing = floats - set(state)
         if missing:
             raise KeyError(f"state lacks tensors {sorted(missing)[:5]}")
+        model = copy.deepcopy(template)
         unexpected = model.load_state_dict(dict(state), strict=False).unexpected_keys
         if unexpected:
             raise KeyError(f"state holds tensors the model does not have: {sorted(unexpected)[:5]}")

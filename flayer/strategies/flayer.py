@@ -143,6 +143,7 @@ class Flayer(Strategy):
         except ValueError as exc:
             raise ValueError(f"[strategy.{self.name}]: {exc}") from None
         self._warned_no_val = False
+        self._public: tuple[Any, dict[str, torch.Tensor | None]] | None = None  # the last round's public masks
 
     # ---- the rules the two presets differ in -----------------------------------------------------------
     def _plan_head_layers(self) -> int:
@@ -240,13 +241,23 @@ class Flayer(Strategy):
         masks: dict[str, torch.Tensor | None] = {n: None for n in local}
         if o.masks:
             change = {n: params[n].detach() - before[n] for n in before}
-            masks.update(self._masks(public_scores(change, public_seed(ctx)) if o.positions == "public" else change))
+            masks.update(self.public_masks(change, public_seed(ctx)) if o.positions == "public" else self._masks(change))
         update = delta_update(local, global_state, masks, data.num_train, {"acc_val": acc})
         participations = int(state.scalars.get("participations", 0)) + 1
         kept = ClientState({PERSONAL + n: local[n] for n in self.head},
                            {"acc_val": acc, "participations": participations})
         return LocalResult(update, kept, {"train_loss": loss, "acc_val": acc,
                                           "upload_fraction": update.sent / max(1, update.numel)})
+
+    def public_masks(self, change: Mapping[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor | None]:
+        """The masks of the round's public positions: a function of the public ``seed`` and the tensors' names and
+        shapes alone, the same for every device of the round, so they are computed once a round and shared (the
+        positions are read, never written, by :func:`flayer.update.delta_update`)."""
+        key = (seed, tuple((n, tuple(t.shape)) for n, t in sorted(change.items())))
+        cached = self._public
+        if cached is None or cached[0] != key:
+            cached = self._public = (key, self._masks(public_scores(change, seed)))
+        return dict(cached[1])
 
     # ---- server side -----------------------------------------------------------------------------------
     def server_rule(self) -> str:

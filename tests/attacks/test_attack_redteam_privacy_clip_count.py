@@ -9,7 +9,8 @@ a hair above C (the clip's float32 rounding), the count is about half the device
 data-dependent figure, released without noise, that only adaptive clipping means to release (noised).
 
 Run on the devices' own upload path (:func:`edge_client.work.train_and_encode`) and the coordinator's intake
-verdict (:func:`flayer.engine.gate.admit` with the private round's server bound). The guarantee: no honest
+verdict (:func:`flayer.engine.gate.admit` with the private round's server bound), with one bound on the whole upload
+and with per-layer bounds (``clip_split``: each layer to its C_i, sum_i C_i^2 = C^2). The guarantee: no honest
 private upload is counted as clipped, so the count says nothing of the devices' data.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
 import torch
 
 from coordinator.publish import model_blob
@@ -32,7 +34,8 @@ from protocol import Plan, WireLimits, decode_update
 C, DEVICES, ROUNDS = 0.01, 4, 3  # C far below an update's norm: every device clips
 
 
-def test_no_honest_private_upload_is_counted_as_clipped(digits: Any) -> None:
+@pytest.mark.parametrize("split", ["total", "sqrt", "equal"])  # one bound on the upload, or one a layer
+def test_no_honest_private_upload_is_counted_as_clipped(digits: Any, split: str) -> None:
     part = make_partition(digits.y, digits.num_classes, DEVICES, "iid", 0, samples=200)
     spec = dataclasses.asdict(digits.model_spec())
     base = {"round": 1, "selected": tuple(f"dev-{i}" for i in range(DEVICES)), "deadline": 1e9, "strategy": "fedavg",
@@ -40,7 +43,7 @@ def test_no_honest_private_upload_is_counted_as_clipped(digits: Any) -> None:
             "train": {"lr": 0.05, "batch_size": 10, "local_epochs": 1}}
     strategy = StrategyCache({"device": "cpu"}).get(Plan(**base))  # type: ignore[arg-type]
     g = initial_global_state(strategy, 3)
-    rp = RoundPrivacy("central", C, 1.0, 1.0, DEVICES)
+    rp = RoundPrivacy("central", C, 1.0, 1.0, DEVICES, clip_split=split)
     bounds = Bounds(server_bound(rp, sum(v.numel() for v in g.values())), "clip")  # coordinator.open_round
     over, clipped = 0, 0
     for r in range(1, ROUNDS + 1):

@@ -77,6 +77,8 @@ def _will_and_clean(tb: Any, network: SharedNetwork | None, ids: list[str]) -> N
             links[d].start()
         wait_until(lambda: all(link.connected.is_set() for link in links.values()), 30,
                    "every link to connect")
+        if network is not None:  # a pass of its loop looks at the clients waiting to reconnect only: none now
+            wait_until(lambda: not network._reconnecting, 5, "no client left waiting to reconnect")
         for d, link in links.items():  # each publishes (from this thread) and is heard
             link.publish(T.status(d), encode_message(Status(1, "online", time.time(), {}), "etest", d),
                          retain=True)
@@ -95,6 +97,7 @@ def _will_and_clean(tb: Any, network: SharedNetwork | None, ids: list[str]) -> N
         assert offline() == set(ids[:half]), "a cleanly stopped link must not trigger its will"
         if network is not None:
             wait_until(lambda: network.clients == 0, 5, "the network to forget every client")
+            assert not network._reconnecting, "a forgotten client must not stay among those to reconnect"
     finally:
         for link in links.values():
             link.stop(timeout=1.0)
