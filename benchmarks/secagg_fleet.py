@@ -14,7 +14,10 @@ the two runs is what the protocol adds on the devices).
 A run whose ``measure.json`` is under ``--out`` (``<devices>-<plain|secure>``) is not run again (delete it
 to re-measure), so an interrupted benchmark resumes. Plain rounds run with ``--set flayer.positions=public`` so that
 both runs send the same positions (secure rounds need common ones); the emulator chooses the secure
-rounds' design dropout rate from the profiles (docs/explanation/secure-aggregation.md).
+rounds' design dropout rate from the profiles (docs/explanation/secure-aggregation.md), unless ``--secure-dropout``
+sets it (a mix whose profiles predict more than a cohort can be designed for is refused by the coordinator).
+``--order secure,plain`` runs the secure one first; ``--upload fit`` fits both runs' uploads to the devices' links.
+The "dropped" column is the selected devices whose masked input is not in the round's sum.
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ def run_one(args: argparse.Namespace, devices: int, secure: bool, out: Path) -> 
            "--broker-kind", "mosquitto", "--timeout", str(args.timeout), "--out", str(out)]
     if args.mix:
         cmd += ["--mix", args.mix]
+    if args.upload:
+        cmd += ["--upload", args.upload]
+    if secure and args.secure_dropout is not None:
+        cmd += ["--secure-dropout", str(args.secure_dropout)]
     cmd += ["--secure-agg"] if secure else ["--set", "flayer.positions=public"]
     sampler = CpuSampler()
     t0 = time.time()
@@ -96,7 +103,8 @@ def run_one(args: argparse.Namespace, devices: int, secure: bool, out: Path) -> 
                        "acc": c.get("acc")})
     chosen = re.search(r"dropout rate of ([\d.]+)", text)
     result = {"devices": devices, "secure": secure, "rounds": rounds, "run_s": round(time.time() - t0, 1),
-              "secure_dropout": float(chosen.group(1)) if chosen else None, "command": " ".join(cmd[1:])}
+              "secure_dropout": float(chosen.group(1)) if chosen else (args.secure_dropout if secure else None),
+              "command": " ".join(cmd[1:])}
     done.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -110,6 +118,7 @@ def summary(r: dict[str, Any]) -> dict[str, float]:
     rows = r["rounds"]
     return {"closed": len(rows), "unmasked": sum(1 for x in rows if x["secure"] and not x["abandoned"]),
             "dropped": _mean(rows, lambda x: x["dropped"]),
+            "dropped_share": _mean(rows, lambda x: x["dropped"] / max(x["selected"], 1)),
             "mb_up_dev": _mean(rows, lambda x: x["mb_up"] / max(x["selected"], 1)),
             "mb_down_dev": _mean(rows, lambda x: x["mb_down"] / max(x["selected"], 1)),
             "workers_cpu_s": _mean(rows, lambda x: x["workers_cpu_s"]),
@@ -129,14 +138,26 @@ def main() -> None:
     p.add_argument("--dataset", default="fmnist")
     p.add_argument("--samples", type=int, default=20000, help="samples of the data set shared by the fleet")
     p.add_argument("--mix", default="", help="device profiles (default: the built-in mix)")
+    p.add_argument("--upload", choices=["plan", "fit"], default=None,
+                   help="the devices' [edge] upload in both runs (default: the emulator's); fit: fitted to each uplink")
     p.add_argument("--deadline", type=float, default=120.0)
     p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--secure-dropout", type=float, default=None,
+                   help="the secure rounds' design dropout ([privacy] secure_dropout; default: the emulator's, from the "
+                        "profiles' chance of going off within the deadline)")
+    p.add_argument("--order", default="plain,secure",
+                   help="which runs, in which order: plain,secure (default) or secure,plain")
     p.add_argument("--out", default="runs/bench-secagg-fleet")
     args = p.parse_args()
+    order = [x.strip() for x in args.order.split(",")]
+    if sorted(order) != ["plain", "secure"]:
+        p.error(f"--order: give plain and secure once each, comma separated; got {args.order!r}")
+    if args.secure_dropout is not None and not 0 <= args.secure_dropout < 0.5:
+        p.error(f"--secure-dropout: a rate in [0, 0.5), got {args.secure_dropout}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results = [run_one(args, n, secure, out / f"{n}-{'secure' if secure else 'plain'}")
-               for n in (int(x) for x in args.devices.split(",")) for secure in (False, True)]
+               for n in (int(x) for x in args.devices.split(",")) for secure in (o == "secure" for o in order)]
     print(f"per round, mean over {args.rounds} rounds (FLAYER, {args.dataset}, public positions in both)")
     print(f"{'devices':>7} {'rounds':>7} {'closed':>6} {'unmasked':>8} {'dropped':>7} {'MB up/dev':>9} "
           f"{'MB down/dev':>11} {'round s':>8} {'coord CPU s':>11} {'workers CPU s':>13} {'dev CPU s/upd':>13} "
@@ -148,7 +169,9 @@ def main() -> None:
               f"{s['unmasked'] if r['secure'] else '-':>8} {s['dropped']:>7.1f} {s['mb_up_dev']:>9.3f} "
               f"{s['mb_down_dev']:>11.3f} {s['wall_s']:>8.1f} {s['coord_cpu_s']:>11.2f} {s['workers_cpu_s']:>13.2f} "
               f"{s['dev_cpu_s']:>13.3f} {s['acc']:>8.4f}"
-              + (f"  (secure_dropout {r['secure_dropout']:g})" if r.get("secure_dropout") is not None else ""))
+              + (f"  (dropped {100 * s['dropped_share']:.1f}% of the selected"
+                 + (f", secure_dropout {r['secure_dropout']:g})" if r.get("secure_dropout") is not None else ")")
+                 if r["secure"] else ""))
     for n in sorted({r["devices"] for r in results}):
         if (n, True) in sums and (n, False) in sums:
             s, b = sums[(n, True)], sums[(n, False)]
