@@ -18,9 +18,9 @@ Bonawitz et al. (CCS 2017), Fig. 4, restricted to the device's neighbours N(u) (
    caller books the round first). :meth:`SecAggClient.sign_survivors`: sign the whole survivor set the coordinator
    shows, once per round (the consistency round, :mod:`.consistency`).
 4. :meth:`SecAggClient.unmask`: reveal the share of b_v for each surviving v and of s_v^SK for each
-   dropped v -- never both for one v, and only once per round; with the consistency round only when the
-   request matches the signed set, carries T valid signatures over that same set, and carries the consent of
-   every survivor it lists, each verified here under that survivor's key.
+   dropped v -- never both for one v, and only once per round; with the consistency round only when this device is
+   in the set it signed, the request matches that set, carries T valid signatures over it, and carries the consent
+   of every survivor it lists, each verified here under that survivor's key.
 
 Every stage checks what it can (round, addressee, sender in N(u), enough devices left: t) and
 raises :class:`~flayer.secagg.errors.SecAggError` on anything else; after a refusal the client
@@ -137,8 +137,7 @@ class SecAggClient:
         signs = device_signs(self._consistency)
         if signs is not None:  # keys their owner did not sign for this device: nothing is sealed under them
             admit = self._consistency.admit_cert if self._consistency is not None else None
-            why = bundle_problem(p, me, bundle, signs[1], admit)
-            if why is not None:
+            if (why := bundle_problem(p, me, bundle, signs[1], admit)) is not None:
                 raise self._refuse(why)
         neighbours = p.neighbours(me)
         seen = {k.public for k in self._pairs.values()} | {self._s.public}
@@ -287,10 +286,8 @@ class SecAggClient:
         no masked input this round."""
         p, me, cons = self.params, self.device, self._consistency
         witness = me not in frozenset(request.survivors) and self._stage != _FAILED and self._signed is None
-        if not witness:
+        if not witness or self._stage > 3:  # a witness that answered an unmasking already: refused as before
             self._enter(3, "sign_survivors")
-        elif self._stage > 3:
-            self._enter(3, "sign_survivors")  # it answered an unmasking already: refused as before
         if cons is None:
             raise self._refuse("asked to sign a survivor set, but this device runs no consistency round")
         if request.round != p.round or request.device != me:
@@ -298,8 +295,7 @@ class SecAggClient:
         if self._signed is not None:
             raise self._refuse("asked to sign a second survivor set this round")
         survivors = frozenset(request.survivors)
-        strangers = sorted(d for d in survivors if not p.is_participant(d))
-        if strangers:
+        if strangers := sorted(d for d in survivors if not p.is_participant(d)):
             raise self._refuse(f"the survivor set names {strangers[:5]}, not participants of the round")
         need = consistency_threshold(len(p.participants), cons.corrupt_fraction)
         if len(survivors) < max(need, p.threshold):
@@ -310,8 +306,7 @@ class SecAggClient:
                                "on its own")
         if not witness and self._consent is None:
             raise self._refuse("the survivor set holds this device, which never consented to its input being summed")
-        unknown = sorted((survivors & p.neighbours(me)) - self._partners) if not witness else []
-        if unknown:
+        if unknown := (sorted((survivors & p.neighbours(me)) - self._partners) if not witness else []):
             raise self._refuse(f"the survivor set holds neighbours {unknown}, whose shares never reached this device")
         self._signed = survivors
         message = survivor_set_message(p.session, p.round, survivors, p.transcript)
@@ -323,15 +318,22 @@ class SecAggClient:
         return self._signed is not None and self.device not in self._signed
 
     def _check_consistent(self, request: UnmaskRequest) -> None:
-        """With the consistency round: the request is this device's view of the set it signed, and T devices of that
-        set signed the same set (:mod:`.consistency`)."""
+        """With the consistency round: this device is in the set it signed, the request is its view of that set (the
+        survivor count its size), T devices of that set signed it (:mod:`.consistency`). A witness (it signed a set
+        without itself) answers nothing: it dropped in every device's view, its s_u is revealed by its neighbours, and
+        its own share of b_u would be the t-th for t-1 colluders (its input alone); only survivors are asked."""
         p, me, cons, signed = self.params, self.device, self._consistency, self._signed
         assert cons is not None
         if signed is None:
             raise self._refuse("an unmask request before this device signed a survivor set")
-        mine = (signed & p.neighbours(me)) | {me}
-        if set(request.survivors) != mine or set(request.dropped) != self._partners - signed:
+        if me not in signed:
+            raise self._refuse("an unmask request after this device signed a survivor set without itself: it dropped "
+                               f"in every device's view, and its own share of b_{me} never leaves it")
+        mine, dropped = signed & (p.neighbours(me) | {me}), self._partners - signed
+        if set(request.survivors) != mine or set(request.dropped) != dropped:
             raise self._refuse("the unmask request does not match the survivor set this device signed")
+        if request.survivor_count != len(signed):
+            raise self._refuse(f"a survivor count {request.survivor_count}, not the {len(signed)} of the set signed")
         if cons.admit_cert is not None:  # the signers' certificates, checked against the authority here
             for (signer, _), cert in zip(request.signatures, request.certs, strict=False):
                 cons.admit_cert(signer, cert)  # a refused one leaves its signature uncounted
