@@ -18,6 +18,13 @@ file, but never resynchronised onto.)
     plan payload    the plan's envelope payload (protocol.encode_message)
     update payload  u8 client length, client id (ASCII), u32 round, 32-byte sha256 of the blob, blob
 
+Reading one device's update back (a secure round's masked input whose device gave no consent): :class:`Journal`
+notes the offset and length of each device's first update record as it appends it (n integers a round), and
+:meth:`Journal.read_updates` reads only those records, each authenticated alone -- O(record) memory and reads per
+device, whatever the size of the round. Where the index does not cover the file (it held records before the
+:class:`Journal` opened it), :func:`scan_updates` finds them in one streaming pass, every record authenticated as it
+passes and only the wanted ones kept.
+
 A crash can leave the last record torn (short, or failing its CRC). A damaged record anywhere else (the disk
 flipped a bit in its payload, or in its length, so its end cannot be trusted) is skipped and counted, and
 :func:`read_journal` resynchronises on the next intact record: a magic, a kind, a length that fits and a CRC that
@@ -37,6 +44,7 @@ import re
 import secrets
 import struct
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +59,7 @@ __all__ = [
     "journal_path",
     "prune_journals",
     "read_journal",
+    "scan_updates",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,6 +71,7 @@ _LEGACY_HEAD = struct.Struct("<4sBII")
 KEY_NAME = ".key"
 KIND_PLAN, KIND_UPDATE = 1, 2
 MAX_RECORD = 1 << 31
+_CHUNK = 1 << 20  # scan_updates: the most of a payload it holds that it does not keep
 _NAME = re.compile(r"round-(\d{6,})\.jnl(?:\.cut-\d+)?")
 
 
@@ -107,7 +117,9 @@ def journal_key(folder: Path) -> bytes:
 
 
 def _mac(key: bytes, kind: int, payload: bytes) -> bytes:
-    return hmac.new(key, struct.pack("<BI", kind, len(payload)) + payload, hashlib.sha256).digest()
+    mac = hmac.new(key, struct.pack("<BI", kind, len(payload)), hashlib.sha256)
+    mac.update(payload)  # no copy of the payload
+    return mac.digest()
 
 
 def _encode(kind: int, payload: bytes, key: bytes) -> bytes:
@@ -135,20 +147,82 @@ def _intact(data: bytes, at: int, key: bytes, legacy: bool = False) -> tuple[int
     """(kind, end, payload) of the record at ``at`` when it is whole and authenticates under ``key``, else None;
     ``legacy``: an earlier release's CRC record is taken too (in order only, never by resynchronising)."""
     if len(data) - at >= _HEAD.size and data[at:at + 4] == MAGIC:
-        magic, kind, length, mac = _HEAD.unpack_from(data, at)
+        _magic, kind, length, mac = _HEAD.unpack_from(data, at)
         end = at + _HEAD.size + length
         if kind not in (KIND_PLAN, KIND_UPDATE) or end > len(data):
             return None
         payload = data[at + _HEAD.size:end]
         return (kind, end, payload) if hmac.compare_digest(mac, _mac(key, kind, payload)) else None
     if legacy and len(data) - at >= _LEGACY_HEAD.size and data[at:at + 4] == LEGACY_MAGIC:
-        magic, kind, length, crc = _LEGACY_HEAD.unpack_from(data, at)
+        _magic, kind, length, crc = _LEGACY_HEAD.unpack_from(data, at)
         end = at + _LEGACY_HEAD.size + length
         if kind not in (KIND_PLAN, KIND_UPDATE) or end > len(data):
             return None
         payload = data[at + _LEGACY_HEAD.size:end]
         return (kind, end, payload) if zlib.crc32(bytes([kind]) + payload) == crc else None
     return None
+
+
+def _unreadable(path: Path, at: int, why: str) -> JournalError:
+    return JournalError(f"journal {path}: the record at byte {at} {why}")
+
+
+def _update_at(path: Path, data: bytes, at: int, client: str, key: bytes) -> JournalRecord:
+    """The update record ``data`` (read at byte ``at``), authenticated and ``client``'s, else JournalError."""
+    rec = _intact(data, 0, key)
+    if rec is None or rec[0] != KIND_UPDATE or rec[1] != len(data):
+        raise _unreadable(path, at, f"does not authenticate as an update record ({client}'s)")
+    try:
+        out = _parse_update(rec[2])
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise _unreadable(path, at, f"is unreadable ({exc})") from None
+    if out.client != client:
+        raise _unreadable(path, at, f"is {out.client!r}'s update, not {client!r}'s")
+    return out
+
+
+def scan_updates(path: Path, key: bytes, clients: Iterable[str]) -> Iterator[JournalRecord]:
+    """The first update record of each of ``clients`` in ``path``, in one streaming pass from the start: every record's
+    HMAC is checked as it passes (in chunks of ``_CHUNK``), only the wanted records are kept, and the pass stops once
+    all are found. Unlike :func:`read_journal` it never resynchronises: a record that does not authenticate (damaged,
+    or an earlier release's) raises JournalError naming its offset; a torn tail ends the pass."""
+    wanted = set(clients)
+    try:
+        with open(path, "rb") as fh:
+            at = 0
+            while wanted:
+                head = fh.read(_HEAD.size)
+                if len(head) < _HEAD.size:
+                    return  # the end, or a torn tail
+                magic, kind, length, mac = _HEAD.unpack(head)
+                if magic != MAGIC or kind not in (KIND_PLAN, KIND_UPDATE):
+                    raise _unreadable(path, at, "is not a record")
+                check = hmac.new(key, struct.pack("<BI", kind, length), hashlib.sha256)
+                first = fh.read(min(length, 256)) if kind == KIND_UPDATE else b""  # the client id lies in it
+                keep = [first] if first and first[1:1 + first[0]].decode("ascii", "replace") in wanted else None
+                check.update(first)
+                left = length - len(first)
+                while left:
+                    chunk = fh.read(min(left, _CHUNK))
+                    if not chunk:
+                        return  # a torn tail
+                    check.update(chunk)
+                    if keep is not None:
+                        keep.append(chunk)
+                    left -= len(chunk)
+                if not hmac.compare_digest(check.digest(), mac):
+                    raise _unreadable(path, at, "does not authenticate")
+                if keep is not None:
+                    try:
+                        rec = _parse_update(b"".join(keep))
+                    except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
+                        raise _unreadable(path, at, f"is unreadable ({exc})") from None
+                    if rec.client in wanted:
+                        wanted.discard(rec.client)
+                        yield rec
+                at += _HEAD.size + length
+    except OSError as exc:
+        raise JournalError(f"cannot read the journal {path}: {exc.strerror or exc}") from exc
 
 
 def _next_intact(data: bytes, start: int, key: bytes) -> int | None:
@@ -217,12 +291,15 @@ class Journal:
     def __init__(self, folder: Path, round_: int) -> None:
         self.path = journal_path(folder, round_)
         self.round = round_
+        self._where: dict[str, tuple[int, int]] = {}  # client -> (offset, length) of its first update record
+        self.indexed = True  # every update record of the file is in _where (False: some were there before it opened)
         try:
             private_dir(folder, "journal folder")
             self._key = journal_key(folder)
             created = not self.path.exists()
             if not created:
                 replay = read_journal(self.path, self._key)
+                self.indexed = not replay.updates
                 if replay.torn_bytes:  # kept aside first: nothing cut is lost for good (module docstring)
                     cut = self.path.with_name(f"{self.path.name}.cut-{replay.good_bytes}")
                     with open(self.path, "rb") as fh:
@@ -235,8 +312,8 @@ class Journal:
         if created:
             _fsync_dir(folder)
 
-    def _append(self, kind: int, payload: bytes) -> None:
-        """Append one record and fsync it. On an I/O error (a full disk) the file is cut back to where
+    def _append(self, kind: int, payload: bytes) -> tuple[int, int]:
+        """Append one record and fsync it; returns its offset and length. On an I/O error (a full disk) the file is cut back to where
         the record began, when it can be, and JournalError names the file: the caller must not go on as
         if the record were written (the coordinator stops; a restart cuts any torn tail)."""
         if len(payload) >= MAX_RECORD:
@@ -248,6 +325,7 @@ class Journal:
             while data:
                 data = data[os.write(fd, data):]
             os.fsync(fd)
+            return start, _HEAD.size + len(payload)
         except OSError as exc:
             try:
                 os.truncate(self.path, start)
@@ -261,8 +339,25 @@ class Journal:
     def append_update(self, client: str, round_: int, blob: bytes) -> str:
         """Append and fsync; returns the blob's sha256 hex."""
         payload, digest = _update_payload(client, round_, blob)
-        self._append(KIND_UPDATE, payload)
+        self._where.setdefault(client, self._append(KIND_UPDATE, payload))
         return digest
+
+    def read_updates(self, clients: Iterable[str]) -> Iterator[JournalRecord]:
+        """The first update record of each of ``clients`` (one without any is left out), each read alone where it was
+        appended and authenticated (module docstring); JournalError: a record there does not authenticate, or is not
+        that client's update. When the index does not cover the file, one pass of :func:`scan_updates` instead."""
+        wanted = list(dict.fromkeys(clients))
+        if not self.indexed:
+            yield from scan_updates(self.path, self._key, wanted)
+            return
+        try:
+            with open(self.path, "rb", buffering=0) as fh:
+                for client in wanted:
+                    if (where := self._where.get(client)) is not None:
+                        yield _update_at(self.path, os.pread(fh.fileno(), where[1], where[0]), where[0], client,
+                                         self._key)
+        except OSError as exc:
+            raise JournalError(f"cannot read the journal {self.path}: {exc.strerror or exc}") from exc
 
     def close(self) -> None:
         self._fh.close()

@@ -16,7 +16,7 @@ import hashlib
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ from .config import CoordinatorConfig
 from .device_certs import DeviceCerts
 from .device_keys import DeviceKeys
 from .inbox import Inbox
-from .journal import journal_path, read_journal
+from .journal import JournalError, journal_key, journal_path, scan_updates
 from .open_round import OpenRound
 from .privacy import FederationPrivacy
 from .registry import DeviceRegistry
@@ -68,17 +68,31 @@ VOID_CHARS = 256  # the most a plan's string value holds (protocol.messages)
 log = logging.getLogger("coordinator.server")
 
 
-def journaled_masked(rnd: OpenRound, device: str) -> np.ndarray:
-    """``device``'s masked input of ``rnd``, read back from the round's journal (every accepted update lies there): a
-    masked input whose device gave no consent is taken out of the sum (flayer.secagg.server_consent)."""
-    if rnd.journal_dir is None:
-        raise SecAggError(f"round {rnd.number} keeps no journal to read {device}'s masked input back from")
-    for rec in read_journal(journal_path(rnd.journal_dir, rnd.number)).updates:
-        if rec.client == device:  # the first: the protocol takes one masked input a device
+def journaled_masked(rnd: OpenRound, devices: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
+    """The masked inputs of ``devices`` in ``rnd``, one at a time, read back from the round's journal (every accepted
+    update lies there): a masked input whose device gave no consent is taken out of the sum
+    (flayer.secagg.server_consent). Each is its device's first record (the protocol takes one masked input a device),
+    read alone where the open journal appended it (coordinator.journal: O(model) memory and reads each, whatever the
+    round's size), or found in one streaming pass over the file for all ``devices`` when the journal is closed.
+    SecAggError (the round is abandoned) when a record does not authenticate, or is not the device's masked input of
+    this round; a device whose input is not found is left out (the caller names it)."""
+    if rnd.journal is None and rnd.journal_dir is None:
+        raise SecAggError(f"round {rnd.number} keeps no journal to read masked inputs back from")
+    try:
+        if rnd.journal is not None:
+            records = rnd.journal.read_updates(devices)
+        else:
+            assert rnd.journal_dir is not None
+            records = scan_updates(journal_path(rnd.journal_dir, rnd.number), journal_key(rnd.journal_dir), devices)
+        for rec in records:
             msg = decode_message(rec.data)
-            if isinstance(msg, MaskedInput):
-                return msg.vector
-    raise SecAggError(f"{device}'s masked input is not in round {rnd.number}'s journal")
+            if not isinstance(msg, MaskedInput) or msg.device != rec.client or msg.round != rnd.number \
+                    or rec.round != rnd.number:
+                raise SecAggError(f"the journal record of {rec.client} in round {rnd.number} is not its masked input "
+                                  f"of the round")
+            yield rec.client, msg.vector
+    except (JournalError, OSError) as exc:
+        raise SecAggError(f"a masked input cannot be read back: {exc}") from None
 
 
 def secure_strategy(strategy: Strategy) -> Strategy:
@@ -173,7 +187,7 @@ class SecurePhase:
                                        verify=survivor_verifier(keys, fed, rnd.number),
                                        verify_advert=advert_verifier(keys, fed, rnd.number), timing=self.timing,
                                        gone=lambda device: not c.registry.is_online(device, c.clock()), certs=certs,
-                                       recall=lambda device: journaled_masked(rnd, device))
+                                       recall=lambda devices: journaled_masked(rnd, devices))
         rnd.stats.extra["secure_stage_limits"] = self.timing.limits()
         need = sec.needed
         fail = round_failure(len(selected), params.degree, params.threshold, need, planned.dropout)

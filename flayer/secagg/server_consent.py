@@ -7,14 +7,16 @@ input of a device that did not consent is taken back out of the running sum and 
 neighbours reveal its mask key's shares, never its self-mask seed's).
 
 Taking an input back out needs that input. The server keeps only the running sum when it is given ``recall`` (the
-coordinator reads a masked input back from its round journal, where every accepted update lies); without one, it keeps
-each masked input in memory until the stage closes (in process: the simulator and the tests).
+coordinator reads the masked inputs back from its round journal, where every accepted update lies, one at a time: the
+recall is handed every device to read back at once and yields each input in turn, so it can find them all in one pass
+and the server holds one at a time); without one, it keeps each masked input in memory until the stage closes (in
+process: the simulator and the tests).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -28,7 +30,8 @@ __all__ = ["ConsentBook", "Recall"]
 
 log = logging.getLogger(__name__)
 
-Recall = Callable[[str], np.ndarray]  # a device's masked input of the round (uint32), read back by the caller
+# the masked inputs (uint32) of the round of the devices named, read back by the caller: (device, input), each once
+Recall = Callable[[Sequence[str]], Iterable[tuple[str, np.ndarray]]]
 
 
 class ConsentBook:
@@ -89,17 +92,31 @@ class ConsentBook:
         assert not self.closed
         self.sent = masked
         survivors = masked & self.consented
-        for device in sorted(masked - survivors):
-            vector = self._inputs[device] if self._inputs is not None else self._recall_input(device)
+        missing = sorted(masked - survivors)
+        inputs = self._inputs
+        back = ((d, inputs[d]) for d in missing) if inputs is not None else self._recall_inputs(missing)
+        for device, vector in back:
             total -= vector  # wraps mod 2^32 as the sum did
             log.info("secagg round %d: %s sent a masked input but no consent: left out of the sum, counted as dropped",
                      self.params.round, device)
         self._inputs = None
         return survivors
 
-    def _recall_input(self, device: str) -> np.ndarray:
+    def _recall_inputs(self, devices: list[str]) -> Iterator[tuple[str, np.ndarray]]:
+        """The masked inputs of ``devices`` read back, each checked (SecAggError: one is not the round's, comes twice
+        or was not asked for, or one is missing)."""
         assert self._recall is not None
-        vector = self._recall(device)
-        if not isinstance(vector, np.ndarray) or vector.dtype != np.uint32 or vector.shape != (self.params.length,):
-            raise SecAggError(f"the masked input of {device} read back is not the round's ({self.params.length} uint32)")
-        return vector
+        left = set(devices)
+        if not left:
+            return
+        for device, vector in self._recall(devices):
+            if device not in left:
+                raise SecAggError(f"a masked input of {device} read back, which was not asked for (or twice)")
+            if not isinstance(vector, np.ndarray) or vector.dtype != np.uint32 or vector.shape != (self.params.length,):
+                raise SecAggError(f"the masked input of {device} read back is not the round's "
+                                  f"({self.params.length} uint32)")
+            left.discard(device)
+            yield device, vector
+        if left:
+            raise SecAggError(f"the masked input of {', '.join(sorted(left))} cannot be read back (not in the round's "
+                              f"journal)")

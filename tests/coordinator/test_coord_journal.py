@@ -48,7 +48,7 @@ def test_torn_tail_at_every_byte_of_the_last_record(tmp_path: Path) -> None:
 
 
 def test_appending_after_a_torn_tail_cuts_it_first(tmp_path: Path) -> None:
-    path, updates = _fill(tmp_path)
+    path, _updates = _fill(tmp_path)
     path.write_bytes(path.read_bytes()[:-5])
     j = Journal(tmp_path, 3)
     j.append_update("dev-9", 3, b"after the crash")
@@ -85,3 +85,55 @@ def test_prune(tmp_path: Path, keep: int, left: list[int]) -> None:
     prune_journals(tmp_path, done_round=5, keep=keep)
     assert sorted(int(p.stem.split("-")[1]) for p in tmp_path.glob("round-*.jnl")) == left
     assert (tmp_path / "other.txt").exists()
+
+
+def test_read_updates_reads_each_client_s_first_record_where_it_was_appended(tmp_path: Path) -> None:
+    from coordinator.journal import JournalError
+
+    j = Journal(tmp_path, 3)
+    j.append_plan(b"plan-bytes")
+    for client, blob in (("dev-a", b"a" * 300), ("dev-b", b"b first"), ("dev-c", b"c" * 99), ("dev-b", b"b again")):
+        j.append_update(client, 3, blob)
+    assert [(r.client, r.data) for r in j.read_updates(["dev-c", "dev-b", "dev-x", "dev-c"])] == \
+        [("dev-c", b"c" * 99), ("dev-b", b"b first")]  # each once, the first; one without a record left out
+    at, size = j._where["dev-a"]
+    data = bytearray(journal_path(tmp_path, 3).read_bytes())
+    data[at + size - 7] ^= 1  # a bit of dev-a's record flips on disk
+    journal_path(tmp_path, 3).write_bytes(bytes(data))
+    with pytest.raises(JournalError, match=f"byte {at} does not authenticate"):
+        list(j.read_updates(["dev-a"]))
+    assert [r.data for r in j.read_updates(["dev-c"])] == [b"c" * 99]  # the others are still read
+    j._where["dev-c"] = j._where["dev-b"]  # an offset that holds another client's record
+    with pytest.raises(JournalError, match="'dev-b''s update, not 'dev-c''s"):
+        list(j.read_updates(["dev-c"]))
+    j.close()
+
+
+def test_a_journal_reopened_on_a_file_with_updates_finds_them_in_one_streaming_pass(tmp_path: Path) -> None:
+    import struct
+
+    from coordinator.journal import JournalError, _encode, _update_payload, scan_updates
+
+    j = Journal(tmp_path, 3)
+    j.append_plan(b"plan-bytes")
+    j.append_update("dev-b", 3, b"b's own")
+    planted = _encode(2, _update_payload("dev-c", 3, b"planted as c's")[0], bytes(32))  # under a guessed key
+    j.append_update("dev-a", 3, b"\0" * 9 + planted + b"\0" * 9)  # a device's bytes shaped as a record
+    j.append_update("dev-c", 3, b"c's own")
+    j.close()
+    j = Journal(tmp_path, 3)  # the index covers none of the file's records: read_updates scans
+    assert not j.indexed
+    assert {r.client: r.data for r in j.read_updates(["dev-c", "dev-b"])} == {"dev-c": b"c's own", "dev-b": b"b's own"}
+    j.append_update("dev-d", 3, b"d's own")
+    assert [r.data for r in j.read_updates(["dev-d"])] == [b"d's own"]
+    j.close()
+    path = journal_path(tmp_path, 3)
+    key = (tmp_path / ".key").read_bytes()
+    data = bytearray(path.read_bytes())
+    at = 41 + len(b"plan-bytes")  # dev-b's record
+    data[at + 60] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalError, match=f"byte {at} does not authenticate"):
+        list(scan_updates(path, key, ["dev-c"]))  # never resynchronised past a damaged record
+    path.write_bytes(bytes(data[:at]) + struct.pack("<4sBI", b"FLJ2", 2, 1 << 30))  # a torn tail: the pass ends
+    assert list(scan_updates(path, key, ["dev-c"])) == []

@@ -192,8 +192,8 @@ def test_a_masked_input_without_a_consent_is_read_back_from_the_journal_and_left
 
     sec, clients, ups = _round()
     journal = Journal(tmp_path, 1)
-    rnd = types.SimpleNamespace(journal_dir=tmp_path, number=1)
-    sec.recall = lambda device: journaled_masked(rnd, device)
+    rnd = types.SimpleNamespace(journal=journal, journal_dir=tmp_path, number=1)
+    sec.recall = lambda devices: journaled_masked(rnd, devices)
     sec.server = sec._new_server()
     for d in IDS:
         sec.receive(d, clients[d].advertise().to_bytes())
@@ -223,3 +223,81 @@ def test_a_masked_input_without_a_consent_is_read_back_from_the_journal_and_left
     plain = sum(ups[d].deltas["w"].values.astype(np.float64) for d in ("a", "b", "c"))
     assert out.update is not None and np.abs(out.update.deltas["w"].values - plain).max() < 3 / sec.planned.params.ring.scale
     journal.close()
+
+
+def _withheld_round(tmp_path, journal_open: bool):  # type: ignore[no-untyped-def]
+    """A round of IDS to its consent stage, every masked input journaled, d's consent withheld."""
+    import types
+
+    from coordinator.journal import Journal
+    from coordinator.secure_phase import journaled_masked
+
+    sec, clients, ups = _round()
+    journal = Journal(tmp_path, 1)
+    rnd = types.SimpleNamespace(journal=journal, journal_dir=tmp_path, number=1)
+    sec.recall = lambda devices: journaled_masked(rnd, devices)
+    sec.server = sec._new_server()
+    for d in IDS:
+        sec.receive(d, clients[d].advertise().to_bytes())
+    bundles = _deliver(sec.advance(101.0))
+    for d in IDS:
+        sec.receive(d, clients[d].share_keys(bundles[d]).to_bytes())
+    shares = _deliver(sec.advance(101.0))
+    for d in IDS:
+        blob = clients[d].masked_input(shares[d], device_vector(ups[d], sec.layout, sec.planned.params,
+                                                                np.random.default_rng(0))).to_bytes()
+        assert sec.masked(d, blob) is None
+        journal.append_update(d, 1, blob)
+    asks = _deliver(sec.advance(102.0, masked_done=True))
+    for d in ("a", "b", "c"):
+        assert sec.receive(d, clients[d].consent(asks[d]).to_bytes()) is None
+    if not journal_open:  # the fallback: one streaming pass over the file
+        journal.close()
+        rnd.journal = None
+    return sec, journal
+
+
+@pytest.mark.parametrize("journal_open", [True, False])
+def test_a_masked_input_read_back_from_a_damaged_or_foreign_record_abandons_the_round(tmp_path, journal_open):  # type: ignore[no-untyped-def]
+    """The record read back must authenticate and be the device's masked input of this round; else the round is
+    abandoned with the reason (never a crash, never a wrong sum)."""
+    from coordinator.journal import journal_path
+    from flayer.secagg import SecAggAbandoned
+
+    sec, journal = _withheld_round(tmp_path / "ok", journal_open)
+    sets = _deliver(sec.advance(108.0))  # d's input read back and taken out: the round goes on
+    assert sec.stage == 5 and all(m.survivors == ("a", "b", "c") for m in sets.values())
+
+    sec, journal = _withheld_round(tmp_path / "flip", journal_open)
+    path = journal_path(tmp_path / "flip", 1)
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 1  # a bit of d's record (the last) flips on disk
+    path.write_bytes(bytes(data))
+    with pytest.raises(SecAggAbandoned, match="cannot be read back: .* does not authenticate"):
+        sec.advance(108.0)
+
+    sec, journal = _withheld_round(tmp_path / "foreign", journal_open)
+    c_blob = next(journal.read_updates(["c"])).data if journal_open else None
+    path = journal_path(tmp_path / "foreign", 1)
+    if journal_open:  # the record noted as d's holds c's masked input, under d's name
+        del journal._where["d"]
+        journal.append_update("d", 1, c_blob)
+    else:  # d's record lost; the one in its place holds c's masked input, under d's name
+        from coordinator.journal import Journal, read_journal
+
+        c_blob = next(r.data for r in read_journal(path).updates if r.client == "c")
+        data = path.read_bytes()
+        path.write_bytes(data[:data.rindex(b"FLJ2")])
+        again = Journal(tmp_path / "foreign", 1)
+        again.append_update("d", 1, c_blob)
+        again.close()
+    with pytest.raises(SecAggAbandoned, match="the journal record of d in round 1 is not its masked input"):
+        sec.advance(108.0)
+
+    if not journal_open:
+        sec, journal = _withheld_round(tmp_path / "lost", journal_open)
+        path = journal_path(tmp_path / "lost", 1)
+        data = path.read_bytes()
+        path.write_bytes(data[:data.rindex(b"FLJ2")])  # d's record lost
+        with pytest.raises(SecAggAbandoned, match="the masked input of d cannot be read back"):
+            sec.advance(108.0)
