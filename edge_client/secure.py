@@ -27,7 +27,9 @@ A selected device:
 Without a key registry (``signing_keys.json`` from its kit) a device can check none of the other devices' keys, so
 it takes no part in secure rounds: it sends no advert (it would refuse every bundle, and before this every unmask
 request). The keys and the shares live in this object only, never on disk: a restarted device cannot finish the round
-and counts as dropped (its masked input, if it was sent, is unmasked with its neighbours' shares).
+and counts as dropped (its masked input, if it was sent, is unmasked with its neighbours' shares). What is on disk is
+the round and session it advertised in, written before the advert leaves (``secure_advert`` in its state folder,
+:mod:`edge_client.store`): after a restart it sits that session out instead of advertising other keys in it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from flayer.secagg import (
     UnmaskRequest,
     decode_message,
 )
+from flayer.state import StateFileError
 from flayer.update import Update
 from protocol import (
     Envelope,
@@ -171,7 +174,7 @@ class SecureRounds:
     _progress: Any
     _budget_refuses: Any  # edge_client.budget
     _record_contribution: Any
-    _secure_sat_out = -1  # a round whose terms changed under its secure session: sat out
+    _secure_sat_out = -1  # a round whose terms changed under its secure session, or advertised before a restart: sat out
 
     def _secure_plan(self, plan: Any) -> None:
         """A plan: open this device's session of a secure round it is selected for, and send its keys."""
@@ -189,7 +192,11 @@ class SecureRounds:
             return
         terms = plan_terms(plan)
         if plan.round == self._secure_sat_out:
-            return  # this round's terms changed under its session: this device sits it out
+            return  # this round's terms changed under its session, or it restarted after its advert: sat out
+        if (cur is None or cur.session != planned.params.session) and self._advertised_before(plan.round,
+                                                                                           planned.params.session):
+            self._secure, self._secure_sat_out = None, plan.round
+            return
         if cur is not None and cur.session == planned.params.session:
             if cur.terms != terms:  # the same session under other privacy or secure terms: neither is trusted
                 log.warning("%s: secure round %d: the plan's privacy or secure terms changed under its session; this "
@@ -208,9 +215,38 @@ class SecureRounds:
                                         survivor_verifier(keys, fed, plan.round), gamma,
                                         advert_signer(self.signer, fed, plan.round, self.id),
                                         advert_verifier(keys, fed, plan.round), own, admit)
-        self._secure = SecureSession(planned, self.id, consistency)
-        self._secure.privacy, self._secure.terms = dict(plan.privacy), terms
-        self._secure_publish([self._secure.advert()], plan.round)
+        session = SecureSession(planned, self.id, consistency)
+        session.privacy, session.terms = dict(plan.privacy), terms
+        advert = session.advert()
+        try:  # on disk before the advert leaves: after a restart this device must not advertise other keys in it
+            self.store.save_secure_advert(plan.round, session.session)
+        except OSError as exc:
+            log.error("%s: secure round %d: cannot record its advert in its state folder (%s): this device takes no "
+                      "part in the round", self.id, plan.round, exc)
+            return
+        self._secure = session
+        self._secure_publish([advert], plan.round)
+
+    def _advertised_before(self, round_: int, session: str) -> bool:
+        """Whether this device advertised keys in ``session`` of round ``round_`` and holds none of them now (it
+        restarted since: its keys lived in memory). Such a device sits the round out, logged once: other keys in the
+        same session would not match the advert the coordinator holds, which names the device faulty (equivocation)
+        and leaves it out of every later round."""
+        try:
+            mark = self.store.secure_advert()
+        except StateFileError as exc:  # it cannot tell which session it advertised in: it sits this one out, and
+            log.error("%s: secure round %d: %s; this device sits the round out", self.id, round_, exc)
+            try:  # records it as advertised (also after another restart), so the next round is taken part in
+                self.store.save_secure_advert(round_, session)
+            except OSError as err:
+                log.error("%s: cannot replace %s: %s", self.id, self.store.advert_file, err)
+            return True
+        if mark != (round_, session):
+            return False
+        log.warning("%s: secure round %d: this device advertised its keys in the round's session before it restarted "
+                    "and holds none of them now; it sits the round out (counted as dropped) and takes part in the "
+                    "next", self.id, round_)
+        return True
 
     def _secure_publish(self, bodies: list[bytes], round_: int) -> None:
         for body in bodies:

@@ -14,6 +14,9 @@
   (:func:`flayer.state.save_model`, for ``flayer export``).
 - ``plan_round`` -- the newest round of a plan this device took: plans only move forward, so a signed plan of
   an earlier round replayed after a reboot is refused too (docs/explanation/security.md, "Replays").
+- ``secure_advert`` -- the secure round and session this device last advertised keys in, written (fsync and
+  rename) before the advert leaves: its keys live in memory only, so after a reboot it sits that session out
+  rather than advertise other keys in it (docs/explanation/secure-aggregation.md, "A device that restarts").
 
 An idle client need not hold its :class:`ClientState` in memory: :meth:`DeviceStore.release` drops
 the tensors from a :class:`StoredState` whose state file holds exactly them (``on_disk``);
@@ -24,6 +27,7 @@ keeps the tensors' bytes, JSON the scalars.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +71,7 @@ class DeviceStore:
         self.personal_file = self.dir / "personal.safetensors"
         self.global_file = self.dir / "global.safetensors"
         self.plan_file = self.dir / "plan_round"
+        self.advert_file = self.dir / "secure_advert"
         try:  # 0700 whatever the umask: the pending upload and the personal model are this device's (flayer.files)
             private_dir(self.dir, "device state_dir")
         except OpenFolderError as exc:
@@ -116,6 +121,26 @@ class DeviceStore:
     def save_plan_round(self, round_: int) -> None:
         """Record ``round_`` (temporary file, fsync and rename)."""
         atomic_write(self.plan_file, str(int(round_)))
+
+    def secure_advert(self) -> tuple[int, str] | None:
+        """(round, session) of the secure round this device last advertised keys in; None: none recorded. An
+        unreadable record raises StateFileError (the caller cannot tell which session it advertised in)."""
+        try:
+            raw = json.loads(self.advert_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise StateFileError(f"{self.advert_file}: unreadable ({exc})") from None
+        r, session = (raw.get("round"), raw.get("session")) if isinstance(raw, dict) else (None, None)
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0 or not isinstance(session, str) \
+                or not 0 < len(session) <= 256:
+            raise StateFileError(f"{self.advert_file}: not a round and a session: {str(raw)[:80]!r}")
+        return r, session
+
+    def save_secure_advert(self, round_: int, session: str) -> None:
+        """Record that this device advertises keys in ``session`` of secure round ``round_`` (fsync and rename:
+        on disk before the advert leaves)."""
+        atomic_write(self.advert_file, json.dumps({"round": int(round_), "session": str(session)}))
 
     def save_upload(self, blob: bytes) -> None:
         atomic_write(self.upload_file, blob)

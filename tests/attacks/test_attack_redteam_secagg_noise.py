@@ -41,6 +41,7 @@ class _Device(SecureRounds):
         self.peers = SimpleNamespace(available=lambda: True)  # a key registry is there (its keys: not reached here)
         self.settings = SimpleNamespace(secure_corrupt_fraction=0.0)
         self.stored = SimpleNamespace(done_round=0)
+        self.store = SimpleNamespace(secure_advert=lambda: None, save_secure_advert=lambda r, s: None)  # no restart
         self._secure = None
         self.sent: list[bytes] = []
 

@@ -64,7 +64,8 @@ def _device() -> Any:
     dev.sent = []
     dev.link = types.SimpleNamespace(publish=lambda topic, payload, **kw: dev.sent.append(topic))
     dev.topics = types.SimpleNamespace(secagg=lambda d: f"fl/fed/secagg/{d}")
-    dev.store = types.SimpleNamespace(save=lambda s: None, save_upload=lambda b: None)
+    dev.store = types.SimpleNamespace(save=lambda s: None, save_upload=lambda b: None, secure_advert=lambda: None,
+                                      save_secure_advert=lambda r, s: None)  # never restarted here
     dev.rounds_trained = []
     dev._progress = lambda *a, **k: None
     dev.clock = lambda: 0.0

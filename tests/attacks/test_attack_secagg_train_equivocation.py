@@ -62,6 +62,7 @@ class Device(SecureRounds):
         self.creds = types.SimpleNamespace(federation=FED)
         self.settings = types.SimpleNamespace(secure_corrupt_fraction=0.0)
         self.stored = types.SimpleNamespace(done_round=0, extra={})
+        self.store = types.SimpleNamespace(secure_advert=lambda: None, save_secure_advert=lambda r, s: None)
         self._secure, self.sent = None, []
 
     def _budget_refuses(self, plan: Any) -> bool:

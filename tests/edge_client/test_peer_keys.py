@@ -75,6 +75,7 @@ def test_without_a_registry_a_device_takes_no_part_in_secure_rounds(tmp_path: Pa
     import numpy as np
 
     from edge_client.secure import SecureRounds
+    from edge_client.store import DeviceStore
     from flayer.engine.secure import plan_round, plan_secure
     from flayer.engine.secure_layout import layout_of
     from flayer.privacy_config import PrivacySettings
@@ -92,6 +93,7 @@ def test_without_a_registry_a_device_takes_no_part_in_secure_rounds(tmp_path: Pa
             self.id, self.creds, self.signer = "dev-1", SimpleNamespace(federation="f1"), SigningKey.generate()
             self.peers = PeerKeys("f1", path)
             self.settings, self.stored = SimpleNamespace(secure_corrupt_fraction=0.0), SimpleNamespace(done_round=0)
+            self.store = DeviceStore(tmp_path / "state")
             self._secure, self.sent = None, []
 
         def _budget_refuses(self, plan: object) -> bool:
