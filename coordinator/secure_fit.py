@@ -6,13 +6,20 @@ until the round's expected close (the plan's ``close_by`` when recent rounds giv
 masked input goes after the key and share stages, so the time it plans on is that less one stage
 (``secure_stage_s``), at least half of it. The budget is linkfit's rule at a low quantile of the rates; the plain
 link fit's size at that budget comes from encoding an update of the round's layout with the plan's codec ladder
-(the sizes follow the value count and the positions, not the values). docs/explanation/secure-aggregation.md,
-"Fitted to the link".
+(the sizes follow the value count and the positions, not the values).
+
+A selected device that fits its uploads but has measured no rate yet (``info.upload_fit`` without
+``info.uplink_kbps``) sends, in a plain round, its whole upload at the lowest codec the plan allows
+(:mod:`edge_client.linkfit`: nothing fitted, the lowest codec, so the first upload of a thin link is not the one
+sure to be late). The plain size the cap compares with is then at most that size, the ladder's last: with rates
+known too, the smaller of the two; with none, that size alone. docs/explanation/secure-aggregation.md, "Fitted to
+the link".
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -25,7 +32,7 @@ from protocol.upload_cap import codec_ladder
 
 from .config import FederationSettings
 
-__all__ = ["plain_ladder", "round_keep", "selected_rates"]
+__all__ = ["plain_ladder", "round_keep", "selected_rates", "unmeasured_fitting"]
 
 log = logging.getLogger("coordinator.server")
 
@@ -38,6 +45,20 @@ def selected_rates(registry: Any, selected: tuple[str, ...]) -> list[float]:
         kbps = info.info.get("uplink_kbps") if info is not None else None
         if isinstance(kbps, (int, float)) and not isinstance(kbps, bool) and 0 < kbps < 1e9:
             out.append(float(kbps) * 1000 / 8)
+    return out
+
+
+def unmeasured_fitting(registry: Any, selected: tuple[str, ...]) -> int:
+    """How many selected devices fit their uploads but report no rate (``info.upload_fit`` true, no valid
+    ``info.uplink_kbps``): in a plain round each sends the lowest codec's size."""
+    out = 0
+    for dev in selected:
+        info = registry.get(dev)
+        if info is None:
+            continue
+        kbps = info.info.get("uplink_kbps")
+        rated = isinstance(kbps, (int, float)) and not isinstance(kbps, bool) and 0 < kbps < 1e9
+        out += int(info.info.get("upload_fit") is True and not rated)
     return out
 
 
@@ -54,14 +75,23 @@ def plain_ladder(layout: Layout, start: str, lowest: str, compress: bool, federa
 def round_keep(settings: PrivacySettings, fs: FederationSettings, federation: str, registry: Any,
                selected: tuple[str, ...], layout: Layout, bits: int, neighbours: int,
                seconds: float) -> tuple[float, int]:
-    """(the round's keep fraction, the budget it was fitted to; 0: no rate known, ``secure_keep`` alone);
-    ``registry``: the devices' statuses (:class:`coordinator.registry.DeviceRegistry`; None: no rate known)."""
+    """(the round's keep fraction, the budget of the reported rates it was fitted to; 0: no rate known -- then
+    ``secure_keep`` alone, unless a selected device fits without a rate: module docstring); ``registry``: the
+    devices' statuses (:class:`coordinator.registry.DeviceRegistry`; None: nothing known)."""
     s = settings
     time = max(seconds - s.secure_stage_s, seconds / 2)
     budget = secure_budget(selected_rates(registry, selected) if registry is not None else [], time)
-    if budget <= 0:
+    unmeasured = unmeasured_fitting(registry, selected) if registry is not None else 0
+    if budget <= 0 and not unmeasured:
         return s.secure_keep, 0
     ladder = plain_ladder(layout, fs.value_codec, fs.fit_lowest_codec, fs.compress, federation)
-    keep = fitted_keep(layout.n, bits, neighbours, budget, ladder, s.secure_fit_factor, s.secure_keep,
+    room = budget
+    if unmeasured:  # the plain size compared is at most the lowest codec's, what an unmeasured device sends
+        ladder = ladder[-1:]
+        room = budget if budget > 0 else math.ceil(s.secure_fit_factor * ladder[0]) + 1  # no rate: no time limit
+    keep = fitted_keep(layout.n, bits, neighbours, room, ladder, s.secure_fit_factor, s.secure_keep,
                        min(s.secure_keep, fs.fit_min_keep))  # never below what a plain fit keeps
+    if unmeasured:
+        log.info("secure round fit: %d of %d selected devices fit their uploads with no rate measured yet (a plain "
+                 "upload at %s, %d bytes): keep %.4f", unmeasured, len(selected), fs.fit_lowest_codec, ladder[0], keep)
     return keep, budget

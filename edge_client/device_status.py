@@ -62,6 +62,8 @@ class DeviceStatus:
         up = thin.rate if thin is not None and self.settings.upload == "fit" else None  # uplink, bytes/s
         if up is not None and up > 0:
             info["uplink_kbps"] = round(up * 8 / 1000, 1)  # a secure round's keep fraction follows it
+        elif self.settings.upload == "fit":  # fits, no rate yet: its plain upload is the lowest codec's (linkfit)
+            info["upload_fit"] = True  # a secure round's fit plans for that size (coordinator.secure_fit)
         if self.settings.label:
             info["label"] = self.settings.label  # the coordinator's metrics count devices by it
         if self.skipped:

@@ -24,3 +24,10 @@ def test_the_status_carries_the_uplink_rate_when_the_device_knows_one():
     assert _status(1000.0)["uplink_kbps"] == 8.0  # 1,000 bytes/s
     assert "uplink_kbps" not in _status(None)  # no rate configured, no upload acknowledged yet
     assert "uplink_kbps" not in _status(1000.0, "plan")  # a device that sends the plan's codec fits nothing
+
+
+def test_a_fitting_device_without_a_rate_says_it_fits():
+    """Its plain upload is the lowest codec's (edge_client.linkfit): a secure round's fit plans for that size."""
+    assert _status(None)["upload_fit"] is True
+    assert "upload_fit" not in _status(1000.0)  # its rate says it
+    assert "upload_fit" not in _status(None, "plan")  # it sends the plan's codec

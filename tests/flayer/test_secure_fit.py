@@ -132,3 +132,36 @@ def test_a_fitted_secure_round_sums_the_kept_positions_and_its_plan_round_trips(
     old = {k: v for k, v in plan_secure(plan_round(s, "t", 3, tuple(sorted(ups)), layout_of(ups["d0"]), 7, None,
                                                    None)).items() if k != "keep"}
     assert secure_from_plan(old, 3, tuple(sorted(ups))).keep == 1.0  # a plan of an earlier release: every position
+
+
+def test_a_cohort_with_unmeasured_fitting_devices_is_fitted_to_the_lowest_codecs_plain_upload():
+    """Devices that fit their uploads but measured no rate yet (``info.upload_fit``) send the lowest codec's size
+    in a plain round (edge_client.linkfit): the secure round's bytes stay within the cap of that size, though the
+    measured devices' rates alone would hold every common position."""
+    from coordinator.secure_fit import plain_ladder, round_keep, unmeasured_fitting
+
+    up = _upload(np.random.default_rng(3), n=20_000)
+    lay = layout_of(up)
+    status = {"fast": {"uplink_kbps": 80_000.0}, "new": {"upload_fit": True}, "plan": {},
+              "odd": {"upload_fit": "yes"}, "both": {"upload_fit": True, "uplink_kbps": 80_000.0}}
+    registry = SimpleNamespace(get=lambda d: SimpleNamespace(info=status[d]) if d in status else None)
+    assert unmeasured_fitting(registry, ("fast", "new", "plan", "odd", "both", "gone")) == 1
+    settings = PrivacySettings(secure_aggregation=True)
+    fs: Any = SimpleNamespace(value_codec="fp32", fit_lowest_codec="int8", compress=False, fit_min_keep=0.1)
+    bits, k = 27, 4
+    lowest = plain_ladder(lay, "fp32", "int8", False, "fed")[-1]
+
+    def sent(keep: float) -> int:  # a device's bytes in a secure round at this keep fraction
+        return sf.masked_bytes(math.ceil(keep * lay.n), bits) + k * sf.PER_NEIGHBOUR_BYTES + sf.ROUND_BYTES
+
+    keep_fast, budget = round_keep(settings, fs, "fed", registry, ("fast", "plan"), lay, bits, k, 60.0)
+    assert budget > sent(1.0) and keep_fast == 1.0  # measured devices only: the whole vector fits their budget
+    keep, budget = round_keep(settings, fs, "fed", registry, ("fast", "new", "plan"), lay, bits, k, 60.0)
+    assert budget > 0 and 0.1 < keep < 1.0, keep
+    assert sent(keep) <= 1.2 * lowest < sent(keep + 0.01)  # the largest within 1.2 x the int8 upload
+    assert round_keep(settings, fs, "fed", registry, ("new",), lay, bits, k, 60.0) == (keep, 0)  # no rate at all
+    assert round_keep(settings, fs, "fed", registry, ("plan", "odd"), lay, bits, k, 60.0) == (1.0, 0)  # plan: fp32
+    slow = {"slow": {"uplink_kbps": 8.0}, "new": {"upload_fit": True}}
+    reg2 = SimpleNamespace(get=lambda d: SimpleNamespace(info=slow[d]))
+    keep_slow, b = round_keep(settings, fs, "fed", reg2, ("slow", "new"), lay, bits, k, 20.0)
+    assert b < lowest and keep_slow == round_keep(settings, fs, "fed", reg2, ("slow",), lay, bits, k, 20.0)[0]
