@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import signal
 import threading
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from flayer.config import ConfigError
+from flayer.engine.secure import corrupt_fraction
+from flayer.engine.secure_plan import accepted_dropout
 from protocol.metrics_schema import MetricsFile, end_record, run_record
 
 from .events import JsonlTail
@@ -153,7 +156,8 @@ class _Launch:
             fed = federation_table(cfg, n)
             if emu.http_models:  # models over HTTP: nginx serves the coordinator's model files for the run
                 fed.update(self._model_server(state))
-            run = self._secure_dropout(cfg.run, profiles.profiles, assigned, float(fed["deadline_s"]), trace)
+            cohort = min(n, max(int(fed["quorum"]), math.ceil(float(fed["over_selection"]) * int(fed["quorum"]) - 1e-9)))
+            run = self._secure_dropout(cfg.run, profiles.profiles, assigned, float(fed["deadline_s"]), trace, cohort)
             write_federation_toml(self.out / "federation.toml", fed, run,
                                   state / "credentials/coordinator.toml",
                                   self.out / "coordinator")
@@ -162,9 +166,12 @@ class _Launch:
             load_coordinator_config(self.out / "federation.toml")  # a bad config fails before anything starts
         return spec
 
-    def _secure_dropout(self, run: Any, profiles: Any, assigned: list[str], deadline_s: float, trace: Any) -> Any:
+    def _secure_dropout(self, run: Any, profiles: Any, assigned: list[str], deadline_s: float, trace: Any,
+                        cohort: int | None = None) -> Any:
         """Secure rounds: unless ``[privacy] secure_dropout`` is set, the threshold and the neighbour graph are
-        chosen for the dropouts this fleet's profiles predict within a round's deadline."""
+        chosen for the dropouts this fleet's profiles predict within a round's deadline, at most the highest the
+        coordinator accepts for the ``cohort`` it selects a round (:func:`flayer.engine.secure_plan.accepted_dropout`:
+        above it, every round would be refused)."""
         if not run.privacy.secure_aggregation or self.cfg.extra.get("secure_dropout_given"):
             return run
         if trace is not None:
@@ -172,10 +179,21 @@ class _Launch:
                       f"secure_dropout = {run.privacy.secure_dropout:g} ([privacy] secure_dropout to change it)")
             return run
         rate = secure_dropout_for(profiles, assigned, deadline_s)
-        self.note(f"secure aggregation: threshold chosen for a dropout rate of {rate:g}, the profiles' chance "
-                  f"that a device goes off or crashes within the {deadline_s:g} s deadline ([privacy] "
-                  f"secure_dropout to set it)")
-        return dataclasses.replace(run, privacy=dataclasses.replace(run.privacy, secure_dropout=rate))
+        capped = accepted_dropout(cohort, rate, corrupt_fraction(run.privacy)) if cohort is not None else rate
+        if capped is None:
+            raise ConfigError(f"secure aggregation: the profiles predict a dropout rate of {rate:g} within the "
+                              f"{deadline_s:g} s deadline, and a cohort of {cohort} devices is accepted at none down "
+                              f"to 0.01: select more devices ([federation] quorum, over_selection)")
+        if capped < rate:
+            self.note(f"secure aggregation: the profiles predict a dropout rate of {rate:g} (the chance that a device "
+                      f"goes off or crashes within the {deadline_s:g} s deadline); the cohort of {cohort} is "
+                      f"accepted up to {capped:g}: using {capped:g} (a larger cohort, [federation] quorum or "
+                      f"over_selection, takes more; [privacy] secure_dropout to set it)")
+        else:
+            self.note(f"secure aggregation: threshold chosen for a dropout rate of {rate:g}, the profiles' chance "
+                      f"that a device goes off or crashes within the {deadline_s:g} s deadline ([privacy] "
+                      f"secure_dropout to set it)")
+        return dataclasses.replace(run, privacy=dataclasses.replace(run.privacy, secure_dropout=capped))
 
     def _model_server(self, state: Path) -> dict[str, str]:
         from coordinator.model_server import NginxServer

@@ -23,7 +23,7 @@ from flayer.secagg.graph import round_failure, threshold_floor
 
 from .privacy import RoundPrivacy
 
-__all__ = ["MAX_FAILURE", "MIN_COHORT", "SMALL_COHORT", "check_noise", "cohort_problem", "failure_problem", "plan_context",
+__all__ = ["MAX_FAILURE", "MIN_COHORT", "SMALL_COHORT", "accepted_dropout", "check_noise", "cohort_problem", "failure_problem", "plan_context",
            "plan_floor_problem", "round_degree"]
 
 # The least cohort a secure round runs with: the consistency round unmasks only a survivor set S of at least
@@ -67,6 +67,18 @@ def failure_problem(cohort: int, degree: int, threshold: int, dropout: float, co
     return (f"refused: at the design dropout {dropout:g}, {cohort} devices (k={degree}, t={threshold}, T={need}) fail "
             f"to unmask with probability {fail:.3g}, above {MAX_FAILURE:g} (the unmasking needs {need} of them alive); "
             f"select more devices or lower the dropout")
+
+
+def accepted_dropout(cohort: int, dropout: float, corrupt_fraction: float) -> float | None:
+    """The highest design dropout, at most ``dropout`` and on its 0.01 grid downward, at which a round of ``cohort``
+    devices is not refused by :func:`failure_problem` (with the k and t :func:`round_degree` chooses for it); None:
+    none down to 0.01 (too few devices for any)."""
+    steps = max(0, math.floor(dropout * 100 + 1e-9))
+    for rate in (dropout, *(i / 100 for i in range(steps, 0, -1) if i / 100 < dropout)):
+        k, t = round_degree(cohort, rate, corrupt_fraction)
+        if failure_problem(cohort, k, t, rate, corrupt_fraction) is None:
+            return rate
+    return None
 
 
 def round_degree(cohort: int, dropout: float, corrupt_fraction: float) -> tuple[int, int]:
