@@ -11,7 +11,8 @@ with the private runs' data-independent positions (``--set flayer.positions=publ
 them by sample counts. ``--server-lr`` / ``--server-momentum`` (comma lists: their grid) add the server step
 (``--dp-server-lr``, ``--dp-server-momentum``) to the private and clip runs; the plain step (1, 0) adds no flag,
 so the runs without it keep their folders.
-``--clip-split sqrt|equal`` clips each layer to its own bound (``--dp-clip-split``), ``--clipping adaptive``
+``--clip-split total|sqrt|equal`` passes ``--dp-clip-split`` (one bound on the upload, or one a layer; the runs
+without it before 5 December 2026 ran one bound, the shipped default then), ``--clipping adaptive``
 moves C with the noised clip bits (``--dp-clipping adaptive``); both only on the private runs.
 ``--max-participations K`` (``--min-separation B``) runs under the participation schema: z for K-fold
 composition (``noise_for_target(most=K)``), the flags passed on to ``flayer simulate``.
@@ -65,8 +66,9 @@ def schema_flags(a: argparse.Namespace) -> list[str]:
 
 
 def clip_flags(a: argparse.Namespace) -> list[str]:
-    """Per-layer clip bounds and adaptive clipping's flags (none for one bound on the whole upload, fixed)."""
-    return ((["--dp-clip-split", a.clip_split] if a.clip_split != "total" else [])
+    """Per-layer clip bounds and adaptive clipping's flags (none for the shipped defaults: the runs without them keep
+    their folders)."""
+    return ((["--dp-clip-split", a.clip_split] if a.clip_split is not None else [])
             + (["--dp-clipping", "adaptive"] if a.clipping == "adaptive" else []))
 
 
@@ -139,15 +141,18 @@ def summarize(out: Path, table: str) -> list[dict[str, Any]]:
     import statistics
 
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for summary in sorted(out.glob("*/summary.json")):
-        cmd = (summary.parent / "command.txt").read_text().split()[1:]
+    cmds = {p: (p.parent / "command.txt").read_text().split()[1:] for p in sorted(out.glob("*/summary.json"))}
+    clips = {_flag(c, "--dp-clip") for c in cmds.values() if "--dp-clip" in c}  # C named only where runs differ in it
+    for summary, cmd in cmds.items():
         s = json.loads(summary.read_text())
         variant = "public" if "flayer.positions=public" in cmd else _flag(cmd, "--target-epsilon", "none")
         if "--clip-only" in cmd:
             variant = "clip" if _flag(cmd, "--clip-average") == "fixed" else "clip-weighted"
         mode = _flag(cmd, "--dp", "-") or "-"
         mode += f" banded {_flag(cmd, '--dp-bands')}" if _flag(cmd, "--dp-noise-kind") == "banded" else ""
-        mode += f" per layer ({_flag(cmd, '--dp-clip-split')})" if "--dp-clip-split" in cmd else ""
+        mode += f", C {_flag(cmd, '--dp-clip')}" if len(clips) > 1 and "--dp-clip" in cmd else ""
+        split = _flag(cmd, "--dp-clip-split")
+        mode += "" if split is None else ", one bound" if split == "total" else f" per layer ({split})"
         mode += " adaptive" if _flag(cmd, "--dp-clipping") == "adaptive" else ""
         step = f"{float(_flag(cmd, '--dp-server-lr', '1') or 1):g}/{float(_flag(cmd, '--dp-server-momentum', '0') or 0):g}"
         groups.setdefault((str(_flag(cmd, "--strategy")), str(variant), mode, step), []).append(s)
@@ -219,8 +224,9 @@ def main() -> int:
     p.add_argument("--noise-kind", choices=("independent", "banded"), default="independent",
                    help="central noise: independent draws, or banded correlated noise (--dp-noise-kind)")
     p.add_argument("--bands", type=int, default=5, help="banded noise: the strategy's bands (<= --min-separation)")
-    p.add_argument("--clip-split", choices=("total", "sqrt", "equal"), default="total",
-                   help="C over the whole upload, or a bound a layer (--dp-clip-split)")
+    p.add_argument("--clip-split", choices=("total", "sqrt", "equal"), default=None,
+                   help="C over the whole upload, or a bound a layer (--dp-clip-split; unset: the shipped default, "
+                        "sqrt since 5 December 2026, total before)")
     p.add_argument("--clipping", choices=("fixed", "adaptive"), default="fixed",
                    help="adaptive: C follows the noised clip bits from --clip on (--dp-clipping adaptive)")
     p.add_argument("--no-public", action="store_true", help="leave out FLAYER's public positions without noise")

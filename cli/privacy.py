@@ -26,8 +26,8 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-clipping", choices=("fixed", "adaptive"), default=None,
                    help="adaptive: C follows a private estimate of the update norms' quantile (Andrew et al. 2021)")
     g.add_argument("--dp-clip-split", choices=("total", "sqrt", "equal"), default=None,
-                   help="C over the whole upload (total, the default), or a bound C_i a layer with sum C_i^2 = C^2: "
-                        "C_i proportional to sqrt(the layer's uploaded coordinates) (sqrt) or equal (equal)")
+                   help="C over the whole upload (total), or a bound C_i a layer with sum C_i^2 = C^2: C_i "
+                        "proportional to sqrt(the layer's uploaded coordinates) (sqrt, the default) or equal (equal)")
     g.add_argument("--dp-server-lr", type=float, metavar="ETA",
                    help="server step on the noised average: next = prev + ETA * v (1.0; post-processing, no epsilon)")
     g.add_argument("--dp-server-momentum", type=float, metavar="BETA",

@@ -176,7 +176,7 @@ class RoundPrivacy:
     adaptive: bool = False
     bit_std: float = 0.0  # adaptive: sigma_b, the noise on the clip-bit count
     ring: bool = False  # local mode in a secure round: the shares are discrete Gaussian, in the ring (flayer.engine.secure)
-    clip_split: str = "total"  # how C is spent over the upload's layers (clip_upload; CLIP_SPLITS)
+    clip_split: str = "total"  # how C is spent over the upload's layers (clip_upload; CLIP_SPLITS); a plan without it: total
 
     @classmethod
     def of(cls, s: PrivacySettings, clip: float | None = None) -> RoundPrivacy:

@@ -66,6 +66,7 @@ PRINTED: list[tuple[str, str, str, Callable[[], float]]] = [
      lambda: _eps(((1.8985 ** -2 - 0.25) + 1.0) ** -0.5, 10)),
     ("docs/results/privacy-audit.md", "true one-round epsilon is 4.45", "4.45",
      lambda: _eps(((1.8985 ** -2 - 0.25) + 1.0) ** -0.5, 1)),
+    ("docs/results/privacy.md", "the run spent 7.996", "7.996", lambda: _eps(1.0401, 3)),  # schema k = 3, adaptive
     ("docs/howto/privacy-budget.md", "z = 1 spends 159.4 after 200 rounds", "159.4", lambda: _eps(1.0, 200)),
     ("docs/howto/privacy-budget.md", "200 rounds need z >= 15.3", "15.3",
      lambda: noise_for_target(4.0, 1e-5, 1.0, 200)),

@@ -76,8 +76,11 @@ def test_the_split_travels_in_the_plan_and_privatize_uses_it() -> None:
     s = PrivacySettings(enabled=True, clip=0.3, noise_multiplier=1.0, clip_split="sqrt").resolve(100, 20)
     rp = RoundPrivacy.of(s)
     assert rp.clip_split == "sqrt" and RoundPrivacy.from_plan(rp.as_plan()) == rp
-    plain = RoundPrivacy.of(PrivacySettings(enabled=True, clip=0.3, noise_multiplier=1.0).resolve(100, 20))
-    assert "clip_split" not in plain.as_plan()  # today's plans unchanged
+    assert PrivacySettings().clip_split == "sqrt"  # the default (docs/results/privacy.md, "The clip's cost")
+    plain = RoundPrivacy.of(PrivacySettings(enabled=True, clip=0.3, noise_multiplier=1.0, clip_split="total")
+                            .resolve(100, 20))
+    assert "clip_split" not in plain.as_plan()  # one bound: the plans of earlier releases, unchanged
+    assert RoundPrivacy.from_plan(plain.as_plan()).clip_split == "total"  # a plan without the key: one bound
     with pytest.raises(ValueError, match="out of range"):
         RoundPrivacy.from_plan({**rp.as_plan(), "clip_split": "none"})
     up = _update(np.random.default_rng(4), {"conv1.0.weight": 100.0})
