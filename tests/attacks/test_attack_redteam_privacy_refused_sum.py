@@ -66,7 +66,8 @@ def test_every_sum_the_coordinator_unmasked_is_in_its_epsilon(monkeypatch: Any) 
         assert out.update is None and out.reason and "unmasked sum" in out.reason
         unmasked += 1  # the coordinator decoded this sum before refusing it
         rnd = SimpleNamespace(number=r, aggregate=agg, stats=SimpleNamespace(extra={}),
-                              secure=SimpleNamespace(server=SimpleNamespace(faulty={}, asked=True), sent_bytes=0))
+                              secure=SimpleNamespace(server=SimpleNamespace(faulty={}, asked=True), sent_bytes=0,
+                                                 consent_asked=True))  # the sum was unmasked: consent was asked
         ctx = SimpleNamespace(privacy=fp, counters={"secure_abandoned": 0},
                               cfg=SimpleNamespace(run=SimpleNamespace(privacy=s), federation=SimpleNamespace(norm_bound=None, deadline_s=60.0)))
         SecurePhase(ctx).close(rnd, out)  # type: ignore[arg-type]  # the reason the round closes with
