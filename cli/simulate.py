@@ -169,7 +169,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
     try:
         device = pick_device(cfg.train.device)
         spec = prepared.dataset.model_spec(cfg.data.model)
-        strategy = make_strategy(cfg.strategy, spec, cfg.train, cfg.options())
+        strategy = make_strategy(cfg.strategy, spec, cfg.train, cfg.options()).keep_blank()
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     if blowup is not None:

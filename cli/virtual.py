@@ -50,7 +50,7 @@ def run_virtual_fleet(cfg: Any, args: argparse.Namespace) -> int:
         trace = load_trace(emu.trace, ids, emu.trace_scale) if emu.trace else None
         timing = timing_of(cfg, n, args.budget, args.sample_cost)
         spec = prepared.dataset.model_spec(run_cfg.data.model)
-        strategy = make_strategy(run_cfg.strategy, spec, run_cfg.train, run_cfg.options())
+        strategy = make_strategy(run_cfg.strategy, spec, run_cfg.train, run_cfg.options()).keep_blank()
     except (ConfigError, ValueError) as exc:
         raise CliError(str(exc)) from exc
     timelines = [device_timeline(profiles.profiles[assigned[i]], run_cfg.seed, ids[i],

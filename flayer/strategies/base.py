@@ -109,25 +109,35 @@ class Strategy(ABC):
         model = build_model(self.spec)
         return model.to(device) if device is not None else model
 
+    def keep_blank(self) -> Strategy:
+        """Keep one blank model for :meth:`model_from` to copy, for this strategy and those :meth:`with_options`
+        makes from it. Only a process that runs many devices on one strategy asks for it (``flayer simulate``,
+        the virtual fleet): an edge client keeps no model between rounds, so it holds none for it."""
+        self._keep_blank = True
+        return self
+
     def blank_model(self) -> tuple[nn.Module, frozenset[str]]:
-        """The model :meth:`model_from` copies, built and initialised once per strategy, and the names of its
-        floating-point state. Every float tensor of a copy is overwritten by the load, so a fresh model's random
-        initialisation per call (most of the cost of a round's download at 1,000 devices) bought nothing; the
-        template is never handed out or changed, so its integer buffers keep their defaults."""
+        """A blank model and the names of its floating-point state: the one kept by :meth:`keep_blank` (built
+        and initialised once; every float tensor of a copy is overwritten by the load, so a fresh model's random
+        initialisation per call, most of the cost of a round's download at 1,000 simulated devices, bought
+        nothing), else a new one."""
         blank = self.__dict__.get("_blank")
         if blank is None:
             model = self.new_model()
-            blank = self._blank = (model, frozenset(k for k, v in model.state_dict().items() if v.is_floating_point()))
+            blank = (model, frozenset(k for k, v in model.state_dict().items() if v.is_floating_point()))
+            if self.__dict__.get("_keep_blank"):
+                self._blank = blank
         return blank
 
     def model_from(self, state: Mapping[str, torch.Tensor], device: torch.device) -> nn.Module:
-        """A model on ``device`` holding ``state`` (float tensors; integer buffers keep defaults): a copy of
-        :meth:`blank_model` loaded with ``state``, its own tensors (training it changes neither)."""
+        """A model on ``device`` holding ``state`` (float tensors; integer buffers keep defaults), its own tensors:
+        a copy of the kept blank model (training it changes neither) or a new model."""
         template, floats = self.blank_model()
         missing = floats - set(state)
         if missing:
             raise KeyError(f"state lacks tensors {sorted(missing)[:5]}")
-        model = copy.deepcopy(template)
+        kept = self.__dict__.get("_blank")
+        model = copy.deepcopy(template) if kept is not None and kept[0] is template else template
         unexpected = model.load_state_dict(dict(state), strict=False).unexpected_keys
         if unexpected:
             raise KeyError(f"state holds tensors the model does not have: {sorted(unexpected)[:5]}")
@@ -179,7 +189,8 @@ class Strategy(ABC):
 
     def with_options(self, updates: Mapping[str, Any]) -> Strategy:
         """The same strategy with some options replaced (e.g. the calibration's decision)."""
-        return type(self)(self.spec, self.train, {**self.options_dict(), **dict(updates)})
+        made = type(self)(self.spec, self.train, {**self.options_dict(), **dict(updates)})
+        return made.keep_blank() if self.__dict__.get("_keep_blank") else made
 
     # ---- server side ------------------------------------------------------------------------
     def server_rule(self) -> str:

@@ -26,7 +26,7 @@ def _states(strategy: Strategy, *seeds: int) -> list[dict[str, torch.Tensor]]:
 
 @pytest.fixture
 def resnet() -> Strategy:  # BatchNorm: running statistics (float) and num_batches_tracked (an integer buffer)
-    return make_strategy("fedavg", ModelSpec("resnet18", 3, 32, 32, 10), TrainConfig())
+    return make_strategy("fedavg", ModelSpec("resnet18", 3, 32, 32, 10), TrainConfig()).keep_blank()
 
 
 def test_model_from_holds_the_state_and_default_integer_buffers(resnet):
@@ -60,7 +60,7 @@ def test_a_trained_copy_changes_neither_the_next_copy_nor_the_state(resnet):
 
 
 def test_the_template_is_built_once(monkeypatch):
-    strategy = make_strategy("flayer", ModelSpec("cnn", 1, 28, 28, 10), TrainConfig())
+    strategy = make_strategy("flayer", ModelSpec("cnn", 1, 28, 28, 10), TrainConfig()).keep_blank()
     (state,) = _states(strategy, 3)
     built = []
     new_model = strategy.new_model
@@ -76,3 +76,16 @@ def test_model_from_refuses_missing_and_unknown_tensors(resnet):
         resnet.model_from({k: v for k, v in state.items() if k != "fc.weight"}, CPU)
     with pytest.raises(KeyError, match="does not have"):
         resnet.model_from({**state, "extra.weight": torch.zeros(1)}, CPU)
+
+
+def test_only_a_strategy_asked_to_keeps_a_model_and_its_options_keep_asking():
+    """An edge client's strategy keeps no model between rounds (an emulated fleet's idle devices hold none):
+    only ``keep_blank`` (simulate, the virtual fleet) keeps one, also across ``with_options``."""
+    plain = make_strategy("flayer", ModelSpec("cnn", 1, 28, 28, 10), TrainConfig())
+    (state,) = _states(plain, 4)
+    plain.model_from(state, CPU)
+    assert "_blank" not in vars(plain) and not any(isinstance(v, torch.nn.Module) for v in vars(plain).values())
+    kept = make_strategy("flayer", ModelSpec("cnn", 1, 28, 28, 10), TrainConfig()).keep_blank()
+    made = kept.with_options({"positions": "public"})
+    made.model_from(state, CPU)
+    assert isinstance(vars(made).get("_blank"), tuple)
