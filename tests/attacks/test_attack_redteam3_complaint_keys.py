@@ -106,6 +106,8 @@ def test_the_round_still_unmasks_without_the_altered_shares():
                 dataclasses.replace(s, ciphertext=_flip(s.ciphertext)) if s.sender == W else s for s in batch.shares))
         server.receive_masked(clients[d].masked_input(batch, vectors[d]))
         assert clients[d].complaints() == ()
+    for d in IDS:
+        server.receive_consent(clients[d].consent(server.consent_request(d)))
     for d in sorted(server.survivors):
         server.receive_signature(clients[d].sign_survivors(server.consistency_request(d)))
     for d in sorted(server.survivors):
