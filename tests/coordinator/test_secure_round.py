@@ -35,6 +35,40 @@ def _deliver(out: list[tuple[str, bytes]]) -> dict[str, object]:
     return {d: decode_message(b) for d, b in out}
 
 
+def _to_masked(sec: SecureRound, clients: dict[str, SecAggClient], ups: dict[str, Update]) -> dict[str, bytes]:
+    """Every device of IDS advertises, shares and sends its masked input (each taken); the masked inputs sent."""
+    for d in IDS:
+        sec.receive(d, clients[d].advertise().to_bytes())
+    bundles = _deliver(sec.advance(101.0))
+    for d in IDS:
+        sec.receive(d, clients[d].share_keys(bundles[d]).to_bytes())
+    shares = _deliver(sec.advance(101.0))
+    blobs = {}
+    for d in IDS:
+        vector = device_vector(ups[d], sec.layout, sec.planned.params, np.random.default_rng(0))
+        blobs[d] = clients[d].masked_input(shares[d], vector).to_bytes()
+        assert sec.masked(d, blobs[d]) is None
+    return blobs
+
+
+def _journaled_round(tmp_path):  # type: ignore[no-untyped-def]
+    """A round of IDS through its masked inputs, each journaled (as OpenRound.accept journals each accepted update)
+    and read back from the journal by the round; its SecureRound, clients, updates, journal and open round."""
+    import types
+
+    from coordinator.journal import Journal
+    from coordinator.secure_phase import journaled_masked
+
+    sec, clients, ups = _round()
+    journal = Journal(tmp_path, 1)
+    rnd = types.SimpleNamespace(journal=journal, journal_dir=tmp_path, number=1)
+    sec.recall = lambda devices: journaled_masked(rnd, devices)
+    sec.server = sec._new_server()
+    for d, blob in _to_masked(sec, clients, ups).items():
+        journal.append_update(d, 1, blob)
+    return sec, clients, ups, journal, rnd
+
+
 def test_a_whole_round_gives_the_sum_and_each_stage_takes_only_its_message():
     sec, clients, ups = _round()
     advert_a = clients["a"].advertise().to_bytes()
@@ -138,15 +172,7 @@ def test_the_loop_sleeps_until_the_unmask_stage_ends_instead_of_spinning():
     from coordinator.server import Coordinator
 
     sec, clients, ups = _round(stage_s=5.0)
-    for d in IDS:
-        sec.receive(d, clients[d].advertise().to_bytes())
-    bundles = _deliver(sec.advance(101.0))
-    for d in IDS:
-        sec.receive(d, clients[d].share_keys(bundles[d]).to_bytes())
-    shares = _deliver(sec.advance(101.0))
-    for d in IDS:
-        vec = device_vector(ups[d], sec.layout, sec.planned.params, np.random.default_rng(0))
-        sec.masked(d, clients[d].masked_input(shares[d], vec).to_bytes())
+    _to_masked(sec, clients, ups)
     for d, req in _deliver(sec.advance(102.0, masked_done=True)).items():
         sec.receive(d, clients[d].consent(req).to_bytes())
     for d, req in _deliver(sec.advance(102.0)).items():
@@ -185,27 +211,7 @@ def test_an_asynchronous_version_waits_for_its_deadline_not_a_past_quorum():
 def test_a_masked_input_without_a_consent_is_read_back_from_the_journal_and_left_out(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """d sends its masked input and never consents: the coordinator keeps only the running sum, reads d's masked input
     back from the round's journal when the consent stage closes, takes it out of the sum and counts d as dropped."""
-    import types
-
-    from coordinator.journal import Journal
-    from coordinator.secure_phase import journaled_masked
-
-    sec, clients, ups = _round()
-    journal = Journal(tmp_path, 1)
-    rnd = types.SimpleNamespace(journal=journal, journal_dir=tmp_path, number=1)
-    sec.recall = lambda devices: journaled_masked(rnd, devices)
-    sec.server = sec._new_server()
-    for d in IDS:
-        sec.receive(d, clients[d].advertise().to_bytes())
-    bundles = _deliver(sec.advance(101.0))
-    for d in IDS:
-        sec.receive(d, clients[d].share_keys(bundles[d]).to_bytes())
-    shares = _deliver(sec.advance(101.0))
-    for d in IDS:
-        blob = clients[d].masked_input(shares[d], device_vector(ups[d], sec.layout, sec.planned.params,
-                                                                np.random.default_rng(0))).to_bytes()
-        assert sec.masked(d, blob) is None
-        journal.append_update(d, 1, blob)  # as OpenRound.accept journals each accepted update
+    sec, clients, ups, journal, _ = _journaled_round(tmp_path)
     assert sec.server.consent is not None and sec.server.consent._inputs is None  # only the running sum in memory
     asks = _deliver(sec.advance(102.0, masked_done=True))
     for d in ("a", "b", "c"):  # d never consents
@@ -227,27 +233,7 @@ def test_a_masked_input_without_a_consent_is_read_back_from_the_journal_and_left
 
 def _withheld_round(tmp_path, journal_open: bool):  # type: ignore[no-untyped-def]
     """A round of IDS to its consent stage, every masked input journaled, d's consent withheld."""
-    import types
-
-    from coordinator.journal import Journal
-    from coordinator.secure_phase import journaled_masked
-
-    sec, clients, ups = _round()
-    journal = Journal(tmp_path, 1)
-    rnd = types.SimpleNamespace(journal=journal, journal_dir=tmp_path, number=1)
-    sec.recall = lambda devices: journaled_masked(rnd, devices)
-    sec.server = sec._new_server()
-    for d in IDS:
-        sec.receive(d, clients[d].advertise().to_bytes())
-    bundles = _deliver(sec.advance(101.0))
-    for d in IDS:
-        sec.receive(d, clients[d].share_keys(bundles[d]).to_bytes())
-    shares = _deliver(sec.advance(101.0))
-    for d in IDS:
-        blob = clients[d].masked_input(shares[d], device_vector(ups[d], sec.layout, sec.planned.params,
-                                                                np.random.default_rng(0))).to_bytes()
-        assert sec.masked(d, blob) is None
-        journal.append_update(d, 1, blob)
+    sec, clients, _, journal, rnd = _journaled_round(tmp_path)
     asks = _deliver(sec.advance(102.0, masked_done=True))
     for d in ("a", "b", "c"):
         assert sec.receive(d, clients[d].consent(asks[d]).to_bytes()) is None
