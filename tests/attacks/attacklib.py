@@ -65,6 +65,30 @@ def brokerless_coordinator(cfg: Any, creds: Credentials, clock: Callable[[], flo
     return c, plans
 
 
+def open_round(c: Any, plans: list[Any], devices: list[str], now: float) -> Any:
+    """Every device of ``devices`` heard online by the brokerless coordinator ``c``, then one tick: the plan of the
+    round it opened."""
+    from protocol import Status
+
+    for d in devices:
+        c.registry.observe(d, Status(0, "online", now), now)
+    c._tick()
+    assert c.open is not None
+    return plans[-1]
+
+
+def upload(c: Any, device: str, plan: Any, update: Any, key: Any) -> None:
+    """``device``'s ``update`` for ``plan``, chunked on its own update topic and signed with its own ``key``, as the
+    brokerless coordinator ``c`` receives it."""
+    from protocol import Kind, Topics, UpdateHeader, chunk_blob, encode_update
+    from transport.link import Received
+
+    fed = c.creds.federation
+    blob = encode_update(update, UpdateHeader(fed, plan.round, device, plan.model_digest))
+    for k, chunk in enumerate(chunk_blob(blob, Kind.UPDATE_CHUNK, fed, device, plan.round, 100_000, key=key)):
+        c.intake.on_message(Received(Topics(fed).update_chunk(device, plan.round, k), chunk, False))
+
+
 def widen_acl(fb: FedBroker, user: str) -> None:
     """The mistaken ACL: ``user`` may read and write every topic of the federation (applied by a reload)."""
     fed = fb.coordinator.federation

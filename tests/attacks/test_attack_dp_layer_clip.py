@@ -20,15 +20,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from attacklib import brokerless_coordinator
+from attacklib import brokerless_coordinator, open_round, upload
 
 from coordinator.config import load_coordinator_config
 from flayer.engine.privacy import layer_bounds, layer_of
 from flayer.update import TensorDelta, Update
-from protocol import Kind, SigningKey, Status, Topics, UpdateHeader, chunk_blob, encode_update
+from protocol import SigningKey
 from transport.credentials import Credentials
-from transport.link import Received
 
 FED = "layerfed"
 DEVICES = ["dev-0", "dev-1", "dev-2"]
@@ -53,9 +51,7 @@ def _coordinator(tmp: Path, split: str, now: list[float]) -> tuple[Any, list[Any
 def _send(c: Any, dev: str, plan: Any, deltas: dict[str, np.ndarray]) -> None:
     """The device's upload, dense, chunked on its own topic and signed with its own key."""
     up = Update({k: TensorDelta(v.shape, v.reshape(-1).astype(np.float32)) for k, v in deltas.items()}, 50)
-    blob = encode_update(up, UpdateHeader(FED, plan.round, dev, plan.model_digest))
-    for k, chunk in enumerate(chunk_blob(blob, Kind.UPDATE_CHUNK, FED, dev, plan.round, 100_000, key=KEYS[dev])):
-        c.intake.on_message(Received(Topics(FED).update_chunk(dev, plan.round, k), chunk, False))
+    upload(c, dev, plan, up, KEYS[dev])
 
 
 @pytest.mark.parametrize("split", ["sqrt", "equal"])
@@ -63,11 +59,7 @@ def test_a_hostile_upload_moves_the_sum_at_most_c_under_per_layer_bounds(tmp_pat
     now = [1000.0]
     c, plans = _coordinator(tmp_path, split, now)
     try:
-        for d in DEVICES:
-            c.registry.observe(d, Status(0, "online", now[0]), now[0])
-        c._tick()
-        assert c.open is not None
-        plan = plans[-1]
+        plan = open_round(c, plans, DEVICES, now[0])
         assert plan.privacy.get("clip_split") == split and len(plan.selected) >= 2
         hostile, *honest = sorted(plan.selected)
         m = int(plan.privacy["contributions"])

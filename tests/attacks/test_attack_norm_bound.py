@@ -18,14 +18,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from attacklib import brokerless_coordinator
+from attacklib import brokerless_coordinator, open_round, upload
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
 from flayer.update import TensorDelta, Update
-from protocol import Kind, SigningKey, Status, Topics, UpdateHeader, chunk_blob, encode_update
+from protocol import SigningKey
 from transport.credentials import Credentials
-from transport.link import Received
 
 FED = "normfed"
 DEVICES = ["dev-0", "dev-1", "dev-2"]
@@ -53,9 +52,7 @@ def _send(c: Coordinator, dev: str, plan: Any, shapes: dict[str, tuple[int, ...]
     rng = np.random.default_rng(seed)
     deltas = {k: TensorDelta(tuple(s), (rng.standard_normal(int(np.prod(s))) * scale).astype(np.float32))
               for k, s in sorted(shapes.items())}
-    blob = encode_update(Update(deltas, 50), UpdateHeader(FED, plan.round, dev, plan.model_digest))
-    for k, chunk in enumerate(chunk_blob(blob, Kind.UPDATE_CHUNK, FED, dev, plan.round, 100_000, key=KEYS[dev])):
-        c.intake.on_message(Received(Topics(FED).update_chunk(dev, plan.round, k), chunk, False))
+    upload(c, dev, plan, Update(deltas, 50), KEYS[dev])
 
 
 @pytest.mark.parametrize("policy", ["reject", "clip"])
@@ -63,11 +60,7 @@ def test_a_hostile_update_moves_the_model_at_most_the_norm_bound(tmp_path: Path,
     now = [1000.0]
     c, plans = _coordinator(tmp_path, policy, now)
     try:
-        for d in DEVICES:
-            c.registry.observe(d, Status(0, "online", now[0]), now[0])
-        c._tick()
-        assert c.open is not None
-        plan = plans[-1]
+        plan = open_round(c, plans, DEVICES, now[0])
         assert set(plan.selected) == set(DEVICES)
         shapes = dict(c.open.aggregate.shapes)
         before = {k: v.clone() for k, v in c.global_state.items()}
