@@ -89,6 +89,20 @@ def upload(c: Any, device: str, plan: Any, update: Any, key: Any) -> None:
         c.intake.on_message(Received(Topics(fed).update_chunk(device, plan.round, k), chunk, False))
 
 
+def image_folder(folder: Path, classes: int, per_class: int, side: int) -> Path:
+    """``folder`` holding ``per_class`` random ``side`` x ``side`` grey PNG images in a subfolder per class (``0``,
+    ``1``, ...): an image folder as a device's ``--data`` reads it."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (folder / str(c)).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (side, side), dtype=np.uint8), "L").save(folder / str(c) / f"{i}.png")
+    return folder
+
+
 def widen_acl(fb: FedBroker, user: str) -> None:
     """The mistaken ACL: ``user`` may read and write every topic of the federation (applied by a reload)."""
     fed = fb.coordinator.federation

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from attacklib import image_folder
 from fedtestlib import ROOT, FedBroker
 
 from coordinator.server import Coordinator
@@ -59,17 +59,6 @@ def shared() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _images(folder: Path) -> Path:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in range(10):
-        (folder / str(c)).mkdir(parents=True)
-        for i in range(3):
-            Image.fromarray(rng.integers(0, 255, (16, 16), dtype=np.uint8), "L").save(folder / str(c) / f"{i}.png")
-    return folder
-
-
 def _edge(kit: Path, *flags: str, timeout: float, done: Any) -> tuple[int | None, str]:
     """``flayer edge --kit KIT FLAGS`` in the kit's folder until it exits or ``done()`` holds; (exit code, output).
     ``-P``: as the ``flayer`` script, Python itself puts no working folder on ``sys.path``."""
@@ -91,7 +80,7 @@ def test_a_pil_module_dropped_beside_a_kit_in_a_shared_folder_is_not_imported(
         tmp_path: Path, fed: tuple[FedBroker, Coordinator], shared: Path) -> None:
     fb, _ = fed
     kit = write_kit(fb.state_dir, "dev-a", shared / "dev-a.tar.gz")
-    data = _images(tmp_path / "images")
+    data = image_folder(tmp_path / "images", classes=10, per_class=3, side=16)
     marker = tmp_path / "pwned"
     # the adversary, another local user, plants its module beside the kit
     planted = shared / "PIL.py"

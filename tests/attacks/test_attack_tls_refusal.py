@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from attacklib import image_folder, until
 from fedtestlib import ROOT
 
 from cli.main import main as flayer
@@ -37,17 +37,6 @@ GIVE_UP_S = 25.0  # process start (imports) + AUTHENTICATED's 3 s of refusals, w
 STILL_AFTER_S = 8.0  # after its start line, a device facing a down broker still runs (attempts at 0, 1, 3, 7 s)
 
 
-def _images(folder: Path) -> Path:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in range(2):
-        (folder / str(c)).mkdir(parents=True)
-        for i in range(2):
-            Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8), "L").save(folder / str(c) / f"{i}.png")
-    return folder
-
-
 def _launch(kit: Path, data: Path) -> tuple[subprocess.Popen[bytes], Path]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     log = kit.with_suffix(".log")
@@ -57,20 +46,11 @@ def _launch(kit: Path, data: Path) -> tuple[subprocess.Popen[bytes], Path]:
     return proc, log
 
 
-def _until(pred: Any, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return bool(pred())
-
-
 @pytest.mark.slow  # two device processes (about 30 s); the link's own tests below are fast
 def test_a_revoked_device_exits_with_a_clear_error_and_one_facing_a_down_broker_retries(
         tmp_path: Path, fed_broker: Any) -> None:
     fb = fed_broker(["dev-a", "dev-b"], tls=True)
-    data = _images(tmp_path / "images")
+    data = image_folder(tmp_path / "images", classes=2, per_class=2, side=8)
     kits = {}
     for dev in ("dev-a", "dev-b"):
         (tmp_path / dev).mkdir()
@@ -81,7 +61,7 @@ def test_a_revoked_device_exits_with_a_clear_error_and_one_facing_a_down_broker_
         start = time.monotonic()
         a, a_log = _launch(kits["dev-a"], data)
         procs.append(a)
-        exited = _until(lambda: a.poll() is not None, GIVE_UP_S)
+        exited = until(lambda: a.poll() is not None, GIVE_UP_S)
         took = time.monotonic() - start
         out = a_log.read_text()
         assert exited, f"the revoked device was still retrying after {GIVE_UP_S:.0f} s:\n{out[-2000:]}"
@@ -97,7 +77,7 @@ def test_a_revoked_device_exits_with_a_clear_error_and_one_facing_a_down_broker_
         fb.broker.stop()  # dev-b's broker is down: every connection refused
         b, b_log = _launch(kits["dev-b"], data)
         procs.append(b)
-        assert _until(lambda: "-> 127.0.0.1" in b_log.read_text() or b.poll() is not None, GIVE_UP_S), b_log.read_text()
+        assert until(lambda: "-> 127.0.0.1" in b_log.read_text() or b.poll() is not None, GIVE_UP_S), b_log.read_text()
         time.sleep(STILL_AFTER_S)
         assert b.poll() is None, f"a device facing a down broker gave up (exit {b.returncode}):\n{b_log.read_text()}"
     finally:
@@ -181,7 +161,7 @@ def test_handshakes_cut_short_keep_a_device_retrying(tmp_path: Path, fed_broker:
     link = MqttLink(settings, events.put, reconnect_delay=(1, 1))
     link.start()
     try:
-        assert _until(lambda: cut.accepted >= AUTHENTICATED[0] + 1, 15), f"only {cut.accepted} attempts"
+        assert until(lambda: cut.accepted >= AUTHENTICATED[0] + 1, 15), f"only {cut.accepted} attempts"
         got = []
         while not events.empty():
             got.append(events.get())
@@ -207,10 +187,10 @@ def test_a_certificate_alert_in_clear_needs_the_longer_run(fed_broker: Any, in_c
     link.start()
     try:
         if in_clear is None:
-            assert _until(lambda: forger.accepted >= AUTHENTICATED[0] + 1, 15), f"only {forger.accepted} attempts"
+            assert until(lambda: forger.accepted >= AUTHENTICATED[0] + 1, 15), f"only {forger.accepted} attempts"
             assert link.refused is None, f"a forged alert in clear stopped the device: {link.refused}"
         else:
-            assert _until(lambda: link.refused is not None, 15), "the alerts in clear were not seen as refusals"
+            assert until(lambda: link.refused is not None, 15), "the alerts in clear were not seen as refusals"
             assert "bad certificate, during the handshake" in str(link.refused)
     finally:
         link.stop(timeout=1)
