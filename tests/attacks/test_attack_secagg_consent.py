@@ -14,63 +14,21 @@ victim gives only after it booked the round: every revealed sum that held the vi
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from attacklib_secagg import kit_fleet, private_secure_rounds
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
-
-from fedtestlib import device_toml, federation_toml, finished, start_fed_broker
-
-from coordinator.config import load_coordinator_config
 from coordinator.secure_phase import SecurePhase
 from coordinator.secure_round import SecureRound
-from coordinator.server import Coordinator
 from edge_client.budget import DeviceLedger
-from edge_client.client import EdgeClient
-from edge_client.config import load_device_config
-from flayer.partition import make_partition, save_partition
 from flayer.secagg import decode_message
-from flayer.train import client_data
-from mqtt_broker import mosquitto_available
-from mqtt_broker.kit import write_kit
-from protocol.metrics_schema import read_metrics
-from transport.credentials import Credentials
-from transport.kit import unpack_kit
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NAMES = [f"dev-{i}" for i in range(4)]
 VICTIM = "dev-0"
 WITHHELD = ("ConsentRequest", "UnmaskRequest")  # what the coordinator never sends the victim in round 1
-
-
-def _federation(tmp: Path, fb: Any) -> Path:
-    fed = federation_toml(tmp / "federation.toml", fb.state_dir / "credentials/coordinator.toml", tmp / "coord",
-                          strategy="flayer", rounds=2, dataset="digits", seed=0, lr=0.05, quorum=len(NAMES),
-                          min_devices=len(NAMES), deadline_s=120.0)
-    fed.write_text(fed.read_text() + '[privacy]\nsecure_aggregation = true\nsecure_stage_s = 6.0\nenabled = true\n'
-                                     'mode = "local"\nclip = 0.5\nnoise_multiplier = 1.0\npopulation = 40\n')
-    return fed
-
-
-def _devices(tmp: Path, fb: Any, digits: Any) -> list[EdgeClient]:
-    part = make_partition(digits.y, digits.num_classes, len(NAMES), "dir0.5", seed=0, samples=400,
-                          meta={"dataset": digits.name, "dataset_fingerprint": digits.fingerprint()})
-    pfile = save_partition(part, tmp / "digits.npz")
-    out = []
-    for i, name in enumerate(NAMES):  # each device runs from its kit (its certificate, the pinned authority key)
-        kit = unpack_kit(write_kit(fb.state_dir, name, tmp / f"machine-{name}" / f"{name}.tar.gz")).parent
-        path = device_toml(tmp / f"{name}.toml", kit / "credentials.toml", dataset="digits", partition_file=pfile,
-                           client=i, state_dir=tmp / name)
-        out.append(EdgeClient(load_device_config(path).edge, Credentials.load(kit / "credentials.toml"),
-                              client_data(digits, part.clients[i])))
-    for dev in out:
-        dev.start()
-    for dev in out:
-        assert dev.link.connected.wait(60)
-    return out
 
 
 def _lying_coordinator(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -122,15 +80,10 @@ def _lying_coordinator(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 def test_a_sum_holding_the_victims_input_is_never_revealed_without_the_victim_booking_it(
         tmp_path: Path, digits: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     lie = _lying_coordinator(monkeypatch)
-    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", NAMES)
-    devices: list[EdgeClient] = []
-    try:
-        devices = _devices(tmp_path, fb, digits)
-        coord = Coordinator(load_coordinator_config(_federation(tmp_path, fb)), fb.coordinator)
-        thread = coord.start()
-        finished(coord, thread, 400, rounds=2)
+    with kit_fleet(tmp_path, digits, NAMES) as (fb, devices):
+        run = private_secure_rounds(tmp_path, fb, len(NAMES), rounds=2, stage_s=6.0, timeout=400)
         assert "UnmaskRequest" in lie["withheld"] or "ConsentRequest" in lie["withheld"], lie
-        records = {r["round"]: r for r in read_metrics(tmp_path / "coord/metrics.jsonl") if r["kind"] == "round"}
+        records = {r["round"]: r for r in run}
         assert sorted(records) == [1, 2]
         first = records[1]
         assert VICTIM in first["secure_survivors"], "the lying coordinator did not keep the victim in the sum"
@@ -142,7 +95,3 @@ def test_a_sum_holding_the_victims_input_is_never_revealed_without_the_victim_bo
                                          f"ledger counts {booked} round(s)")
         if 1 not in revealed:  # the neighbours refused: no share of b_victim without the victim's consent
             assert "b_dev-0" in (first["secure_abandoned"] or ""), first["secure_abandoned"]
-    finally:
-        for dev in devices:
-            dev.stop()
-        fb.broker.stop()

@@ -17,6 +17,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from attacklib_secagg import honest_to_masked
 
 from flayer.secagg import (
     ConsentRequest,
@@ -45,13 +46,7 @@ def _params(round_id: int = 1, context: bytes = b"") -> SecAggParams:
 def _to_unmask(params: SecAggParams, who: LocalIdentities):  # type: ignore[no-untyped-def]
     """Every device through its masked input; all but the victim consent; all sign the set holding the victim."""
     clients = {d: SecAggClient(params, d, SeededEntropy(d.encode().ljust(32, b"\0")), who.for_device(d)) for d in IDS}
-    server = SecAggServer(params)  # honest machinery for the stages the coordinator does not lie in
-    for d in IDS:
-        server.receive_advert(clients[d].advertise())
-    for d in IDS:
-        server.receive_shares(clients[d].share_keys(server.key_bundle(d)))
-    for d in IDS:
-        server.receive_masked(clients[d].masked_input(server.shares_for(d), np.full(N, 1, np.uint32)))
+    honest_to_masked(SecAggServer(params), clients, {d: np.full(N, 1, np.uint32) for d in IDS})
     consents = {d: clients[d].consent(ConsentRequest(params.round, d)).signature for d in IDS if d != VICTIM}
     everyone = tuple(sorted(IDS))
     sigs = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attacklib_secagg import honest_to_masked
 
 from flayer.secagg import (
     ConsentRequest,
@@ -49,18 +50,7 @@ def _round(round_id: int, consistency: bool):
                                ids.for_device(d) if consistency else None) for d in IDS}
     rng = np.random.default_rng(round_id)
     inputs = {d: rng.integers(0, 2**32, N, dtype=np.uint32) for d in IDS}
-    server = SecAggServer(params)  # the coordinator's honest machinery, for the stages it does not lie in
-    adverts = {}
-    for d in IDS:
-        adverts[d] = clients[d].advertise()
-        server.receive_advert(adverts[d])
-    for d in IDS:
-        server.receive_shares(clients[d].share_keys(server.key_bundle(d)))
-    masked = {}
-    for d in IDS:
-        msg = clients[d].masked_input(server.shares_for(d), inputs[d])
-        masked[d] = msg.vector
-        server.receive_masked(msg)
+    adverts, masked = honest_to_masked(SecAggServer(params), clients, inputs)
     consents = {d: clients[d].consent(ConsentRequest(params.round, d)).signature for d in IDS} if consistency else {}
     return params, ids, clients, inputs, adverts, masked, consents
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attacklib_secagg import honest_to_masked
 
 from flayer.secagg import (
     ConsentRequest,
@@ -46,15 +47,9 @@ def _round(survivors: tuple[str, ...]):  # type: ignore[no-untyped-def]
     """Every device through its masked input and consent; every device shown ``survivors`` and signing it."""
     who = LocalIdentities(IDS, SeededEntropy(b"witness own shar" * 2))
     clients = {d: SecAggClient(PARAMS, d, SeededEntropy(d.encode().ljust(32, b"\0")), who.for_device(d)) for d in IDS}
-    server = SecAggServer(PARAMS)  # honest machinery for the stages the coordinator does not lie in
-    adverts = {d: clients[d].advertise() for d in IDS}
-    for d in IDS:
-        server.receive_advert(adverts[d])
-    for d in IDS:
-        server.receive_shares(clients[d].share_keys(server.key_bundle(d)))
     rng = np.random.default_rng(7)
     inputs = {d: rng.integers(0, PARAMS.ring.modulus, N, dtype=np.uint32) for d in IDS}
-    masked = {d: clients[d].masked_input(server.shares_for(d), inputs[d]).vector for d in IDS}
+    adverts, masked = honest_to_masked(SecAggServer(PARAMS), clients, inputs)
     consents = {d: clients[d].consent(ConsentRequest(1, d)).signature for d in IDS}  # the victim books the round
     sigs = {d: clients[d].sign_survivors(ConsistencyRequest(1, d, survivors)).signature for d in IDS}
     return clients, adverts, inputs, masked, consents, sigs
