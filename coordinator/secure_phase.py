@@ -129,7 +129,7 @@ class SecureContext:
 class SecurePhase:
     """Secure rounds at the coordinator (module docstring). It works on the round it is handed and keeps its
     own state: the devices a secure round proved faulty, the stage limits measured from the fleet, and the recent
-    rounds abandoned before any unmask request. When a round's protocol is over, :meth:`tick`,
+    rounds abandoned before any consent request. When a round's protocol is over, :meth:`tick`,
     :meth:`on_message` and :meth:`close` return the reason the round closes with; the caller closes it."""
 
     def __init__(self, ctx: SecureContext) -> None:
