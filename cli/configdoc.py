@@ -250,7 +250,7 @@ def config_files() -> tuple[ConfigFile, ...]:
                    "Example: `configs/device-1.toml`.",
                    (Table("top level", DeviceConfig, only=("credentials",)),
                     Table("[data]", DeviceData),
-                    Table("[edge]", EdgeSettings, exclude=("client_index", "device_budget", "device_delta"),
+                    Table("[edge]", EdgeSettings, exclude=("client_index", "device_budget", "device_delta", "privacy_require"),
                           note="`client_index` is not a key: it is `[data] client`."),
                     Table("[privacy]", DevicePrivacy,
                           note="This device's own privacy budget: docs/explanation/privacy.md, "

@@ -31,6 +31,10 @@ plan whose schema is looser than the one its own ``device.toml`` pins, or that n
 and a plan that would break the tighter of the two for itself by its own ledger: a (k+1)-th contribution, or
 one fewer than b rounds after its last (:func:`schema_problem`). Its ledger does not move for a refused round.
 
+The privacy floor (``[privacy] require``: ``"private"``, ``"local"``, ``"secure"``): the device refuses (status
+``round skipped``) a training plan without the differential privacy, the local noise or the secure aggregation it
+requires, and every calibration plan (:mod:`edge_client.privacy_floor`): a coordinator cannot downgrade it.
+
 The coordinator writes the plans, and in local mode it is an adversary, so the device also refuses (status
 ``round skipped``) a private plan whose noise would be less than the multiplier it counts or that would send the
 clip bit in the clear (:func:`plan_noise_problem`), and -- once it asks for privacy itself (its own budget or
@@ -48,6 +52,8 @@ from typing import Any
 from flayer.engine.accountant import epsilon_for
 from flayer.engine.privacy import RoundPrivacy
 from flayer.privacy_config import ParticipationSchema
+
+from .privacy_floor import floor_problem
 
 __all__ = ["BUDGET_SPENT", "DEVICE_DELTA", "LEDGER_KEY", "DeviceBudgets", "DeviceLedger", "contribution_multiplier",
            "plan_limits", "plan_noise_problem", "schema_problem"]
@@ -174,9 +180,11 @@ class DeviceBudgets:
         return DeviceLedger.from_extra(self.stored.extra)
 
     def _own_privacy(self) -> bool:
-        """This device asks for privacy itself -- its own ``[privacy] device_budget`` or ``delta`` -- or has
-        contributed to a private round already: it then takes part in private training rounds only."""
-        if self.settings.device_budget or self.settings.device_delta or self._pinned_schema().active:
+        """This device asks for privacy itself -- its own ``[privacy] device_budget``, ``delta``, schema, or a
+        ``require`` naming differential privacy -- or has contributed to a private round already: it then takes part
+        in private training rounds only."""
+        if self.settings.device_budget or self.settings.device_delta or self._pinned_schema().active \
+                or {"private", "local"} & set(getattr(self.settings, "privacy_require", ())):
             return True
         try:
             return self._ledger().rounds > 0
@@ -197,19 +205,25 @@ class DeviceBudgets:
             return str(exc)
 
     def _budget_refuses(self, plan: Any) -> bool:
-        """True when this device must not contribute to ``plan``: a private round whose next contribution would
+        """True when this device must not contribute to ``plan``: a plan below the floor its ``[privacy] require``
+        pins (:func:`edge_client.privacy_floor.floor_problem`); a private round whose next contribution would
         pass its budget (or the budget cannot be checked) or whose noise is less than the device would count
         (:func:`plan_noise_problem`); with :meth:`_own_privacy`, a training round without privacy or a
         calibration round (its report is the device's data, un-noised). Logs the refusal once per round."""
         if plan.phase not in ("train", "calibrate"):
             return False
-        if plan.phase == "calibrate" or not plan.privacy:
+        floor = floor_problem(getattr(self.settings, "privacy_require", ()), plan.phase, plan.privacy,
+                              bool(plan.secure))  # [privacy] require: secure aggregation, local noise (privacy_floor)
+        if floor is not None:
+            problem: str | None = floor
+            reason = ROUND_SKIPPED
+        elif plan.phase == "calibrate" or not plan.privacy:
             if not self._own_privacy():
                 return False
             why = (f"a {plan.phase} round without privacy: this device contributes to private training "
                    f"rounds only (its own [privacy] settings, or a private round already contributed)")
             reason = ROUND_SKIPPED
-            problem: str | None = why
+            problem = why
         else:
             problem, reason = self._noise_problem(plan) or self._schema_problem(plan), ROUND_SKIPPED
             if problem is None:

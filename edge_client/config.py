@@ -50,6 +50,7 @@
     secure_corrupt_fraction = 0.0  # secure rounds: the colluding fraction this device assumes (t's floor), at least
     max_participations = 2       # the participation schema it pins: refuse a plan naming more (or none), and a 3rd round
     min_separation = 3           # ... or a plan allowing rounds closer than this, and a round within 3 of its last
+    require = "secure"           # every round it takes part in: "private", "local", "secure", a list of them, or "none"
 
 Relative paths (credentials, python_path, path, data_dir, partition_file, state_dir) are read
 relative to this file. A [data] table without ``source`` but with ``dataset`` is a partition.
@@ -71,6 +72,8 @@ from typing import Any
 from flayer.config import DATASET_NAMES, ConfigError, add_python_path, from_mapping, read_toml
 from flayer.spec import ENTRY_POINT
 from protocol.messages import DEVICE_LABEL
+
+from .privacy_floor import parse_require
 
 _HOST = re.compile(r"[A-Za-z0-9.:-]{1,253}")
 
@@ -110,6 +113,7 @@ class EdgeSettings:
     secure_corrupt_fraction: float = 0.0  # [privacy]: secure rounds' colluders this device assumes, whatever the plan says
     max_participations: int = 0  # [privacy]: the participation schema this device pins: at most k rounds (0: none)
     min_separation: int = 0  # [privacy]: ... and b rounds apart at least (0: none)
+    privacy_require: tuple[str, ...] = ()  # [privacy] require: what every round it takes part in runs under (none)
 
     def __post_init__(self) -> None:
         bad = [e for e in self.allow_entry_points if not (isinstance(e, str) and ENTRY_POINT.fullmatch(e))]
@@ -143,6 +147,11 @@ class EdgeSettings:
         if not 0 <= self.secure_corrupt_fraction < 0.5:
             raise ConfigError(f"[privacy] secure_corrupt_fraction must be in [0, 0.5), got {self.secure_corrupt_fraction}")
         _check_schema(self.max_participations, self.min_separation, "[privacy] ")
+        try:
+            if parse_require(list(self.privacy_require)) != tuple(self.privacy_require):
+                raise ValueError(f"require must be sorted and without repeats, got {list(self.privacy_require)!r}")
+        except ValueError as exc:
+            raise ConfigError(f"[privacy] {exc}") from None
         if not 5 <= self.keepalive_s <= 3600:
             raise ConfigError(f"keepalive_s must be in [5, 3600], got {self.keepalive_s}")
 
@@ -163,9 +172,11 @@ class DevicePrivacy:
     secure_corrupt_fraction: float = 0.0  # secure rounds: colluders this device assumes (t's floor), at least
     max_participations: int = 0  # the participation schema it pins: plans must name at most k rounds (0: none)
     min_separation: int = 0  # ... and at least b rounds apart (0: none)
+    require: str | tuple[str, ...] = "none"  # what every round it takes part in runs under (edge_client.privacy_floor)
 
     def __post_init__(self) -> None:
         _check_schema(self.max_participations, self.min_separation, "")
+        parse_require(self.require)  # ValueError naming the bad value
         if not (0 <= self.device_budget < float("inf")):
             raise ConfigError(f"device_budget must be a finite epsilon > 0 (or 0: none), got {self.device_budget}")
         if not 0 <= self.delta < 1:
@@ -276,7 +287,8 @@ def load_device_config(path: str | Path, overrides: Mapping[str, Mapping[str, An
     own = {k: v for k, v in (("device_budget", privacy.device_budget), ("device_delta", privacy.delta),
                              ("secure_corrupt_fraction", privacy.secure_corrupt_fraction),
                              ("max_participations", privacy.max_participations),
-                             ("min_separation", privacy.min_separation)) if v}
+                             ("min_separation", privacy.min_separation),
+                             ("privacy_require", parse_require(privacy.require))) if v}
     edge = from_mapping(EdgeSettings, {**tables["edge"], **own, "client_index": data.client}, f"{path} [edge]")
     return DeviceConfig(Path(resolve(creds)), data, edge)
 

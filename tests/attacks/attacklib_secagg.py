@@ -42,10 +42,11 @@ def private_secure_rounds(tmp: Path, fb: FedBroker, devices: int, rounds: int, s
 
 
 @contextmanager
-def kit_fleet(tmp: Path, digits: Any, names: list[str]) -> Iterator[tuple[FedBroker, list[Any]]]:
+def kit_fleet(tmp: Path, digits: Any, names: list[str], privacy: str = "") -> Iterator[tuple[FedBroker, list[Any]]]:
     """A real broker (Mosquitto where installed) with the accounts of ``names``, and a started, connected edge
-    client for each, run from its kit (its certificate, the pinned authority key) on a dir0.5 shard of ``digits``;
-    the clients and the broker are stopped on leaving."""
+    client for each, run from its kit (its certificate, the pinned authority key) on a dir0.5 shard of ``digits``
+    (``privacy``: the body of each device.toml's ``[privacy]`` table); the clients and the broker are stopped on
+    leaving."""
     from edge_client.client import EdgeClient
     from edge_client.config import load_device_config
     from flayer.partition import make_partition, save_partition
@@ -65,6 +66,8 @@ def kit_fleet(tmp: Path, digits: Any, names: list[str]) -> Iterator[tuple[FedBro
             kit = unpack_kit(write_kit(fb.state_dir, name, tmp / f"machine-{name}" / f"{name}.tar.gz")).parent
             path = device_toml(tmp / f"{name}.toml", kit / "credentials.toml", dataset="digits", partition_file=pfile,
                                client=i, state_dir=tmp / name)
+            if privacy:
+                path.write_text(path.read_text() + f"[privacy]\n{privacy}\n")
             devices.append(EdgeClient(load_device_config(path).edge, Credentials.load(kit / "credentials.toml"),
                                       client_data(digits, part.clients[i])))
         for dev in devices:
