@@ -126,6 +126,8 @@ def test_a_device_withholding_its_certificate_is_named_and_the_others_are_unmask
         for d, c in clients.items():
             server.receive_masked(c.masked_input(decode_message(server.shares_for(d).to_bytes()), vectors[d]))
         for d, c in clients.items():
+            server.receive_consent(c.consent(decode_message(server.consent_request(d).to_bytes())))
+        for d, c in clients.items():
             server.receive_signature(c.sign_survivors(decode_message(server.consistency_request(d).to_bytes())))
         for d, c in clients.items():
             server.receive_unmask(c.unmask(decode_message(server.unmask_request(d).to_bytes())))
