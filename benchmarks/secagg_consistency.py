@@ -1,16 +1,19 @@
-"""What the consistency round of a secure round adds: bytes and CPU per device and on the coordinator.
+"""What the consent stage and the consistency round of a secure round add: bytes and CPU per device and on the
+coordinator.
 
-The survivors sign the whole survivor set, the coordinator forwards T signatures in each unmask request, and
+Each device whose masked input arrived signs its consent (one Ed25519 signature), the survivors sign the whole survivor set, the coordinator forwards T signatures in each unmask request, and
 each device verifies them before it unmasks (docs/explanation/secure-aggregation.md). The round's other stages
 are what ``benchmarks/secagg.py`` measures; this script runs ``flayer.secagg`` in process up to the masked inputs
 (a short vector: the consistency round does not depend on its length) and times only the consistency round's
 calls with ``time.thread_time``:
 
-* device: ``sign_survivors`` (one Ed25519 signature) and the check ``unmask`` runs first (T verifications);
-* coordinator: ``consistency_request`` for every survivor and ``receive_signature`` (one verification each).
+* device: ``consent`` and ``sign_survivors`` (one Ed25519 signature each) and the check ``unmask`` runs first
+  (T survivor-set signatures and its neighbours' consents verified);
+* coordinator: ``consent_request`` and ``receive_consent``, ``consistency_request`` for every survivor and
+  ``receive_signature`` (one verification each).
 
-Bytes per device: the ConsistencyRequest (the whole survivor set), the SurvivorSignature, and the signatures an
-unmask request carries (id + 64 B each). k and t from the rule at the design dropout 0.1, no dropouts.
+Bytes per device: the ConsentRequest and Consent, the ConsistencyRequest (the whole survivor set), the
+SurvivorSignature, and the signatures and consents an unmask request carries. k and t from the rule at the design dropout 0.1, no dropouts.
 
     python benchmarks/secagg_consistency.py              # n = 100 and 1,000
     python benchmarks/secagg_consistency.py --sizes 100
@@ -19,6 +22,7 @@ unmask request carries (id + 64 B each). k and t from the rule at the design dro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import hashlib
 import time
@@ -54,6 +58,18 @@ def measure(n: int, dropout: float = 0.1, length: int = 16) -> dict[str, float]:
     coord = dev_sign = 0.0
     sent = {}
     requests = {}
+    consent_bytes = {}
+    for d in ids:
+        t0 = time.thread_time()
+        ask = server.consent_request(d)
+        coord += time.thread_time() - t0
+        t0 = time.thread_time()
+        given = clients[d].consent(ask)
+        dev_sign += time.thread_time() - t0
+        consent_bytes[d] = len(ask.to_bytes()) + len(given.to_bytes())
+        t0 = time.thread_time()
+        server.receive_consent(given)
+        coord += time.thread_time() - t0
     for d in ids:
         t0 = time.thread_time()
         requests[d] = server.consistency_request(d)
@@ -71,8 +87,8 @@ def measure(n: int, dropout: float = 0.1, length: int = 16) -> dict[str, float]:
         t0 = time.thread_time()
         clients[d]._check_consistent(req)  # what unmask runs before it reveals a share
         checks.append(time.thread_time() - t0)
-        extra.append(len(requests[d].to_bytes()) + len(sent[d].to_bytes())
-                     + sum(len(s) + 1 + len(sig) for s, sig in req.signatures))
+        extra.append(consent_bytes[d] + len(requests[d].to_bytes()) + len(sent[d].to_bytes())
+                     + len(req.to_bytes()) - len(dataclasses.replace(req, signatures=(), consents=()).to_bytes()))
         clients[d].unmask(req)
     gc.enable()
     return {"n": n, "k": params.degree, "t": params.threshold, "T": server.signatures_needed,
