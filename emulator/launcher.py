@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import signal
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 from flayer.config import ConfigError
 from flayer.engine.secure import corrupt_fraction
 from flayer.engine.secure_plan import accepted_dropout
+from flayer.engine.selection import cohort_size
 from protocol.metrics_schema import MetricsFile, end_record, run_record
 
 from .events import JsonlTail
@@ -156,7 +156,7 @@ class _Launch:
             fed = federation_table(cfg, n)
             if emu.http_models:  # models over HTTP: nginx serves the coordinator's model files for the run
                 fed.update(self._model_server(state))
-            cohort = min(n, max(int(fed["quorum"]), math.ceil(float(fed["over_selection"]) * int(fed["quorum"]) - 1e-9)))
+            cohort = cohort_size(n, int(fed["quorum"]), float(fed["over_selection"]))  # what a round selects
             run = self._secure_dropout(cfg.run, profiles.profiles, assigned, float(fed["deadline_s"]), trace, cohort)
             write_federation_toml(self.out / "federation.toml", fed, run,
                                   state / "credentials/coordinator.toml",

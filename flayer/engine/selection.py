@@ -30,7 +30,7 @@ import numpy as np
 from flayer.privacy_config import ParticipationSchema
 from flayer.strategies.base import derive_seed
 
-__all__ = ["assign_slots", "draw", "eligible", "participations", "select_clients", "select_devices", "void_rounds"]
+__all__ = ["assign_slots", "cohort_size", "draw", "eligible", "participations", "select_clients", "select_devices", "void_rounds"]
 
 T = TypeVar("T")
 
@@ -92,11 +92,16 @@ def select_clients(num_clients: int, join_ratio: float, seed: int, round_: int,
     return draw(pool, k, seed, round_, "select")
 
 
+def cohort_size(online: int, quorum: int, over_selection: float) -> int:
+    """How many of ``online`` devices a round selects: ``min(online, ceil(over_selection x quorum))``, at least the
+    quorum (module docstring)."""
+    return min(online, max(quorum, math.ceil(over_selection * quorum - 1e-9)))
+
+
 def select_devices(online: Sequence[str], quorum: int, over_selection: float, seed: int, round_: int) -> list[str]:
     """Seeded over-selection among ``online`` (module docstring); sorted ids."""
     pool = sorted(set(online))
-    k = min(len(pool), max(quorum, math.ceil(over_selection * quorum - 1e-9)))
-    return draw(pool, k, seed, round_, "mqtt-select")
+    return draw(pool, cohort_size(len(pool), quorum, over_selection), seed, round_, "mqtt-select")
 
 
 def assign_slots(idle: Sequence[str], free: int, seed: int, version: int, given: int) -> list[str]:
