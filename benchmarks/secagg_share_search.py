@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flayer.secagg import shamir
-from flayer.secagg.server import _subsets
+from flayer.secagg.decoding import subsets
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
         for x in range(1, m + 1, max(1, m // 12)):
             shares[x] = (shares[x] + 1) % shamir.PRIME
         start, tried = time.process_time(), 0
-        for subset in _subsets(sorted(shares), t):
+        for subset in subsets(sorted(shares), t):
             tried += 1
             try:
                 shamir.combine({x: shares[x] for x in subset}, t)

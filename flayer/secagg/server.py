@@ -22,8 +22,7 @@ import numpy as np
 
 from . import keys, shamir
 from .consistency import ServerConsistency
-from .decoding import decoded as _decoded
-from .decoding import subsets as _subsets
+from .decoding import decoded, subsets
 from .errors import SecAggAbandoned, SecAggError
 from .graph import connected
 from .messages import (
@@ -312,7 +311,7 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         every share beyond the t used is checked too. SecAggError if its other secret was rebuilt (the never-both
         rule); SecAggAbandoned if no t of the shares give the advertised secret.
 
-        Who is named in :attr:`faulty`, only from what determines the dealer's polynomial (:func:`_decoded`,
+        Who is named in :attr:`faulty`, only from what determines the dealer's polynomial (:func:`.decoding.decoded`,
         Reed-Solomon's unique decoding, ``2e <= m - t``): the owner, when its *own* share is off or when no t shares
         rebuild its advertised secret although m > t agree on one polynomial; never a holder for an off share of
         *another* device's secret (it may have lied, or the dealer sealed it that share): that share is skipped."""
@@ -330,14 +329,14 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
 
         fallback: bytes | None = None
         dealt_another = False  # the first t shares agree with the others on a secret that is not the advertised one
-        for i, subset in enumerate(_subsets(sorted(shares), p.threshold)):
+        for i, subset in enumerate(subsets(sorted(shares), p.threshold)):
             used = {x: shares[x] for x in subset}
             try:
                 secret: bytes | None = shamir.combine(used, p.threshold)
             except ValueError:
                 secret = None
             if secret is not None and genuine(secret):
-                off = _decoded(shares, used, p.threshold, kind == "b")
+                off = decoded(shares, used, p.threshold, kind == "b")
                 if off is not None:
                     for x in off:
                         holder = p.participants[x - 1]
@@ -350,7 +349,7 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
                     return secret
                 fallback = fallback or secret  # genuine, but too many shares disagree to tell who lied
             elif i == 0 and len(shares) > p.threshold:
-                dealt_another = _decoded(shares, used, p.threshold, False) is not None
+                dealt_another = decoded(shares, used, p.threshold, False) is not None
         if fallback is not None:
             return fallback  # unmasked with the genuine secret; nobody named
         if dealt_another:
