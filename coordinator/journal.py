@@ -167,15 +167,20 @@ def _unreadable(path: Path, at: int, why: str) -> JournalError:
     return JournalError(f"journal {path}: the record at byte {at} {why}")
 
 
+def _parsed_at(path: Path, at: int, payload: bytes) -> JournalRecord:
+    """The authenticated update payload of the record at byte ``at``, parsed, else JournalError naming it."""
+    try:
+        return _parse_update(payload)
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise _unreadable(path, at, f"is unreadable ({exc})") from None
+
+
 def _update_at(path: Path, data: bytes, at: int, client: str, key: bytes) -> JournalRecord:
     """The update record ``data`` (read at byte ``at``), authenticated and ``client``'s, else JournalError."""
     rec = _intact(data, 0, key)
     if rec is None or rec[0] != KIND_UPDATE or rec[1] != len(data):
         raise _unreadable(path, at, f"does not authenticate as an update record ({client}'s)")
-    try:
-        out = _parse_update(rec[2])
-    except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
-        raise _unreadable(path, at, f"is unreadable ({exc})") from None
+    out = _parsed_at(path, at, rec[2])
     if out.client != client:
         raise _unreadable(path, at, f"is {out.client!r}'s update, not {client!r}'s")
     return out
@@ -213,10 +218,7 @@ def scan_updates(path: Path, key: bytes, clients: Iterable[str]) -> Iterator[Jou
                 if not hmac.compare_digest(check.digest(), mac):
                     raise _unreadable(path, at, "does not authenticate")
                 if keep is not None:
-                    try:
-                        rec = _parse_update(b"".join(keep))
-                    except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:
-                        raise _unreadable(path, at, f"is unreadable ({exc})") from None
+                    rec = _parsed_at(path, at, b"".join(keep))
                     if rec.client in wanted:
                         wanted.discard(rec.client)
                         yield rec
