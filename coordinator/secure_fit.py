@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -37,29 +38,28 @@ __all__ = ["plain_ladder", "round_keep", "selected_rates", "unmeasured_fitting"]
 log = logging.getLogger("coordinator.server")
 
 
+def _reported_kbps(status: Mapping[str, Any]) -> float | None:
+    """The uplink rate (kbit/s) a device's status reports, None when it reports none or a malformed one."""
+    kbps = status.get("uplink_kbps")
+    return float(kbps) if isinstance(kbps, (int, float)) and not isinstance(kbps, bool) and 0 < kbps < 1e9 else None
+
+
 def selected_rates(registry: Any, selected: tuple[str, ...]) -> list[float]:
     """The uplink rates (bytes/s) the selected devices' statuses report (the devices that report one)."""
     out = []
     for dev in selected:
         info = registry.get(dev)
-        kbps = info.info.get("uplink_kbps") if info is not None else None
-        if isinstance(kbps, (int, float)) and not isinstance(kbps, bool) and 0 < kbps < 1e9:
-            out.append(float(kbps) * 1000 / 8)
+        kbps = _reported_kbps(info.info) if info is not None else None
+        if kbps is not None:
+            out.append(kbps * 1000 / 8)
     return out
 
 
 def unmeasured_fitting(registry: Any, selected: tuple[str, ...]) -> int:
     """How many selected devices fit their uploads but report no rate (``info.upload_fit`` true, no valid
     ``info.uplink_kbps``): in a plain round each sends the lowest codec's size."""
-    out = 0
-    for dev in selected:
-        info = registry.get(dev)
-        if info is None:
-            continue
-        kbps = info.info.get("uplink_kbps")
-        rated = isinstance(kbps, (int, float)) and not isinstance(kbps, bool) and 0 < kbps < 1e9
-        out += int(info.info.get("upload_fit") is True and not rated)
-    return out
+    infos = [info.info for info in map(registry.get, selected) if info is not None]
+    return sum(1 for status in infos if status.get("upload_fit") is True and _reported_kbps(status) is None)
 
 
 def plain_ladder(layout: Layout, start: str, lowest: str, compress: bool, federation: str) -> list[int]:
