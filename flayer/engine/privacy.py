@@ -105,10 +105,18 @@ def next_clip(clip: float, noised_bits: float, m: int, target_quantile: float, l
     return clip * math.exp(-lr * (min(1.0, max(0.0, noised_bits / m)) - target_quantile))
 
 
+def _squares(update: Update) -> dict[str, float]:
+    """Each tensor's float64 sum of squares, in the update's order."""
+    out = {}
+    for k, d in update.deltas.items():
+        v = d.values.astype(np.float64)
+        out[k] = float(np.dot(v, v))
+    return out
+
+
 def upload_norm(update: Update) -> float:
     """L2 norm of everything an update carries (float64 sum of squares)."""
-    return math.sqrt(sum(float(np.dot(d.values.astype(np.float64), d.values.astype(np.float64)))
-                         for d in update.deltas.values()))
+    return math.sqrt(sum(_squares(update).values()))
 
 
 def layer_of(tensor: str) -> str:
@@ -144,7 +152,8 @@ def clip_upload(update: Update, clip: float, split: str = "total") -> tuple[Upda
     sensitivity C, whatever the update. Each scale is a hair under ``C_i / ||Delta_i||`` so that the float32
     values come out at most C: the coordinator clips again to C and counts what it scales down, and that count
     must not say whose update was over C."""
-    norm = upload_norm(update)
+    tensors = _squares(update)
+    norm = math.sqrt(sum(tensors.values()))  # upload_norm's, summed once here
     if split == "total":
         if norm <= clip:
             return update, norm
@@ -152,9 +161,8 @@ def clip_upload(update: Update, clip: float, split: str = "total") -> tuple[Upda
         return Update({k: _scaled(d, f) for k, d in update.deltas.items()}, update.num_samples, update.info), norm
     bounds = layer_bounds(update, clip, split)
     squares: dict[str, float] = {}
-    for k, d in update.deltas.items():
-        v = d.values.astype(np.float64)
-        squares[layer_of(k)] = squares.get(layer_of(k), 0.0) + float(np.dot(v, v))
+    for k, sq in tensors.items():
+        squares[layer_of(k)] = squares.get(layer_of(k), 0.0) + sq
     factors = {layer: 1.0 if math.sqrt(sq) <= bounds[layer] else bounds[layer] / math.sqrt(sq) * (1 - 1e-6)
                for layer, sq in squares.items()}
     if all(f == 1.0 for f in factors.values()):
