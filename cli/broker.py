@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from mqtt_broker.process import start_broker
+    from mqtt_broker.start import start_broker
     from mqtt_broker.state import BrokerFiles
 
     files = BrokerFiles.at(args.state_dir)

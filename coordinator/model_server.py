@@ -19,11 +19,12 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from mqtt_broker.fsutil import free_port, listens
 
 __all__ = ["NginxError", "NginxServer", "find_nginx", "nginx_config"]
 
@@ -106,12 +107,6 @@ http {{
 """
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class NginxServer:
     """nginx serving ``root`` on ``host:port`` (0: a free port), its files under ``prefix``."""
@@ -175,11 +170,9 @@ class NginxServer:
         while time.monotonic() < end:
             if self.proc is None or self.proc.poll() is not None:
                 return False
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.5):
-                    return True
-            except OSError:
-                time.sleep(0.05)
+            if listens(self.proc.pid, self.host, self.port, connect=True):  # nginx's master holds the port
+                return True
+            time.sleep(0.05)
         return False
 
     def stop(self, timeout: float = 10.0) -> int | None:

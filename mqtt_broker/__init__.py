@@ -28,9 +28,9 @@ from mqtt_broker.process import (
     mosquitto_available,
     recorded_process,
     reload_recorded,
-    start_broker,
     stop_recorded,
 )
+from mqtt_broker.start import start_broker
 from mqtt_broker.state import (
     BrokerFiles,
     add_coordinator,

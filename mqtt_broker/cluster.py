@@ -50,7 +50,7 @@ from mqtt_broker.cluster_files import (
     write_redis_conf,
 )
 from mqtt_broker.config import BrokerConfig, BrokerConfigError
-from mqtt_broker.fsutil import atomic_write, find_executable, free_port, port_in_use, private_dir
+from mqtt_broker.fsutil import atomic_write, find_executable, free_port, listens, port_in_use, private_dir
 from mqtt_broker.process import (
     BrokerError,
     RunRecord,
@@ -271,15 +271,9 @@ class ClusterBroker:
         argv = [node, str(NODE_PROGRAM), "--config", str(self.files.node_config), "--port", str(port),
                 "--name", f"node-{i}"]
         rec = self._spawn(i, argv, self.files.node_log(i))
-
-        def ready() -> bool:
-            try:
-                with socket.create_connection((cfg.connect_host, port), timeout=0.5):
-                    return True
-            except OSError:
-                return False
-
-        self._wait(i, ready, f"aedes node {i}", self.files.node_log(i), timeout)
+        # the node itself must hold the port: another server may have taken it since the check above
+        self._wait(i, lambda: listens(rec.pid, cfg.connect_host, port, connect=True), f"aedes node {i}",
+                   self.files.node_log(i), timeout)
         rec = replace(rec, start_ticks=_proc_start_ticks(rec.pid) or 0)
         if self.record is not None:
             nodes = list(self.record.nodes)

@@ -206,6 +206,17 @@ class BrokerConfig:
         return self.host
 
     @property
+    def tls_bind_host(self) -> str:
+        """Where the TLS listener binds: ``tls_host``, else ``host``."""
+        return self.tls_host or self.host
+
+    @property
+    def bound_ports(self) -> list[tuple[str, int]]:
+        """(host, port) of each listener the broker binds: the plain one, then the TLS one."""
+        return ([(self.plain_host, self.port)] if self.plain else []) + \
+            ([(self.tls_bind_host, self.tls_port)] if self.tls else [])
+
+    @property
     def warning(self) -> str | None:
         """Why this configuration is risky, or None."""
         if self.tls and self.plain and self.insecure_plain and not is_loopback(self.host):
@@ -226,8 +237,7 @@ class BrokerConfig:
     def tls_connect_host(self) -> str:
         if self.advertise_host:
             return self.advertise_host
-        bind = self.tls_host or self.host
-        return "127.0.0.1" if _is_wildcard(bind) else bind
+        return "127.0.0.1" if _is_wildcard(self.tls_bind_host) else self.tls_bind_host
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -90,7 +90,7 @@ def render_mosquitto_conf(cfg: BrokerConfig, state_dir: Path, passwd: Path, acl:
         ca, cert, key = tls
         lines += [
             "",
-            f"listener {cfg.tls_port} {cfg.tls_host or cfg.host}",
+            f"listener {cfg.tls_port} {cfg.tls_bind_host}",
             "protocol mqtt",
             *_listener_auth(passwd, acl, cfg.connection_limit),
             f"cafile {ca}",

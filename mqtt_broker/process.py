@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,9 +22,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the annotations are never evaluated
     from typing_extensions import Self
 
-from mqtt_broker.config import BrokerConfig, BrokerConfigError, ensure_open_files, is_loopback
-from mqtt_broker.fsutil import atomic_write, find_executable, port_in_use
-from mqtt_broker.state import BrokerFiles, write_broker_files
+from mqtt_broker.config import BrokerConfig, ensure_open_files, is_loopback
+from mqtt_broker.fsutil import atomic_write, find_executable, listens, port_in_use
+from mqtt_broker.state import BrokerFiles
 
 __all__ = [
     "BrokerError",
@@ -36,13 +35,10 @@ __all__ = [
     "mosquitto_available",
     "recorded_process",
     "reload_recorded",
-    "start_broker",
     "stop_recorded",
 ]
 
 log = logging.getLogger(__name__)
-
-KINDS = ("auto", "mosquitto", "embedded")
 
 
 class BrokerError(RuntimeError):
@@ -220,9 +216,7 @@ class ManagedBroker:
         cfg = self.config
         if cfg.warning:
             log.warning("%s", cfg.warning)
-        ports = ([(cfg.plain_host, cfg.port)] if cfg.plain else []) + \
-            ([(cfg.tls_host or cfg.host, cfg.tls_port)] if cfg.tls else [])
-        for host, port in ports:
+        for host, port in cfg.bound_ports:
             if port_in_use(host, port):
                 raise BrokerError(f"port {port} on {host} is already in use; choose another port (or 0 for a free one)")
         self.check_limits(cfg)
@@ -246,22 +240,20 @@ class ManagedBroker:
         return self
 
     def _wait_ready(self, cfg: BrokerConfig, timeout: float, log_start: int) -> None:
-        """Until the plain listener accepts a TCP connection and the TLS port (if any) is bound
-        (probed by binding, so no half-open TLS handshake lands in the broker's log)."""
+        """Until the started process itself listens on the plain port and the TLS port (if any). A port found
+        free when the files were written can be taken by another server before the child binds it; a
+        connection test alone would then greet that server (and its users), so where /proc tells who
+        listens the child must hold the socket. Elsewhere: the plain listener accepts a TCP connection and
+        the TLS port is bound (probed by binding, so no half-open TLS handshake lands in the broker's log)."""
         assert self._proc is not None
         deadline = time.monotonic() + timeout
-        plain_ready = not cfg.plain
+        pid = self._proc.pid
         while True:
             if self._proc.poll() is not None:
                 raise BrokerError(f"{self.kind} exited with code {self._proc.returncode} while starting; its log "
                                   f"({self.files.log}):\n{_log_tail(self.files.log, log_start)}")
-            if not plain_ready:
-                try:
-                    with socket.create_connection((cfg.connect_host, cfg.port), timeout=0.5):
-                        plain_ready = True
-                except OSError:
-                    pass
-            if plain_ready and (not cfg.tls or port_in_use(cfg.tls_host or cfg.host, cfg.tls_port)):
+            plain_ready = not cfg.plain or listens(pid, cfg.connect_host, cfg.port, connect=True)
+            if plain_ready and (not cfg.tls or listens(pid, cfg.tls_bind_host, cfg.tls_port, connect=False)):
                 return
             if time.monotonic() > deadline:
                 raise BrokerError(f"{self.kind} did not accept connections on {cfg.connect_host}:{cfg.port} within "
@@ -353,33 +345,3 @@ class EmbeddedBroker(ManagedBroker):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         return env
-
-
-def start_broker(cfg: BrokerConfig, state_dir: str | Path, kind: str = "auto", detach: bool = False,
-                 timeout: float = 15.0) -> ManagedBroker:
-    """Write the files for ``cfg`` and start a broker on them: mosquitto when installed (or asked
-    for), else the embedded one. Returns the started broker (use it as a context manager)."""
-    if kind not in KINDS:
-        raise BrokerConfigError(f"broker kind must be one of {KINDS}, got {kind!r}")
-    from mqtt_broker.bridge import gateway_configured
-
-    if kind != "mosquitto" and gateway_configured(BrokerFiles.at(state_dir).state_dir):
-        if kind == "embedded" or not mosquitto_available():
-            raise BrokerError("a field gateway's bridge needs mosquitto (the embedded broker has no bridges); "
-                              "install mosquitto, or drop the gateway with --no-gateway")
-        kind = "mosquitto"
-    if kind == "auto":
-        kind = "mosquitto" if mosquitto_available() else "embedded"
-        if kind == "embedded":
-            log.warning("mosquitto is not installed: starting the embedded broker (see docs/explanation/broker.md for its limits)")
-    if kind == "embedded" and cfg.tls:
-        raise BrokerError("the embedded broker has no TLS listener; install mosquitto for TLS")
-    if kind == "embedded" and not is_loopback(cfg.host):
-        raise BrokerError(f"the embedded broker listens on loopback only, not on {cfg.host!r}")
-    running = recorded_process(state_dir) if BrokerFiles.at(state_dir).run_record.exists() else None
-    if running is not None:
-        raise BrokerError(f"a {running.kind} broker already runs for {BrokerFiles.at(state_dir).state_dir} "
-                          f"(pid {running.pid}, port {running.port}); stop it first")
-    write_broker_files(cfg, state_dir)
-    broker: ManagedBroker = BrokerProcess(state_dir, detach) if kind == "mosquitto" else EmbeddedBroker(state_dir, detach)
-    return broker.start(timeout)

@@ -65,6 +65,7 @@ __all__ = [
     "list_users",
     "load_credentials",
     "read_revoked",
+    "resolve_ports",
     "save_credentials",
     "write_broker_files",
     "write_revoked",
@@ -111,13 +112,15 @@ def _locked(files: BrokerFiles) -> Iterator[None]:
         yield
 
 
-def _resolve_ports(cfg: BrokerConfig, old: BrokerConfig | None) -> BrokerConfig:
+def resolve_ports(cfg: BrokerConfig, old: BrokerConfig | None = None) -> BrokerConfig:
+    """``cfg`` with its ports 0 resolved: ``old``'s stored ports where there are some, else ports free now
+    (the TLS one never the plain one)."""
     port = cfg.port or (old.port if old and old.port else free_port(cfg.plain_host))
     tls_port = 0
     if cfg.tls:
         tls_port = cfg.tls_port or (old.tls_port if old and old.tls_port else 0)
         while not tls_port or tls_port == port:
-            tls_port = free_port(cfg.tls_host or cfg.host)
+            tls_port = free_port(cfg.tls_bind_host)
     return replace(cfg, port=port, tls_port=tls_port)
 
 
@@ -136,7 +139,7 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
             raise BrokerConfigError(
                 f"{files.state_dir} already serves federation {old.federation!r} (coordinator user "
                 f"{old.coordinator_user!r}) with {len(users)} user(s); use another state folder for {cfg.federation!r}")
-        cfg = _resolve_ports(cfg, old)
+        cfg = resolve_ports(cfg, old)
         private_dir(files.credentials_dir)
         if cfg.persistence:
             private_dir(files.data_dir)
@@ -146,7 +149,7 @@ def write_broker_files(cfg: BrokerConfig, state_dir: str | Path) -> BrokerFiles:
             atomic_write(files.passwd, "", mode=0o600)
         tls = None
         if cfg.tls:
-            hosts = list(dict.fromkeys([cfg.tls_connect_host, cfg.tls_host or cfg.host, cfg.host]))
+            hosts = list(dict.fromkeys([cfg.tls_connect_host, cfg.tls_bind_host, cfg.host]))
             t = ensure_ca_and_server(files.tls_dir, cfg.federation, hosts)
             tls = (t.ca_cert, t.server_cert, t.server_key)
         crl = ensure_crl(files.tls_dir) if cfg.tls and cfg.require_certificate else None
