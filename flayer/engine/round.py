@@ -27,7 +27,7 @@ from .privacy import UNCLIPPED_KEY, RoundPrivacy
 __all__ = ["OpenAggregate", "RoundRecord", "RoundTally", "initial_global_state", "noise_seed"]
 
 
-def noise_seed(seed: int, round_: int) -> int:
+def noise_seed(seed: int, round_: int) -> int:  # --dp-seeded-noise only: protects nothing
     """The seed of round ``round_``'s noise in ``flayer simulate --dp-seeded-noise`` only (reproducible runs,
     labelled not private). Nothing that publishes a model uses it: the run seed travels in every plan, so
     noise drawn from it can be regenerated and subtracted by any device or observer."""
@@ -51,8 +51,10 @@ class RoundTally:
     indexed: int = 0  # explicit positions uploaded (sparse deltas)
     clipped: int = 0
     weight_capped: int = 0
-    correct: float = 0.0  # the clients' test evaluation before training, as they reported it
-    total: float = 0.0
+    # the clients' test evaluations before training and their training losses, as they reported them; summed
+    # exactly rounded (math.fsum) when read, so the record is the same whatever order the updates arrived in
+    correct: list[float] = field(default_factory=list)
+    total: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)
     device_acc: dict[str, float] = field(default_factory=dict)
@@ -73,8 +75,8 @@ class RoundTally:
         """Fold a client's reported evaluation (``test_correct``, ``test_total``, ``train_loss``)."""
         c, t = info.get("test_correct"), info.get("test_total")
         if c is not None and t is not None and t > 0 and 0 <= c <= t:
-            self.correct += float(c)
-            self.total += float(t)
+            self.correct.append(float(c))
+            self.total.append(float(t))
             if client is not None:
                 self.device_acc[client] = float(c) / float(t)
         loss = info.get("train_loss")
@@ -94,11 +96,12 @@ class RoundTally:
 
     @property
     def acc(self) -> float | None:
-        return self.correct / self.total if self.total else None
+        total = math.fsum(self.total)
+        return math.fsum(self.correct) / total if total else None
 
     @property
     def train_loss(self) -> float | None:
-        return sum(self.losses) / len(self.losses) if self.losses else None
+        return math.fsum(self.losses) / len(self.losses) if self.losses else None
 
     @property
     def mean_staleness(self) -> float:
