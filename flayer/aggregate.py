@@ -97,18 +97,16 @@ def check_update(update: Update, shapes: Mapping[str, tuple[int, ...]], max_norm
 
 
 def _squared_norm(name: str, values: np.ndarray) -> float:
-    """Sum of squares; UpdateError on NaN or Inf. A float32 dot product (fast) is exact enough for a
-    norm bound; only when it overflows or is not finite are the values looked at one by one."""
-    if values.dtype == np.float32:
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow and NaN are handled just below
-            s = float(np.dot(values, values))
-    else:
+    """Sum of squares, in float64; UpdateError on NaN or Inf. Not a float32 dot product: its accumulators drop
+    every square under half an ulp of their running sums, and an upload built of a few large values and very many
+    small ones would pass for shorter than it is (and be clipped by too little)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN and Inf are handled just below
         s = float(np.sum(np.square(values, dtype=np.float64)))
     if math.isfinite(s):
         return s
     if not bool(np.isfinite(values).all()):
         raise UpdateError(f"tensor {name!r}: non-finite values (NaN or Inf)")
-    return float(np.sum(np.square(values, dtype=np.float64)))
+    return s  # finite float64 values whose squares overflow: an infinite norm, over any bound
 
 
 class Aggregator:
@@ -345,7 +343,7 @@ class DPSumAggregator:
         import torch
 
         # the OS's entropy keys a ChaCha20 keystream (a CSPRNG); seeded only under --dp-seeded-noise (not private)
-        rng: Any = KeystreamRandom() if self.seed is None else np.random.default_rng(self.seed)
+        rng: Any = KeystreamRandom() if self.seed is None else np.random.default_rng(self.seed)  # seeded: protects nothing
         # the clip bits centred at +-1/2 (Andrew et al. 2021; TF Privacy's QuantileEstimatorQuery); under zero-out
         # neighbours one device still moves the count by 1 (a zero upload reports bit 1), the sensitivity the
         # accountant's z_Delta assumes (flayer.engine.privacy); + m/2 puts the noised figure back on the count's scale

@@ -32,6 +32,12 @@ class TensorDelta:
     def count(self) -> int:
         return int(self.values.size)
 
+    def scaled(self, factor: float) -> TensorDelta:
+        """The delta times ``factor``, multiplied in float64 and rounded to float32 after: a factor rounded to
+        float32 first can be far off (below float32's smallest normal it keeps a few bits, and one under 2^-149
+        becomes up to twice itself)."""
+        return TensorDelta(self.shape, (self.values.astype(np.float64) * factor).astype(np.float32), self.indices)
+
     def to_dense(self) -> np.ndarray:
         """The delta as a dense array of ``shape`` (zeros where nothing was sent)."""
         if self.indices is None:

@@ -22,10 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from flayer.aggregate import check_update as check
-from flayer.update import TensorDelta, Update
+from flayer.engine.privacy import upload_norm
+from flayer.update import Update
 
 __all__ = ["STALENESS_RULES", "Bounds", "Verdict", "admit", "check", "refuse", "scale_update", "staleness_weight"]
 
@@ -76,10 +75,23 @@ def staleness_weight(staleness: int, rule: str = "sqrt") -> float:
 
 
 def scale_update(update: Update, factor: float) -> Update:
-    """``update`` with every delta multiplied by ``factor`` (clipping to a norm bound, staleness)."""
-    deltas = {k: TensorDelta(d.shape, (d.values * np.float32(factor)).astype(np.float32), d.indices)
-              for k, d in update.deltas.items()}
-    return Update(deltas, update.num_samples, update.info)
+    """``update`` with every delta multiplied by ``factor`` (clipping to a norm bound, staleness), in float64 and
+    rounded to float32 after (:meth:`flayer.update.TensorDelta.scaled`)."""
+    return Update({k: d.scaled(factor) for k, d in update.deltas.items()}, update.num_samples, update.info)
+
+
+def _clip_to(update: Update, norm: float, bound: float) -> Update:
+    """``update`` (of L2 norm ``norm`` > ``bound``) scaled to a norm of at most ``bound``, checked on the float32
+    values it comes out as: each rounding may add half an ulp, and values that land among float32's subnormals
+    keep few bits; where the result is still over ``bound`` it is scaled once more, and where even that is over,
+    it comes out as zeros."""
+    clipped = scale_update(update, bound / norm * (1 - 1e-6))
+    after = upload_norm(clipped)
+    if after > bound:
+        clipped = scale_update(clipped, bound / after * (1 - 1e-6))
+        if upload_norm(clipped) > bound:
+            clipped = scale_update(update, 0.0)
+    return clipped
 
 
 def admit(update: Update, norm: float, bounds: Bounds, staleness: int = 0) -> Verdict:
@@ -92,9 +104,9 @@ def admit(update: Update, norm: float, bounds: Bounds, staleness: int = 0) -> Ve
     if bounds.norm_bound is not None and norm > bounds.norm_bound:
         if bounds.norm_policy != "clip":
             return refuse("rejected", "norm", f"update norm {norm:.4g} exceeds the bound {bounds.norm_bound:.4g}")
-        factor = bounds.norm_bound / norm * (1 - 1e-6)
+        update = _clip_to(update, norm, bounds.norm_bound)
         reason, clipped = f"clipped from norm {norm:.4g} to {bounds.norm_bound:.4g}", True
     if staleness:
-        factor *= staleness_weight(staleness, bounds.staleness_rule)
+        factor = staleness_weight(staleness, bounds.staleness_rule)
     folded = update if factor == 1.0 else scale_update(update, factor)
     return Verdict("accepted", reason, None, folded, norm, clipped, weight, staleness)

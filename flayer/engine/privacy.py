@@ -141,10 +141,6 @@ def layer_bounds(update: Update, clip: float, split: str) -> dict[str, float]:
     raise ValueError(f"clip_split must be one of {', '.join(CLIP_SPLITS)} here, got {split!r}")
 
 
-def _scaled(d: TensorDelta, f: float) -> TensorDelta:
-    return TensorDelta(d.shape, (d.values.astype(np.float64) * f).astype(np.float32), d.indices)
-
-
 def clip_upload(update: Update, clip: float, split: str = "total") -> tuple[Update, float]:
     """(``update`` clipped, its norm before clipping). ``total``: scaled by ``min(1, C / ||update||)``. ``sqrt`` or
     ``equal``: each layer i scaled by ``min(1, C_i / ||Delta_i||)`` with ``sum_i C_i^2 = C^2``
@@ -158,7 +154,7 @@ def clip_upload(update: Update, clip: float, split: str = "total") -> tuple[Upda
         if norm <= clip:
             return update, norm
         f = clip / norm * (1 - 1e-6)
-        return Update({k: _scaled(d, f) for k, d in update.deltas.items()}, update.num_samples, update.info), norm
+        return Update({k: d.scaled(f) for k, d in update.deltas.items()}, update.num_samples, update.info), norm
     bounds = layer_bounds(update, clip, split)
     squares: dict[str, float] = {}
     for k, sq in tensors.items():
@@ -167,7 +163,7 @@ def clip_upload(update: Update, clip: float, split: str = "total") -> tuple[Upda
                for layer, sq in squares.items()}
     if all(f == 1.0 for f in factors.values()):
         return update, norm
-    deltas = {k: d if factors[layer_of(k)] == 1.0 else _scaled(d, factors[layer_of(k)])
+    deltas = {k: d if factors[layer_of(k)] == 1.0 else d.scaled(factors[layer_of(k)])
               for k, d in update.deltas.items()}
     return Update(deltas, update.num_samples, update.info), norm
 
