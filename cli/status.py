@@ -139,8 +139,11 @@ def render(snap: dict[str, Any]) -> str:
 
 def device_privacy_line(dp: dict[str, Any]) -> str:
     """The devices' own ledgers (coordinator.device_privacy) as one line."""
-    spread = "no epsilon reported (no delta known to them)" if dp["min"] is None else \
-        f"epsilon min {dp['min']:.4g}, median {dp['median']:.4g}, max {dp['max']:.4g} over {dp['with_epsilon']}"
+    from cli.privacy import epsilon_text  # "inf": a device booked a round whose noise it cannot count
+
+    spread = "no epsilon reported (no delta known to them)" if dp["min"] is None else (
+        f"epsilon min {epsilon_text(dp['min'])}, median {epsilon_text(dp['median'])}, max {epsilon_text(dp['max'])} "
+        f"over {dp['with_epsilon']}" + (f" ({dp['infinite']} infinite)" if dp.get("infinite") else ""))
     return f"devices' own privacy: {dp['devices']} counting, {spread}; {dp['at_budget']} at their budget"
 
 

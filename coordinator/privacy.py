@@ -46,6 +46,7 @@ from flayer.engine.selection import eligible
 from flayer.engine.server_step import ServerStep
 from flayer.privacy_config import PrivacySettings
 from flayer.strategies.base import Strategy
+from protocol.metrics_schema import epsilon_value
 
 __all__ = ["FederationPrivacy", "PrivacyStateError", "federation_privacy"]
 
@@ -91,9 +92,13 @@ class FederationPrivacy:
                              "asynchronous slots are not drawn round by round")
         private = private_strategy(strategy)
         s = settings.resolve(settings.population, buffer if asynchronous else quorum)
+        if not asynchronous and (s.expected_contributions or 0) > quorum:  # devices refuse m above their cohort
+            raise ValueError(f"expected_contributions {s.expected_contributions} exceeds the quorum {quorum}: a "
+                             f"synchronous round may select as few as quorum devices, and a device refuses a plan "
+                             f"whose m exceeds the devices it selects (its noise share z C / sqrt(m) would shrink)")
         out = cls(s, asynchronous, s.clip, max(1, fewest),
                   Accounts(s.mode, s.secure_aggregation, most=s.max_participations))
-        out.step = ServerStep(s.server_lr, s.server_momentum)
+        out.step = ServerStep(float(s.server_lr), s.server_momentum)  # resolved: "auto" is a number here
         if rounds > 0:
             for line in s.warnings(out.accounts.public.epsilon_after(s.noise_multiplier, 1.0, out.delta, rounds,
                                                                      s.max_participations), rounds):
@@ -195,7 +200,7 @@ class FederationPrivacy:
             self.clip = next_clip(self.clip, agg.noised_bits(), self.settings.expected_contributions or 1,
                                   self.settings.target_quantile, self.settings.clip_lr)
         eps = self.accounts.epsilons(self.delta)
-        return {"epsilon": _json_eps(eps["public"]), "epsilon_coordinator": _json_eps(eps["coordinator"]),
+        return {"epsilon": epsilon_value(eps["public"]), "epsilon_coordinator": epsilon_value(eps["coordinator"]),
                 "delta": self.delta, "dp_clip": clip, "dp_noise_multiplier": self.z, "dp_sample_rate": 1.0,
                 "dp_max_participations": self.settings.max_participations,
                 "dp_min_separation": self.settings.min_separation,
@@ -273,7 +278,3 @@ def federation_privacy(cfg: Any, strategy: Strategy, buffer: int) -> tuple[Feder
                                     cfg.federation.mode == "async", cfg.federation.min_updates, cfg.run.rounds)
     except ValueError as exc:
         raise CoordinatorError(f"[privacy]: {exc}") from None
-
-
-def _json_eps(eps: float) -> float | str:
-    return "inf" if math.isinf(eps) else eps

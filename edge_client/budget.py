@@ -38,7 +38,11 @@ requires, and every calibration plan (:mod:`edge_client.privacy_floor`): a coord
 The coordinator writes the plans, and in local mode it is an adversary, so the device also refuses (status
 ``round skipped``) a private plan whose noise would be less than the multiplier it counts or that would send the
 clip bit in the clear (:func:`plan_noise_problem`), and -- once it asks for privacy itself (its own budget or
-delta) or has contributed to a private round -- a training round without privacy or a calibration round.
+delta) or has contributed to a private round -- a training round without privacy or a calibration round. In every
+mode, whatever its budget or floor, it refuses a plan whose multiplier it would book (its own share's in local mode,
+``z / sqrt(m)``) is below ``MIN_MULTIPLIER`` or gives an infinite one-round epsilon, and one whose ``contributions``
+m its round cannot have (:func:`contributions_problem`: above a synchronous plan's selection, not below
+``1 / delta``): a huge m would make its local noise vanish under a label that says z.
 """
 
 from __future__ import annotations
@@ -50,13 +54,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flayer.engine.accountant import epsilon_for
-from flayer.engine.privacy import RoundPrivacy
+from flayer.engine.privacy import MIN_MULTIPLIER, RoundPrivacy
 from flayer.privacy_config import ParticipationSchema
+from protocol.metrics_schema import epsilon_value
 
 from .privacy_floor import floor_problem
 
 __all__ = ["BUDGET_SPENT", "DEVICE_DELTA", "LEDGER_KEY", "DeviceBudgets", "DeviceLedger", "contribution_multiplier",
-           "plan_limits", "plan_noise_problem", "schema_problem"]
+           "contributions_problem", "counted_delta", "plan_limits", "plan_noise_problem", "plan_problem", "schema_problem"]
 
 log = logging.getLogger("edge_client.client")
 
@@ -75,14 +80,31 @@ def contribution_multiplier(rp: RoundPrivacy, secure: bool) -> float:
     return rp.counted_multiplier
 
 
-def plan_noise_problem(rp: RoundPrivacy, secure: bool) -> str | None:
+def counted_delta(plan_delta: float | None, own_delta: float | None) -> float:
+    """The delta this device counts its epsilon at: the smaller of the plan's and its own (``DEVICE_DELTA`` when
+    device.toml names none); a plan's larger delta never shrinks the epsilon a device counts."""
+    return min(d for d in (plan_delta, own_delta or DEVICE_DELTA) if d is not None)
+
+
+def plan_noise_problem(rp: RoundPrivacy, secure: bool, delta: float = DEVICE_DELTA) -> str | None:
     """Why this device refuses a private round as the plan writes it (None: it may contribute): in local mode
     the coordinator is an adversary and writes the plan, so a plan that would have the device add no noise, or
-    send its clip bit outside any sum, is refused. ``secure``: the plan names a secure round (whose noise share
-    :func:`flayer.engine.secure.secure_from_plan` checks against the plan's privacy)."""
+    send its clip bit outside any sum, is refused; in every mode, a plan whose contribution this device would book
+    (:func:`contribution_multiplier`, what its own noise share gives in local mode) at a multiplier below
+    ``MIN_MULTIPLIER``, or at an infinite one-round epsilon at ``delta``. ``secure``: the plan names a secure round
+    (whose noise share :func:`flayer.engine.secure.secure_from_plan` checks against the plan's privacy)."""
     label = rp.noise_problem()  # every mode: a noise that is zero, or a label its named noises do not give
     if label is not None:
         return label
+    booked = contribution_multiplier(rp, secure)  # not the label z: a huge m makes the local share z / sqrt(m)
+    if not booked >= MIN_MULTIPLIER:
+        return (f"this device would book its contribution at a noise multiplier of {booked:.3g} (z {rp.update_multiplier:g}"
+                f"{f' / sqrt(m = {rp.contributions})' if booked != rp.counted_multiplier else ''}), below "
+                f"{MIN_MULTIPLIER:g}: no noise a device can count")
+    one = epsilon_for([(booked, 1.0, 1)], delta)
+    if not math.isfinite(one):
+        return (f"one round of it (noise multiplier {booked:.4g}) would cost this device epsilon {one:g} at delta "
+                f"{delta:.3g}: no noise a device can count")
     if rp.mode != "local":
         return None  # central mode: the coordinator adds the noise, and is trusted with the clipped update
     if rp.adaptive:
@@ -90,6 +112,34 @@ def plan_noise_problem(rp: RoundPrivacy, secure: bool) -> str | None:
     if rp.ring and not secure:
         return "the plan draws the noise shares in a secure sum, and names no secure round: no noise would be added"
     return None
+
+
+def contributions_problem(rp: RoundPrivacy, plan_mode: str, selected: int, plan_delta: float | None) -> str | None:
+    """Why a plan's ``contributions`` m is not one its round can have, from public facts of the signed plan (None:
+    it can): a synchronous round sums at most one contribution per selected device, so m above ``selected`` would
+    only shrink each device's local share ``z C / sqrt(m)``; an asynchronous version sums ``buffer`` updates of
+    devices drawn over time (m may exceed the current holders), and m counts devices of a population N the
+    coordinator checked ``delta < 1/N`` against, so m must stay below ``1 / delta``."""
+    m = rp.contributions
+    if plan_mode != "async" and m > selected:
+        return (f"its contributions m = {m} exceeds the {selected} device(s) it selects: a synchronous round sums at "
+                f"most one contribution per selected device, and each device's noise share is z C / sqrt(m)")
+    if plan_delta is not None and m * plan_delta >= 1:
+        return (f"its contributions m = {m} is not below 1 / delta = {1 / plan_delta:.4g}: m counts devices of the "
+                f"population N, and a plan's delta is below 1/N")
+    return None
+
+
+def plan_problem(plan: Any, rp: RoundPrivacy, own_delta: float | None = None) -> str | None:
+    """Why this device refuses the private plan ``plan`` (its privacy ``rp``), or None: a malformed delta or budget
+    (:func:`plan_limits`), contributions its round cannot have (:func:`contributions_problem`), noise it cannot
+    count (:func:`plan_noise_problem`, at the delta :func:`counted_delta` gives with ``own_delta``)."""
+    try:
+        plan_delta, _ = plan_limits(plan.privacy)
+    except ValueError as exc:
+        return str(exc)
+    return contributions_problem(rp, str(plan.mode), len(set(plan.selected)), plan_delta) \
+        or plan_noise_problem(rp, bool(plan.secure), counted_delta(plan_delta, own_delta))
 
 
 def _positive(raw: Any, name: str) -> float | None:
@@ -226,8 +276,9 @@ class DeviceBudgets:
             problem = why
         else:
             problem, reason = self._noise_problem(plan) or self._schema_problem(plan), ROUND_SKIPPED
-            if problem is None:
-                problem, reason = self._budget_problem(plan), BUDGET_SPENT
+            if problem is None:  # "budget spent" only when the ledger is at its budget, not a plan too costly alone
+                problem = self._budget_problem(plan)
+                reason = BUDGET_SPENT if self._budget_state[1] else ROUND_SKIPPED
         if problem is None:
             return False
         if self.skipped.get(plan.round) != reason:
@@ -237,15 +288,14 @@ class DeviceBudgets:
         return True
 
     def _noise_problem(self, plan: Any) -> str | None:
-        """:func:`plan_noise_problem` for a private plan, or why its privacy mapping is malformed."""
+        """:func:`plan_problem` for a private plan, or why its privacy mapping is malformed."""
         try:
             rp = RoundPrivacy.from_plan(plan.privacy)
-            plan_limits(plan.privacy)
         except ValueError as exc:
             return str(exc)  # a malformed private plan is refused whether or not this device has a budget
         if rp is None:
             return None
-        problem = plan_noise_problem(rp, bool(plan.secure))
+        problem = plan_problem(plan, rp, self.settings.device_delta or None)
         if problem is None and rp.mode == "central" and not getattr(self, "_central_unchecked_said", False):
             self._central_unchecked_said = True
             log.info("%s: central privacy: this device counts z %.4g from the noise round %d's plan names; it cannot "
@@ -263,18 +313,19 @@ class DeviceBudgets:
             self._budget_state = (own_delta, own_budget is not None)
             return str(exc) if own_budget is not None else None
         assert rp is not None
-        # the plan's delta never raises the device's own (DEVICE_DELTA when it names none): a larger delta
-        # would shrink every epsilon the device counts
-        delta = min(d for d in (plan_delta, own_delta or DEVICE_DELTA) if d is not None)
+        delta = counted_delta(plan_delta, own_delta)  # a plan's larger delta would shrink every epsilon counted
         budgets = [b for b in (plan_budget, own_budget) if b is not None]
         budget = min(budgets) if budgets else None
         if budget is None:
             self._budget_state = (delta, False)
             return None
         z = contribution_multiplier(rp, bool(plan.secure))
-        spent, after = ledger.epsilon(delta), ledger.epsilon(delta, (z, 1))
-        at_budget = after > budget
+        spent, after, alone = ledger.epsilon(delta), ledger.epsilon(delta, (z, 1)), epsilon_for([(z, 1.0, 1)], delta)
+        at_budget = after > budget and alone <= budget  # a plan too costly on its own leaves the budget unspent
         self._budget_state = (delta, at_budget)
+        if alone > budget:
+            return (f"one round of it alone (z {z:.4g}, q = 1) would cost epsilon {alone:.4g} at delta {delta:.3g}, "
+                    f"past the budget {budget:g}; {ledger.rounds} private rounds contributed, epsilon {spent:.4g}")
         if not at_budget:
             return None
         return (f"its privacy budget is spent: {ledger.rounds} private rounds contributed, epsilon {spent:.4g} at "
@@ -295,10 +346,11 @@ class DeviceBudgets:
         ledger.record(contribution_multiplier(rp, secure), round_)
         self.stored.extra[LEDGER_KEY] = ledger.state()
 
-    def _privacy_status(self) -> dict[str, float | int | bool]:
+    def _privacy_status(self) -> dict[str, float | int | bool | str]:
         """What the status says of this device's ledger: rounds contributed, its epsilon (when a delta is
-        known) and whether it is at its budget -- functions of the rounds it took part in and the plans'
-        parameters, nothing of its data."""
+        known; ``"inf"`` when a booked round had no noise it can count, the wire's one word for an infinite epsilon)
+        and whether it is at its budget -- functions of the rounds it took part in and the plans' parameters,
+        nothing of its data."""
         try:
             ledger = self._ledger()
         except ValueError:
@@ -306,8 +358,8 @@ class DeviceBudgets:
         if ledger.rounds == 0 and not self._budget_state[1]:
             return {}
         delta, at_budget = self._budget_state
-        out: dict[str, float | int | bool] = {"dp_rounds": ledger.rounds, "dp_at_budget": at_budget}
+        out: dict[str, float | int | bool | str] = {"dp_rounds": ledger.rounds, "dp_at_budget": at_budget}
         eps = ledger.epsilon(delta) if delta is not None else None
-        if eps is not None and math.isfinite(eps):
-            out["dp_epsilon"] = round(eps, 6)
+        if eps is not None:
+            out["dp_epsilon"] = epsilon_value(round(eps, 6))  # "inf" when infinite, as the round records write it
         return out

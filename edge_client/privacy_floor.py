@@ -7,7 +7,9 @@ contributes to must run under, whatever the plan says; each condition is one the
 
 - ``"private"``: differential privacy in any mode (the plan names its privacy: the update is clipped and noised;
   in central mode the coordinator, which adds the noise, sees the clipped update);
-- ``"local"``: the noise is added on the device (the plan's privacy ``mode = "local"``); implies ``"private"``;
+- ``"local"``: the noise is added on the device (the plan's privacy ``mode = "local"``); implies ``"private"``; the
+  share the plan names is checked on every device whatever its floor (:func:`edge_client.budget.plan_problem`: a
+  huge ``contributions`` m would shrink it to nothing under the label);
 - ``"secure"``: secure aggregation (the plan names a secure round: the coordinator sees only the round's sum; the
   device masks its input or sends nothing, :mod:`edge_client.secure`).
 

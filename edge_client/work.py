@@ -63,7 +63,7 @@ from protocol import (
 )
 from protocol.plan_digest import plan_digest
 
-from .budget import plan_noise_problem
+from .budget import plan_problem
 
 log = logging.getLogger("edge_client.client")
 
@@ -294,7 +294,7 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
             secure_from_plan(plan.secure, plan.round, tuple(plan.selected), privacy=plan.privacy)
     except ValueError as exc:
         raise SkipRound(str(exc)) from None
-    why = plan_noise_problem(private, bool(plan.secure)) if private is not None else None
+    why = plan_problem(plan, private) if private is not None else None
     if why is not None:  # a plan that would strip the noise this device counts (edge_client.budget)
         raise SkipRound(f"privacy plan refused: {why}")
     with autocast_for(ctx.device, amp):

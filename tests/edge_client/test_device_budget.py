@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from edge_client.budget import BUDGET_SPENT, LEDGER_KEY, DeviceBudgets, DeviceLedger, contribution_multiplier
+from edge_client.budget import (BUDGET_SPENT, LEDGER_KEY, ROUND_SKIPPED, DeviceBudgets, DeviceLedger,
+                                 contribution_multiplier)
 from edge_client.config import load_device_config
 from flayer.config import ConfigError
 from flayer.engine.accountant import epsilon_for
@@ -61,7 +62,7 @@ def _device(tmp: Path, budget: float, delta: float, extra: dict[str, Any]) -> An
 
 
 def _plan(round_: int, **extra: Any) -> Any:
-    return SimpleNamespace(round=round_, phase="train", secure={}, selected=("dev-1",),
+    return SimpleNamespace(round=round_, phase="train", secure={}, selected=("dev-1", "dev-2", "dev-3", "dev-4"), mode="sync",
                            privacy={**RoundPrivacy("central", 1.0, 1.0, 1.0, 4).as_plan(), **extra})
 
 
@@ -70,11 +71,13 @@ def test_refusals_without_a_delta_past_the_budget_and_with_a_bad_ledger(tmp_path
     small = _device(tmp_path, epsilon_for([(1.0, 1.0, 1)], 1e-5) * 0.9, 0.0, {})
     assert small._budget_refuses(_plan(1))  # no delta named: the device counts at DEVICE_DELTA = 1e-5
     assert small._budget_refuses(_plan(1, delta=0.5))  # a plan cannot raise it
-    assert small.skipped[1] == BUDGET_SPENT and small._heartbeat_at == 0.0
+    # one round alone is past the budget: the plan is refused, the budget is not spent (nothing was contributed)
+    assert small.skipped[1] == ROUND_SKIPPED and small._heartbeat_at == 0.0 and small._privacy_status() == {}
     dev = _device(tmp_path, one * 1.5, 1e-3, {})
     assert not dev._budget_refuses(_plan(2, delta=1e-3))
     dev._record_contribution(_plan(2).privacy, False, 2)
     assert dev._budget_refuses(_plan(3, delta=1e-3))  # a second one would pass 1.5 x one round's
+    assert dev.skipped[3] == BUDGET_SPENT
     assert dev._privacy_status() == {"dp_rounds": 1, "dp_at_budget": True, "dp_epsilon": pytest.approx(one)}
     assert dev._budget_refuses(_plan(3, delta=1e-3, device_budget=one * 3))  # the smaller budget wins
     dev.stored.extra[LEDGER_KEY] = {"runs": "garbage"}
@@ -130,3 +133,26 @@ def test_schema_problem_reads_the_plan_the_ledger_and_the_pinned_floor() -> None
                                                       1, 1, 9)  # the tighter of the two
     with pytest.raises(ValueError, match="max_participations"):
         schema_problem({"max_participations": "2"}, S(), 0, 0, 1)
+
+
+def test_a_plan_is_refused_on_what_the_device_would_book_not_on_its_label(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floors a device computes from the signed plan: its own share's multiplier (z / sqrt(m) in local mode
+    without a secure sum) at least MIN_MULTIPLIER, m no more than the devices a synchronous plan selects and below
+    1 / delta, and a finite one-round epsilon."""
+    from edge_client import budget
+    from edge_client.budget import contributions_problem, plan_noise_problem, plan_problem
+
+    vanishing = RoundPrivacy("local", 0.5, 1.0, 1.0, 10**8)
+    assert "0.0001" in (plan_noise_problem(vanishing, False) or "") and "below 0.01" in plan_noise_problem(vanishing, False)
+    assert plan_noise_problem(vanishing, True) is None  # in a secure sum the device books z: the sum's noise
+    assert plan_noise_problem(RoundPrivacy("local", 0.5, 1.0, 1.0, 10**4), False) is None  # 1 / sqrt(10^4) = 0.01
+    assert plan_noise_problem(RoundPrivacy("central", 0.5, 1.0, 1.0, 10**8), False) is None  # central: z itself
+    assert contributions_problem(vanishing, "sync", 2, None) is not None
+    assert contributions_problem(RoundPrivacy("local", 0.5, 1.0, 1.0, 2), "sync", 2, 1e-3) is None
+    assert contributions_problem(RoundPrivacy("local", 0.5, 1.0, 1.0, 3), "sync", 2, 1e-3) is not None
+    assert contributions_problem(RoundPrivacy("local", 0.5, 1.0, 1.0, 999), "async", 2, 1e-3) is None  # buffer
+    assert "1 / delta" in (contributions_problem(RoundPrivacy("local", 0.5, 1.0, 1.0, 1000), "async", 2, 1e-3) or "")
+    plan = _plan(1, delta="x")  # a malformed delta names itself
+    assert "delta" in (plan_problem(plan, RoundPrivacy.from_plan(plan.privacy)) or "")  # type: ignore[arg-type]
+    monkeypatch.setattr(budget, "epsilon_for", lambda runs, delta: float("inf"))  # an accountant that gives up
+    assert "epsilon inf" in (plan_noise_problem(RoundPrivacy("central", 0.5, 1.0, 1.0, 4), False) or "")

@@ -24,7 +24,7 @@ from protocol import Plan, WireLimits, decode_update
 def setup(digits: Any) -> Any:
     shard = client_data(digits, make_partition(digits.y, digits.num_classes, 3, "iid", 0).clients[1])
     spec = dataclasses.asdict(digits.model_spec())
-    base = {"round": 2, "selected": ("dev-1",), "deadline": 1e9, "strategy": "fedavg", "options": {}, "model": spec,
+    base = {"round": 2, "selected": ("dev-1", "dev-2", "dev-3", "dev-4"), "deadline": 1e9, "strategy": "fedavg", "options": {}, "model": spec,
             "model_digest": "ab" * 32, "model_chunks": 1, "model_size": 1, "seed": 3,
             "train": {"lr": 0.05, "batch_size": 10, "local_epochs": 1}}
     strategy = StrategyCache({"device": "cpu"}).get(Plan(**base))  # type: ignore[arg-type]

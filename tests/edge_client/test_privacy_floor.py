@@ -62,7 +62,7 @@ def _device(require: tuple[str, ...]) -> Any:
 
 
 def _plan(round_: int, privacy: dict[str, Any], secure: bool, phase: str = "train") -> Any:
-    return SimpleNamespace(round=round_, phase=phase, selected=("dev-1",), privacy=privacy,
+    return SimpleNamespace(round=round_, phase=phase, selected=("dev-1", "dev-2", "dev-3", "dev-4"), mode="sync", privacy=privacy,
                            secure={"session": "ab"} if secure else {})
 
 

@@ -14,8 +14,10 @@
   }
   const fmt = (x, d) => (x === null || x === undefined ? "-" : Number(x).toFixed(d));
   // the devices' own privacy ledgers (coordinator.device_privacy), private runs only
+  const epsFmt = (x) => (x === "inf" ? "infinite" : fmt(x, 3));  // "inf": a device booked a round without countable noise
   const devicePrivacy = (dp) => !dp ? "" : ` · devices' own epsilon ` +
-    (dp.min === null ? "not reported" : `min ${fmt(dp.min, 3)}, median ${fmt(dp.median, 3)}, max ${fmt(dp.max, 3)} over ${dp.with_epsilon}`) +
+    (dp.min === null ? "not reported" : `min ${epsFmt(dp.min)}, median ${epsFmt(dp.median)}, max ${epsFmt(dp.max)} over ${dp.with_epsilon}` +
+      (dp.infinite ? ` (${dp.infinite} infinite)` : "")) +
     `, ${dp.at_budget} of ${dp.devices} at their budget`;
   const ago = (s) => (s === null || s === undefined ? "never" : s < 60 ? `${s.toFixed(0)} s ago` : `${(s / 60).toFixed(1)} min ago`);
 
