@@ -253,7 +253,7 @@ def run_simulation(cfg: Any, prepared: Prepared, out: Path, label: str | None = 
         "epsilon": epsilon_value(result.epsilon), "delta": result.delta, "budget_stop": result.budget_stop,
         "epsilon_coordinator": epsilon_value(result.epsilon_coordinator),
         "clip_only": list(clip_only) if clip_only is not None else None,
-        "server_step": [cfg.privacy.server_lr, cfg.privacy.server_momentum],
+        "server_step": list(result.server_step) if result.server_step is not None else None,
         "dp_noise": None if not private else "seeded: not private" if seeded_noise else "csprng",
     }
     write_json(out / "summary.json", summary)

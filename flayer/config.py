@@ -59,6 +59,8 @@ T = TypeVar("T")
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return " or ".join(map(repr, typing.get_args(tp)))
     return getattr(tp, "__name__", str(tp))
 
 

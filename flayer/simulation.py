@@ -72,6 +72,7 @@ class SimulationResult:
     delta: float | None = None
     budget_stop: str | None = None  # private runs: why the run stopped before its last round (target_epsilon)
     epsilon_coordinator: float | None = None  # private runs: against the coordinator (inf: no guarantee)
+    server_step: tuple[float, float] | None = None  # the server step's (eta, beta) as run ("auto" resolved)
 
     @property
     def best_acc(self) -> float:
@@ -123,10 +124,11 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
     devices' local shares, the secure rounds' entropy) comes from the operating system's CSPRNG;
     ``seeded_noise`` draws it from the run seed instead, for a reproducible run that protects nothing.
     A private run's next model takes the server step of ``privacy.server_lr`` / ``server_momentum``
-    (:class:`flayer.engine.server_step.ServerStep`, post-processing). ``clip_only`` ``(C, average)``, for
-    measuring what the clip costs, not private (no noise, no epsilon): the uploads as a private round's (public
-    positions), clipped to norm C, averaged by the strategy's sample weights (``"weighted"``) or summed over the
-    fixed denominator m of a private round (``"fixed"``), the server step applied as in a private run.
+    (:class:`flayer.engine.server_step.ServerStep`, post-processing; ``"auto"`` resolved from z C / m).
+    ``clip_only`` ``(C, average)``, for measuring what the clip costs, not private (no noise, no epsilon): the
+    uploads as a private round's (public positions), clipped to norm C, averaged by the strategy's sample weights
+    (``"weighted"``) or summed over the fixed denominator m of a private round (``"fixed"``), the server step
+    applied as in a private run (``"auto"`` is the plain step there: no noise to size it by).
     """
     g = dict(global_state) if global_state is not None else initial_global_state(strategy, seed)
     resolved: dict[str, Any] = {}
@@ -139,11 +141,13 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
         raise ValueError(f"clip_only needs no [privacy] noise, C in [1e-6, 1e6] and 'weighted' or 'fixed', got {clip_only}")
     if dp is not None or secure is not None or clip_only is not None:
         strategy = private_strategy(strategy)
-    step = ServerStep(privacy.server_lr, privacy.server_momentum) \
-        if privacy is not None and (dp is not None or clip_only is not None) else None
     fixed_m = len(select_clients(len(clients), join_ratio, seed, 1))
     if dp is not None:
-        dp = dp.resolve(len(clients), len(select_clients(len(clients), join_ratio, seed, 1)))
+        dp = dp.resolve(len(clients), fixed_m)
+    step = None
+    if privacy is not None and (dp is not None or clip_only is not None):
+        lr = (dp or privacy).server_lr  # resolved with noise; clip_only: "auto" is the plain step
+        step = ServerStep(1.0 if lr == "auto" else float(lr), privacy.server_momentum)
     private = _Private(dp, rounds) if dp is not None else None
     states = [strategy.initial_state() for _ in clients]
     records: list[RoundRecord] = []
@@ -255,7 +259,8 @@ def simulate(strategy: Strategy, clients: Sequence[ClientData], rounds: int, see
                             weighted(final_vals)[0] if final_vals else None,
                             private.accounts.public_epsilon(private.delta) if private is not None else None,
                             private.delta if private is not None else None, budget_stop,
-                            private.accounts.epsilons(private.delta)["coordinator"] if private is not None else None)
+                            private.accounts.epsilons(private.delta)["coordinator"] if private is not None else None,
+                            (step.lr, step.momentum) if step is not None else None)
 
 
 def _noise_rng(seeded: bool, seed: int, round_: int, client: int) -> np.random.Generator:

@@ -80,3 +80,21 @@ def test_a_bad_server_step_stops_the_start_with_the_key(tmp_path):
 
     with pytest.raises((ConfigError, ValueError), match="server_momentum"):
         _config(tmp_path, server_momentum=1.5)
+
+
+def test_the_default_step_is_sized_by_the_noise_its_plans_name(tmp_path, datas):
+    """``server_lr = "auto"`` (the default) resolves once, from z, C and the fixed denominator m the plans carry;
+    a number set in the config is taken as it is."""
+    from flayer.privacy_config import auto_server_lr
+
+    fed = _Offline(_config(tmp_path, rounds=1, server_lr=None, noise_multiplier=0.05), datas)  # z C / m = 0.0075
+    fed.round()
+    rp = RoundPrivacy.from_plan(fed.plans[-1].privacy)
+    assert rp is not None
+    s = fed.coord.privacy.settings
+    assert s.server_lr == auto_server_lr(s.noise_multiplier, s.clip, rp.contributions)
+    assert fed.coord.privacy.step.lr == s.server_lr and s.server_lr != 1.0
+    fed.close()
+    other = tmp_path / "set"
+    other.mkdir()
+    assert _Offline(_config(other, rounds=1, server_lr=1.0), datas).coord.privacy.step.lr == 1.0

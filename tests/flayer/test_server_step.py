@@ -16,7 +16,7 @@ from flayer.config import TrainConfig
 from flayer.engine import initial_global_state
 from flayer.engine.server_step import ServerStep
 from flayer.partition import make_partition
-from flayer.privacy_config import PrivacySettings
+from flayer.privacy_config import PrivacySettings, auto_server_lr
 from flayer.simulation import simulate
 from flayer.strategies import make_strategy
 from flayer.train import client_data
@@ -50,6 +50,36 @@ def test_bad_settings_are_refused_naming_the_key(lr, momentum, needle):
         ServerStep(lr, momentum)
     with pytest.raises(ValueError, match=needle):
         PrivacySettings(enabled=True, server_lr=lr, server_momentum=momentum)
+
+
+@pytest.mark.parametrize("z, clip, m, eta", [
+    (1.0401, 0.3, 20, 1.39),  # 100 devices, epsilon 8 under a schema of 3: z C / m = 0.016
+    (1.8985, 0.3, 20, 1.03),  # epsilon 8 every round: 0.028, about the plain step
+    (3.4551, 0.3, 20, 1.0),  # epsilon 2 under the schema: 0.052, more noise than the reference: the floor
+    (1.3428, 0.3, 200, 3.0),  # 1,000 devices: 0.002, the ceiling
+    (0.0, 0.3, 20, 3.0),  # no noise: the longest step
+])
+def test_auto_sizes_the_step_by_the_noise_on_the_average(z, clip, m, eta):
+    assert auto_server_lr(z, clip, m) == eta
+    settings = PrivacySettings(enabled=True, clip=clip, noise_multiplier=z)
+    assert settings.server_lr == "auto"  # the default, resolved with the federation's m
+    resolved = settings.resolve(10 * m, m)
+    assert resolved.server_lr == eta and ServerStep(resolved.server_lr).lr == eta
+    assert PrivacySettings(enabled=True, noise_multiplier=z, server_lr=2.5).resolve(10 * m, m).server_lr == 2.5
+    with pytest.raises(ValueError, match="server_lr"):  # the step itself takes only a number
+        ServerStep("auto")  # type: ignore[arg-type]
+
+
+def test_the_simulator_runs_the_resolved_auto_step(digits, clients):
+    """A private run with the default step takes auto_server_lr(z, C, m) and records it; clip-only runs, with no
+    noise to size the step by, take the plain one."""
+    dp = PrivacySettings(enabled=True, clip=0.5, noise_multiplier=0.1)
+    res = simulate(make_strategy("fedavg", digits.model_spec(), TRAIN), clients, 1, seed=1, join_ratio=0.5,
+                   privacy=dp, seeded_noise=True)
+    assert res.server_step == (auto_server_lr(0.1, 0.5, 5), 0.0) == (1.73, 0.0)  # 10 clients, 5 a round: m = 5
+    clip = simulate(make_strategy("fedavg", digits.model_spec(), TRAIN), clients, 1, seed=1, join_ratio=0.5,
+                    privacy=PrivacySettings(), clip_only=(0.5, "fixed"))
+    assert clip.server_step == (1.0, 0.0)
 
 
 def test_the_velocity_survives_a_restart_and_a_bad_saved_one_is_refused():
@@ -86,11 +116,11 @@ def test_the_simulator_takes_the_step_as_post_processing(digits, clients):
                         privacy=dp, seeded_noise=True)
 
     start = initial_global_state(make_strategy("fedavg", digits.model_spec(), TRAIN), 1)
-    plain, stepped = run(1), run(1, server_lr=2.0)
+    plain, stepped = run(1, server_lr=1.0), run(1, server_lr=2.0)
     for k, v in start.items():
         if v.is_floating_point():
             assert torch.allclose(stepped.global_state[k] - v, 2 * (plain.global_state[k] - v), atol=1e-6)
-    a, b = run(3), run(3, server_lr=2.0, server_momentum=0.5)
+    a, b = run(3, server_lr=1.0), run(3, server_lr=2.0, server_momentum=0.5)
     assert [r.epsilon for r in a.rounds] == [r.epsilon for r in b.rounds] and a.epsilon == b.epsilon
     assert not all(torch.equal(a.global_state[k], b.global_state[k]) for k in a.global_state)
 
@@ -120,7 +150,8 @@ def test_the_cli_prints_the_same_epsilon_with_the_step(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, needle", [
-    (["--dp", "central", "--dp-server-lr", "0"], "server_lr must be a finite number in [0.001, 100]"),
+    (["--dp", "central", "--dp-server-lr", "fast"], "[privacy].server_lr: expected float or 'auto', got 'fast'"),
+    (["--dp", "central", "--dp-server-lr", "0"], "server_lr must be \"auto\" or a finite number in [0.001, 100]"),
     (["--dp", "central", "--dp-server-momentum", "1"], "server_momentum must be a finite number in [0, 1)"),
     (["--dp", "central", "--clip-only", "0.3"], "--clip-only 0.3"),
     (["--clip-only", "0"], "--clip-only 0.0"),
