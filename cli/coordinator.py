@@ -25,10 +25,20 @@ from cli.tensorboard import TensorBoardSink, add_tensorboard_flag
 from cli.unit import add_unit_flags
 
 
-def privacy_note(rec: dict[str, Any]) -> str:
-    """``, epsilon E (models, plans)`` for a private round's record (empty otherwise)."""
+def privacy_note(rec: dict[str, Any], rounds: int | None = None) -> str:
+    """``, epsilon E against the models' readers, E' against the coordinator (SCHEMA)`` for a private round's record
+    (empty otherwise): both adversaries named, and the participation schema the figures assume (``every round``,
+    or ``k in N rounds, b apart``; ``rounds``: the run's N), as the run's closing lines say them."""
+    from cli.privacy import epsilon_text
+    from flayer.privacy_config import ParticipationSchema
+
     eps = rec.get("epsilon")
-    return "" if eps is None else f", epsilon {eps if isinstance(eps, str) else format(eps, '.3g')} (models, plans)"
+    if eps is None:
+        return ""
+    coord = rec.get("epsilon_coordinator")  # none recorded: no figure against the coordinator
+    return (f", epsilon {epsilon_text(eps, '.3g')} against readers of the models and plans, "
+            f"{epsilon_text('inf' if coord is None else coord, '.3g')} against the coordinator "
+            f"({ParticipationSchema.of_record(rec).short(rounds)})")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -85,7 +95,7 @@ class _Display:
         print(f"round {rec['round']}/{self.rounds}: {rec['accepted']}/{len(rec['selected'])} updates"
               f"{f', {rejected} rejected' if rejected else ''}, up {rec['bytes_in'] / 1e6:.2f} MB, "
               f"down {rec['model_bytes'] * len(rec['selected']) / 1e6:.2f} MB, acc {acc}, {rec['wall_s']:.1f}s "
-              f"({rec['closed']})" + privacy_note(rec), flush=True)
+              f"({rec['closed']})" + privacy_note(rec, self.rounds), flush=True)
 
 
 def _plots(cfg: Any, result: Any) -> list[str]:

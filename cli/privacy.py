@@ -28,8 +28,9 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-clip-split", choices=("total", "sqrt", "equal"), default=None,
                    help="C over the whole upload (total), or a bound C_i a layer with sum C_i^2 = C^2: C_i "
                         "proportional to sqrt(the layer's uploaded coordinates) (sqrt, the default) or equal (equal)")
-    g.add_argument("--dp-server-lr", type=float, metavar="ETA",
-                   help="server step on the noised average: next = prev + ETA * v (1.0; post-processing, no epsilon)")
+    g.add_argument("--dp-server-lr", type=server_lr_arg, metavar="ETA",
+                   help="server step on the noised average: next = prev + ETA * v (post-processing, no epsilon); "
+                        "auto (the default): sqrt(0.03 / (z C / m)) within [1, 3], from the noise on the average")
     g.add_argument("--dp-server-momentum", type=float, metavar="BETA",
                    help="server step's momentum: v <- BETA * v + (sum + noise) / m, in [0, 1) (0.0)")
     g.add_argument("--secure-agg", action="store_true", default=None,
@@ -56,6 +57,15 @@ def add_privacy_flags(p: argparse.ArgumentParser) -> None:
                         "--target-epsilon, then exit")
 
 
+def server_lr_arg(text: str) -> float | str:
+    """``--dp-server-lr``: a number, or the text as given ("auto"; anything else is refused, naming server_lr, with
+    the rest of [privacy])."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def privacy_overrides(a: dict[str, Any]) -> dict[str, Any]:
     """The ``[privacy]`` keys the flags set (None: not given)."""
     return {"enabled": True if a.get("dp") else None, "mode": a.get("dp"), "clip": a.get("dp_clip"),
@@ -69,21 +79,19 @@ def privacy_overrides(a: dict[str, Any]) -> dict[str, Any]:
             "noise_bands": a.get("dp_bands")}
 
 
-def _eps(eps: Any) -> str:
-    """Epsilon as printed: a number, or "infinite" (a record's "inf", or no noise)."""
+def epsilon_text(eps: Any, spec: str = ".4g") -> str:
+    """Epsilon as printed: a number (formatted by ``spec``), or "infinite" (a record's "inf", or no noise)."""
     if isinstance(eps, str):
         return "infinite" if eps == "inf" else eps
-    return "infinite" if math.isinf(eps) else f"{eps:.4g}"
+    return "infinite" if math.isinf(eps) else format(eps, spec)
 
 
 def schema_text(most: Any, separation: Any = 0) -> str:
-    """The schema a printed epsilon assumes (:meth:`flayer.privacy_config.ParticipationSchema.describe`)."""
+    """The schema a printed epsilon assumes (:meth:`flayer.privacy_config.ParticipationSchema.describe`; values no
+    schema takes read as every round, as :meth:`~flayer.privacy_config.ParticipationSchema.of_record` reads them)."""
     from flayer.privacy_config import ParticipationSchema
 
-    try:
-        return ParticipationSchema(most, int(separation or 0)).describe()
-    except (TypeError, ValueError):
-        return "a device in every round"
+    return ParticipationSchema.of_record({"dp_max_participations": most, "dp_min_separation": separation}).describe()
 
 
 def epsilon_lines(rec: dict[str, Any], rounds: int) -> str:
@@ -97,12 +105,12 @@ def epsilon_lines(rec: dict[str, Any], rounds: int) -> str:
     released = rec.get("dp_rounds")  # the rounds composed: a secure round abandoned before its sum was revealed is not
     counted = (f"{rounds} rounds" if not isinstance(released, int) or released == rounds else
                f"{released} rounds whose sum was revealed ({rounds} closed, {rounds - released} abandoned before it)")
-    out = (f"privacy: epsilon {_eps(rec['epsilon'])} at delta {rec['delta']:.3g} after {counted} for {schema}, "
+    out = (f"privacy: epsilon {epsilon_text(rec['epsilon'])} at delta {rec['delta']:.3g} after {counted} for {schema}, "
            f"against readers of the published models, devices and broker observers (the cohort is public: no "
            f"amplification)")
     if coord is not None:
-        out += (f"\nprivacy: epsilon {_eps(coord)} against the coordinator"
-                + (" (it sees the updates, or their sum, before the noise: no guarantee)" if _eps(coord) == "infinite"
+        out += (f"\nprivacy: epsilon {epsilon_text(coord)} against the coordinator"
+                + (" (it sees the updates, or their sum, before the noise: no guarantee)" if epsilon_text(coord) == "infinite"
                    else ""))
     return out
 
@@ -125,21 +133,21 @@ def plan_text(settings: Any, population: int, asked: int, rounds: int, contribut
         coord = "infinite (it sees " + ("their un-noised sum" if s.secure_aggregation else "every clipped update") + \
             " before it adds the noise)"
     elif s.secure_aggregation:
-        coord = f"{_eps(eps)} (secure aggregation: it sees only the sum, which carries the devices' shares)"
+        coord = f"{epsilon_text(eps)} (secure aggregation: it sees only the sum, which carries the devices' shares)"
     else:
-        coord = (f"{_eps(epsilon_for([(z / math.sqrt(m), 1.0, rounds)], d, k))} (it sees each upload with its "
+        coord = (f"{epsilon_text(epsilon_for([(z / math.sqrt(m), 1.0, rounds)], d, k))} (it sees each upload with its "
                  f"device's share alone, multiplier z / sqrt(m) = {z / math.sqrt(m):.3g})")
     lines = [(f"population N = {population}, {asked} asked per round, fixed denominator m = {m}, C = {s.clip:g}, "
               f"z = {z:g}, {s.mode} noise, delta = {d:.3g}"),
              "the cohort is public (plans list it): every round counts in full (q = 1) for every adversary",
-             (f"epsilon {_eps(eps)} after {rounds} rounds for {who}, against readers of the published models, "
+             (f"epsilon {epsilon_text(eps)} after {rounds} rounds for {who}, against readers of the published models, "
               f"devices and broker observers (exact Gaussian composition)"),
              f"epsilon against the coordinator, for {who}: {coord}"]
     if k is not None:
         lines.append(f"participation schema: the selection names a device in at most {k} cohorts"
                      + (f", {s.min_separation} rounds apart at least" if s.min_separation > 1 else "")
                      + f"; a round fills from the devices it allows (fewer when fewer are eligible); without it, a "
-                       f"device in every round: {_eps(epsilon_for([(z, 1.0, rounds)], d))}")
+                       f"device in every round: {epsilon_text(epsilon_for([(z, 1.0, rounds)], d))}")
     if s.clipping == "adaptive" and z > 0:
         from flayer.engine.privacy import adaptive_update_multiplier
 
@@ -162,7 +170,7 @@ def plan_text(settings: Any, population: int, asked: int, rounds: int, contribut
     if asked < population and z > 0:
         q = asked / population
         lines.append(f"not offered by this release, for comparison only: were the cohort secret from an adversary, "
-                     f"Poisson sampling at q = {q:.3g} would give {_eps(epsilon_for([(z, q, rounds)], d))} against it "
-                     f"(PLD), a secret fixed-size cohort {_eps(epsilon_fixed_size(population, asked, z, rounds, d))} "
+                     f"Poisson sampling at q = {q:.3g} would give {epsilon_text(epsilon_for([(z, q, rounds)], d))} against it "
+                     f"(PLD), a secret fixed-size cohort {epsilon_text(epsilon_fixed_size(population, asked, z, rounds, d))} "
                      f"(RDP, replace-one neighbours)")
     return "\n".join(lines)

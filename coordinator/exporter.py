@@ -24,10 +24,13 @@ only renders the registry (``prometheus_client``'s metric objects lock their own
    that keeps changing its label holds one label at a time, so it cannot push the others out.
 
 5. Privacy, private runs only (the gauges appear with the first private round record or device ledger):
-   ``flayer_privacy_epsilon`` and ``flayer_privacy_delta`` from each closed round's record (+Inf: no
-   noise), and the devices' own ledgers as their statuses report them (:mod:`coordinator.device_privacy`):
-   ``flayer_device_epsilon{stat="min|median|max"}``, ``flayer_devices_at_budget`` and
-   ``flayer_devices_counting_privacy``.
+   ``flayer_privacy_epsilon{schema}`` (against readers of the models and plans) and
+   ``flayer_privacy_epsilon_coordinator{schema}`` (against the coordinator) and ``flayer_privacy_delta`` from
+   each closed round's record (+Inf: no guarantee); ``schema`` is the participation schema the figures assume
+   (``every round``, or ``at most k rounds, b apart``), one series at a time. The devices' own ledgers as their
+   statuses report them (:mod:`coordinator.device_privacy`): ``flayer_device_epsilon{stat="min|median|max",
+   against}``, ``flayer_devices_at_budget`` and ``flayer_devices_counting_privacy``; ``against`` is the party a
+   device's figure holds against in this federation's mode (:mod:`coordinator.privacy_metrics`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from .device_privacy import device_privacy
 from .http_bounds import BoundedHandler, BoundedHTTPServer
 from .intake import REJECTION_COUNTERS
 from .open_round import OpenRound
+from .privacy_metrics import PrivacyGauges
 from .receive import ReceiveQueue
 from .registry import DeviceRegistry
 
@@ -98,11 +102,13 @@ def device_label(info: Mapping[str, object] | None) -> str:
 
 class FleetMetrics:
     """The registry and the coordinator's side of it (module docstring); every method but
-    :attr:`registry` reads runs on the coordinator's worker thread."""
+    :attr:`registry` reads runs on the coordinator's worker thread. ``privacy_mode``: the federation's
+    ``[privacy] mode`` when private (the ``against`` label of the devices' epsilon)."""
 
     def __init__(self, federation: str, strategy: str, mode: str, deadline_s: float, queue_capacity: int,
-                 max_staleness: int | None = None, min_interval_s: float = 0.5) -> None:
+                 max_staleness: int | None = None, privacy_mode: str = "central", min_interval_s: float = 0.5) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.privacy = PrivacyGauges(self.registry, privacy_mode)  # rule 5: created with the first private record
         self.min_interval_s = min_interval_s
         self._synced_at = -math.inf
         self._open_number = 0
@@ -150,7 +156,6 @@ class FleetMetrics:
             self.staleness = Gauge("flayer_staleness_mean", "Mean staleness of the updates of the latest "
                                    "version", registry=r)
         self._counted: dict[str, int] = {}
-        self._privacy: dict[str, Gauge] = {}  # rule 5: created with the first private record
         for reason in REFUSAL_REASONS:
             self.refused.labels(reason)
         for result in DEVICE_RESULTS:
@@ -179,10 +184,7 @@ class FleetMetrics:
         self.last_closed.set(float(record["time"]))
         if record.get("secure_abandoned_kind"):
             self.secure_abandoned.labels(str(record["secure_abandoned_kind"])).inc()
-        eps = record.get("epsilon")
-        if eps is not None and record.get("delta") is not None:  # a private round (rule 5)
-            self._gauges()["epsilon"].set(math.inf if eps == "inf" else float(eps))
-            self._gauges()["delta"].set(float(record["delta"]))
+        self.privacy.round_closed(record)  # rule 5: a private round's epsilon
         self._synced_at = -math.inf  # the gauges follow at the next sync
 
     def sync(self, coord: FleetView, force: bool = False) -> None:
@@ -222,31 +224,8 @@ class FleetMetrics:
     def devices_privacy(self, infos: Iterable[Mapping[str, Any]]) -> None:
         """The devices' own ledgers from their last statuses (rule 5); nothing while none reports one."""
         dp = device_privacy(infos)
-        if dp is None:
-            return
-        g = self._gauges()
-        for stat in ("min", "median", "max"):
-            g["device"].labels(stat).set(math.nan if dp[stat] is None else float(dp[stat]))
-        g["at_budget"].set(dp["at_budget"])
-        g["counting"].set(dp["devices"])
-
-    def _gauges(self) -> dict[str, Gauge]:
-        if not self._privacy:
-            r = self.registry
-            self._privacy = {
-                "epsilon": Gauge("flayer_privacy_epsilon", "Epsilon spent after the latest closed round, at "
-                                 "flayer_privacy_delta, against readers of the models and plans (+Inf: no noise)",
-                                 registry=r),
-                "delta": Gauge("flayer_privacy_delta", "The delta the federation's epsilon is counted at",
-                               registry=r),
-                "device": Gauge("flayer_device_epsilon", "The devices' own epsilon (q = 1, over the private rounds "
-                                "each contributed to) as their statuses report it: min, median, max", ["stat"],
-                                registry=r),
-                "at_budget": Gauge("flayer_devices_at_budget", "Devices whose next contribution would pass their "
-                                   "own privacy budget (they refuse private rounds)", registry=r),
-                "counting": Gauge("flayer_devices_counting_privacy", "Devices whose status reports a privacy "
-                                  "ledger", registry=r)}
-        return self._privacy
+        if dp is not None:
+            self.privacy.devices(dp)
 
     def counters(self, counters: Mapping[str, int]) -> None:
         """The coordinator's cumulative counters (rule 1); a name outside :data:`REFUSAL_REASONS` and

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flayer.engine.adversaries import ADVERSARIES
+from flayer.privacy_config import ParticipationSchema
 
 __all__ = ["closing_notes"]
 
@@ -26,9 +27,7 @@ def closing_notes(record: Mapping[str, Any]) -> str:
     if record.get("epsilon") is not None:
         notes.append(f"epsilon {_eps(record['epsilon'])} spent so far at delta {float(record['delta']):.3g} against "
                      f"{ADVERSARIES['public']}, {_eps(record.get('epsilon_coordinator', 'inf'))} against the "
-                     f"coordinator (zero-out neighbours), "
-                     + (f"for a device in at most {record['dp_max_participations']} rounds (the participation schema)"
-                        if record.get("dp_max_participations") else "for a device in every round"))
+                     f"coordinator (zero-out neighbours), for {ParticipationSchema.of_record(record).describe()}")
     return "".join(f"; {n}" for n in notes)
 
 

@@ -150,8 +150,8 @@ class Coordinator:
             raise CoordinatorError(str(exc)) from None
         self.metrics = MetricsLog(cfg.state_dir / "metrics.jsonl")
         # Prometheus (coordinator.exporter): fed on this worker thread, served when metrics_port is set
-        self.exporter = FleetMetrics(creds.federation, cfg.run.strategy, fs.mode, fs.deadline_s,
-                                     fs.queue_bytes, fs.staleness_bound if fs.mode == "async" else None)
+        self.exporter = FleetMetrics(creds.federation, cfg.run.strategy, fs.mode, fs.deadline_s, fs.queue_bytes,
+                                     fs.staleness_bound if fs.mode == "async" else None, cfg.run.privacy.mode)
         self.endpoint = MetricsEndpoint(self.exporter, fs, cfg.metrics_token_file, cfg.state_dir)
         self.asynchronous = fs.mode == "async"  # buffered asynchronous rounds (coordinator.async_rounds)
         self.versions = AsyncVersions(settings, fs, cfg.run.rounds, cfg.run.seed, self.registry, self.online) \

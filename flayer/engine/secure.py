@@ -272,7 +272,7 @@ def secure_sum(s: PrivacySettings, session: str, round_: int, seed: int, uploads
     planned = plan_round(s, session, round_, participants, full, seed, rp, bound, keep=s.secure_keep)
     params, layout = planned.params, keep_layout(full, s.secure_keep, seed, round_)
     # seeded (--dp-seeded-noise) only for reproducible runs labelled not private: protects nothing; else the CSPRNG
-    vectors = {dev: planned.vector(planned.fitted(up), layout, np.random.default_rng(derive_seed(
+    vectors = {dev: planned.vector(planned.fitted(up), layout, np.random.default_rng(derive_seed(  # protects nothing
         seed, round_, dev, "secagg")) if seeded else None) for dev, up in uploads.items()}
     run_seed = hashlib.sha256(f"secagg-run:{seed}:{round_}".encode()).digest() if seeded else secrets.token_bytes(32)
     out = run_round(params, vectors, drop_after=dict(drops or {}), seed=run_seed)  # type: ignore[arg-type]

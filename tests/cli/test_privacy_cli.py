@@ -131,6 +131,19 @@ def test_status_and_the_fleet_view_show_epsilon():
     assert "for a device in at most 2 rounds, 3 rounds apart (the participation schema)" in render(snap)
 
 
+def test_a_schema_no_accountant_takes_prints_as_every_round_like_the_record_reader():
+    """A record's schema fields that are not a schema (junk from a hand-edited or foreign metrics file) print the
+    schema the epsilon beside them was composed for: every round, in the one wording the records' reader uses."""
+    from cli.privacy import schema_text
+    from flayer.privacy_config import ParticipationSchema
+
+    every = ParticipationSchema().describe()
+    for most, gap in ((None, 0), ("three", 0), (0, 0), (3, "y"), (-1, 2)):
+        assert schema_text(most, gap) == every == ParticipationSchema.of_record(
+            {"dp_max_participations": most, "dp_min_separation": gap}).describe()
+    assert schema_text(3, 2) == "a device in at most 3 rounds, 2 rounds apart (the participation schema)"
+
+
 def test_seeded_noise_is_asked_for_and_labelled_not_private(tmp_path, capsys):
     runs = []
     for name in ("a", "b"):

@@ -339,6 +339,26 @@ def test_the_schema_needs_synchronous_rounds_and_privacy(digits):
                              asynchronous=False)
 
 
+def test_expected_contributions_above_a_synchronous_quorum_is_refused(digits):
+    """A synchronous round may select as few as quorum devices, and a device refuses a plan whose m exceeds the
+    devices it selects (edge_client.budget.contributions_problem): the coordinator refuses such m at the start;
+    an asynchronous buffer may exceed the devices training at once."""
+    from coordinator.privacy import FederationPrivacy
+    from flayer.config import TrainConfig
+    from flayer.privacy_config import PrivacySettings
+    from flayer.strategies import make_strategy
+
+    strategy = make_strategy("fedavg", digits.model_spec(), TrainConfig(lr=0.05))
+    settings = PrivacySettings(enabled=True, mode="local", population=100, noise_multiplier=1.0,
+                               expected_contributions=12)
+    with pytest.raises(ValueError, match="expected_contributions 12 exceeds the quorum 10"):
+        FederationPrivacy.of(settings, strategy, quorum=10, buffer=4, asynchronous=False)
+    fp, _ = FederationPrivacy.of(settings, strategy, quorum=12, buffer=4, asynchronous=False)
+    assert fp is not None and fp.round(12).contributions == 12
+    fp, _ = FederationPrivacy.of(settings, strategy, quorum=2, buffer=12, asynchronous=True)
+    assert fp is not None and fp.round(3).contributions == 12
+
+
 def test_adaptive_clipping_under_the_schema_composes_k_rounds_of_the_combined_multiplier(digits):
     """Adaptive clipping: each round's sum and clip-bit count are one Gaussian mechanism of multiplier z
     (RoundPrivacy.counted_multiplier); under max_participations 2, five rounds cost a device two of them."""
