@@ -5,8 +5,9 @@ Each trial runs one private round of a small federation through the code the dri
 (:func:`flayer.engine.gate.admit` at :func:`flayer.engine.privacy.server_bound`), the fixed-denominator noised sum
 of :class:`flayer.engine.round.OpenAggregate` with its noise from the operating system's CSPRNG, the adaptive clip
 update :func:`flayer.engine.privacy.next_clip`, and for secure rounds the whole in-process SecAgg+ protocol
-(:func:`flayer.engine.secure.secure_sum`) -- with a **canary device** whose upload is ``scale x e_0`` (clipped to
-exactly ``C e_0``, clip bit 0) in one world and zeros (clip bit 1) in the other: the zero-out neighbours the
+(:func:`flayer.engine.secure.secure_sum`) -- at the shipped per-layer clip split (``clip_split = "sqrt"``, a
+two-layer model; ``fixed-total`` audits one bound) -- with a **canary device** whose upload fills every layer's
+bound (clipped to norm exactly C, clip bit 0) in one world and zeros (clip bit 1) in the other: the zero-out neighbours the
 privacy page states. The other ``m - 1`` devices upload fixed vectors the adversary knows (the worst case DP
 allows: it knows everything but the canary's data).
 
@@ -23,7 +24,8 @@ beside the accountant's epsilon -- what :class:`flayer.engine.adversaries.Accoun
 ledgers' own code -- a Gaussian-DP estimate from the scores' means and spreads, and the audit's **ceiling**: the
 most its certified trials could show even with no error at all. ``noise_scale`` < 1 runs a mis-accounted twin:
 the mechanism draws that fraction of the noise its plan names while the accountant is asked about the plan as
-named -- the audit must catch it.
+named -- the audit must catch it. Banded correlated noise, whose guarantee is over a run, is audited run by run
+in :mod:`flayer.audit.banded`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import torch
 
 from flayer.engine.adversaries import Accounts
 from flayer.engine.gate import Bounds, admit
-from flayer.engine.privacy import RoundPrivacy, next_clip, privatize, server_bound, upload_norm
+from flayer.engine.privacy import RoundPrivacy, clip_upload, next_clip, privatize, server_bound, upload_norm
 from flayer.engine.round import OpenAggregate
 from flayer.engine.secure_plan import round_degree
 from flayer.privacy_config import PrivacySettings
@@ -50,8 +52,20 @@ from flayer.update import TensorDelta, Update
 
 from .bounds import AuditBound, epsilon_lower_bound
 
-__all__ = ["LAYERED", "MECHANISMS", "SECURE_DISTRIBUTED_M", "MechanismAudit", "Trial", "ceiling", "claimed_epsilon", "gaussian_estimate", "gaussian_lower",
-           "half_sensitivity_plan", "mechanism_case", "run_audit"]
+__all__ = [
+    "MECHANISMS",
+    "SECURE_DISTRIBUTED_M",
+    "SPLITS",
+    "MechanismAudit",
+    "Trial",
+    "ceiling",
+    "claimed_epsilon",
+    "gaussian_estimate",
+    "gaussian_lower",
+    "half_sensitivity_plan",
+    "mechanism_case",
+    "run_audit",
+]
 
 # every private mechanism the docs offer: name -> (mode, clipping, secure, asynchronous, adversary)
 MECHANISMS: dict[str, tuple[str, str, bool, bool, str]] = {
@@ -65,11 +79,12 @@ MECHANISMS: dict[str, tuple[str, str, bool, bool, str]] = {
     "secure-central": ("central", "fixed", True, False, "public"),
     "secure-adaptive": ("central", "adaptive", True, False, "public"),
     "secure-distributed": ("local", "fixed", True, False, "public"),
-    "fixed-layers": ("central", "fixed", False, False, "public"),
+    "fixed-total": ("central", "fixed", False, False, "public"),
 }
-# mechanisms that clip each layer to its own bound (clip_split): the audited model has two layers, and the canary
-# fills both bounds, so its clipped upload has norm C along a direction spread over the layers
-LAYERED: dict[str, str] = {"fixed-layers": "sqrt"}
+# each mechanism's clip_split: the shipped default "sqrt" (a bound a layer) unless named here. The audited model has
+# two layers and the canary fills both bounds, so its clipped upload has norm C along a direction spread over the
+# layers; "total" (one bound on the whole upload, one tensor) is what an operator gets by asking for it
+SPLITS: dict[str, str] = {"fixed-total": "total"}
 LAYERS = {"a.weight": slice(0, 2), "b.weight": slice(2, 4)}  # the layered model's two layers over the DIM coordinates
 SECURE_DISTRIBUTED_M = 6  # the cohort whose consistency threshold lets the audit drop to t survivors (m = 3 cannot)
 DIM = 4  # coordinates of the audited model: the canary's are on 0, the known uploads on the others too
@@ -103,7 +118,8 @@ def mechanism_case(name: str, z: float, m: int = 3, clip: float = 1.0, delta: fl
     own; an audit of another rule passes its own); ``noise_scale``: the mis-accounted twin (module docstring)."""
     mode, clipping, secure, asynchronous, adversary = MECHANISMS[name]
     s = PrivacySettings(enabled=True, mode=mode, clip=clip, noise_multiplier=z, delta=delta, clipping=clipping,  # type: ignore[arg-type]
-                        count_stddev=count_stddev, clip_split=LAYERED.get(name, "total"),  # type: ignore[arg-type] secure_aggregation=secure,
+                        count_stddev=count_stddev, clip_split=SPLITS.get(name, "sqrt"),  # type: ignore[arg-type]
+                        secure_aggregation=secure,
                         secure_corrupt_fraction=0.0, secure_dropout=0.0).resolve(max(100, 10 * m), m)
     rp = (rp_of or RoundPrivacy.of)(s)
     if secure and mode == "local":
@@ -156,7 +172,8 @@ def _canary(t: Trial) -> tuple[np.ndarray, np.ndarray]:
         return values, u
     for sl in LAYERS.values():
         values[sl.start] = SCALE
-    out = _flat(t, {k: d.values for k, d in privatize(_vec(values, True), t.rp, None).deltas.items()})
+    clipped, _ = clip_upload(_vec(values, True), t.rp.clip, t.rp.clip_split)  # the device's clip (no noise share)
+    out = _flat(t, {k: d.values for k, d in clipped.deltas.items()})
     return values, out / np.linalg.norm(out)
 
 
