@@ -24,6 +24,7 @@ from attacklib import brokerless_coordinator, open_round, upload
 
 from coordinator.config import load_coordinator_config
 from flayer.engine.privacy import layer_bounds, layer_of
+from flayer.privacy_config import auto_server_lr
 from flayer.update import TensorDelta, Update
 from protocol import SigningKey
 from transport.credentials import Credentials
@@ -80,9 +81,12 @@ def test_a_hostile_upload_moves_the_sum_at_most_c_under_per_layer_bounds(tmp_pat
         now[0] += 61.0
         c._tick()
         assert c.open is None or c.open.number > plan.round
-        # what the adversary reads: the next model; m times its move along u / C is the hostile share of the sum
+        # what the adversary reads: the next model, prev + eta (sum + noise) / m, with eta the server step the
+        # public rule gives (server_lr "auto" from z, C and m); m / eta times its move along u / C is the hostile
+        # share of the sum
+        eta = auto_server_lr(Z, C, m)
         along = sum(float(((c.global_state[k].double() - before[k].double()).numpy().reshape(-1) * u[k]).sum())
-                    for k in u) * m / C
+                    for k in u) * m / (eta * C)
         assert along <= C + 5 * Z * C, (f"the hostile upload moved the round's sum by {along:.4f} along its direction, "
                                         f"C is {C} (the L1 reading of the layer bounds: {sum(bounds.values()):.4f})")
         assert along > C - 5 * Z * C  # it was folded, clipped to C (not refused, not lost)

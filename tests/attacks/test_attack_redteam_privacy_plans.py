@@ -38,7 +38,7 @@ from flayer.train import client_data
 from protocol import Plan, WireLimits, decode_update
 
 C, Z, M = 0.05, 1.0, 4
-SELECTED = ("dev-1",)
+SELECTED = ("dev-1", "dev-2", "dev-3", "dev-4")  # M devices: a synchronous m is at most the selection
 
 
 @pytest.fixture(scope="module")

@@ -115,7 +115,7 @@ def test_a_secure_simulation_equals_the_plain_fixed_denominator_mean(digits, cli
                         privacy=privacy)
 
     sec = run(FINE)
-    ref = run(PrivacySettings(enabled=True, clip=1e6, noise_multiplier=0.0))  # the same mean, seen in the clear
+    ref = run(PrivacySettings(enabled=True, clip=1e6, noise_multiplier=0.0, server_lr=1.0))  # the same mean, in the clear
     assert max(float((sec.global_state[k] - ref.global_state[k]).abs().max()) for k in ref.global_state) < 1e-6
     assert [r.acc for r in sec.rounds] == [r.acc for r in ref.rounds]
     assert all(r.dropped == 0 and r.abandoned is None for r in sec.rounds)
