@@ -3,7 +3,7 @@ its kit, on a real broker; and the stages of an in-process round that a lying co
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,12 @@ def private_secure_rounds(tmp: Path, fb: FedBroker, devices: int, rounds: int, s
 
 
 @contextmanager
-def kit_fleet(tmp: Path, digits: Any, names: list[str], privacy: str = "") -> Iterator[tuple[FedBroker, list[Any]]]:
+def kit_fleet(tmp: Path, digits: Any, names: list[str], privacy: str = "", others: Sequence[str] = ()
+              ) -> Iterator[tuple[FedBroker, list[Any]]]:
     """A real broker (Mosquitto where installed) with the accounts of ``names``, and a started, connected edge
     client for each, run from its kit (its certificate, the pinned authority key) on a dir0.5 shard of ``digits``
-    (``privacy``: the body of each device.toml's ``[privacy]`` table); the clients and the broker are stopped on
-    leaving."""
+    (``privacy``: the body of each device.toml's ``[privacy]`` table); ``others``: device accounts beside them that
+    run no edge client (an adversary's own device); the clients and the broker are stopped on leaving."""
     from edge_client.client import EdgeClient
     from edge_client.config import load_device_config
     from flayer.partition import make_partition, save_partition
@@ -56,7 +57,7 @@ def kit_fleet(tmp: Path, digits: Any, names: list[str], privacy: str = "") -> It
     from transport.credentials import Credentials
     from transport.kit import unpack_kit
 
-    fb = start_fed_broker(tmp, "mosquitto" if mosquitto_available() else "embedded", names)
+    fb = start_fed_broker(tmp, "mosquitto" if mosquitto_available() else "embedded", [*names, *others])
     devices: list[EdgeClient] = []
     try:
         part = make_partition(digits.y, digits.num_classes, len(names), "dir0.5", seed=0, samples=400,

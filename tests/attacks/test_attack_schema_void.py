@@ -23,15 +23,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
 from attacklib import ProtocolDevice, until
-from fedtestlib import device_toml, federation_toml, start_fed_broker
+from attacklib_secagg import kit_fleet
+from fedtestlib import federation_toml
 
 from coordinator.config import load_coordinator_config
 from coordinator.server import Coordinator
-from edge_client.client import EdgeClient
-from edge_client.config import load_device_config
-from flayer.partition import make_partition, save_partition
-from flayer.train import client_data
-from mqtt_broker import mosquitto_available
 from mqtt_broker.kit import write_kit
 from protocol.metrics_schema import read_metrics
 from transport.credentials import Credentials
@@ -60,51 +56,41 @@ class _Mallory(ProtocolDevice):
 @pytest.mark.timeout(400)
 def test_a_round_abandoned_before_its_unmasking_leaves_the_honest_devices_eligible(tmp_path: Path,
                                                                                   digits: Any) -> None:
-    fb = start_fed_broker(tmp_path, "mosquitto" if mosquitto_available() else "embedded", [*HONEST, "mallory"])
-    mallory = _Mallory(_kit(fb, tmp_path, "mallory"))
-    devices: list[EdgeClient] = []
-    try:
-        part = make_partition(digits.y, digits.num_classes, len(HONEST), "dir0.5", seed=0, samples=400,
-                              meta={"dataset": digits.name, "dataset_fingerprint": digits.fingerprint()})
-        pfile = save_partition(part, tmp_path / "digits.npz")
-        for i, name in enumerate(HONEST):
-            kit = _kit(fb, tmp_path, name)
-            path = device_toml(tmp_path / f"{name}.toml", kit / "credentials.toml", dataset="digits",
-                               partition_file=pfile, client=i, state_dir=tmp_path / name)
-            devices.append(EdgeClient(load_device_config(path).edge, Credentials.load(kit / "credentials.toml"),
-                                      client_data(digits, part.clients[i])))
-        for dev in devices:
-            dev.start()
-        assert all(dev.link.connected.wait(60) for dev in devices)
-        time.sleep(2.0)
-        fed = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
-                              tmp_path / "coord", strategy="flayer", rounds=2, dataset="digits", seed=0, lr=0.05,
-                              quorum=3, min_devices=3, deadline_s=120.0)
-        fed.write_text(fed.read_text() + '[privacy]\nsecure_aggregation = true\nsecure_stage_s = 10.0\n'
-                       'enabled = true\nmode = "local"\nclip = 0.5\nnoise_multiplier = 1.0\npopulation = 40\n'
-                       'max_participations = 1\n')
-        coord = Coordinator(load_coordinator_config(fed), fb.coordinator)
-        thread = coord.start()
-        assert mallory.one_round() == 1
-        metrics = tmp_path / "coord/metrics.jsonl"
+    with kit_fleet(tmp_path, digits, HONEST, others=["mallory"]) as (fb, _devices):
+        mallory = _Mallory(_kit(fb, tmp_path, "mallory"))
+        try:
+            _round_after_the_void(tmp_path, fb, mallory)
+        finally:
+            mallory.close()
 
-        def record(r: int) -> dict[str, Any] | None:
-            if not metrics.exists():
-                return None
-            return next((x for x in read_metrics(metrics) if x["kind"] == "round" and x["round"] == r), None)
 
-        assert until(lambda: record(1) is not None, 90.0), "round 1 did not close"
-        first = record(1)
-        assert first is not None and first["secure_abandoned"] is not None, first
-        assert set(HONEST) <= set(first["selected"]), first["selected"]
-        thread.join(180)
-        assert coord.cycle.budget_stop is None or "participation schema: round 2" not in coord.cycle.budget_stop, \
-            f"the honest devices' slots were used up by a round that revealed nothing: {coord.cycle.budget_stop}"
-        second = record(2)
-        assert second is not None, f"round 2 never opened: {coord.cycle.budget_stop}"
-        assert set(HONEST) <= set(second["selected"]), second["selected"]
-    finally:
-        mallory.close()
-        for dev in devices:
-            dev.stop()
-        fb.broker.stop()
+def _round_after_the_void(tmp_path: Path, fb: Any, mallory: _Mallory) -> None:
+    """A secure federation (schema: one round each) whose first round mallory abandons before its unmasking; the
+    honest devices must still be selected for the second."""
+    time.sleep(2.0)
+    fed = federation_toml(tmp_path / "federation.toml", fb.state_dir / "credentials/coordinator.toml",
+                          tmp_path / "coord", strategy="flayer", rounds=2, dataset="digits", seed=0, lr=0.05,
+                          quorum=3, min_devices=3, deadline_s=120.0)
+    fed.write_text(fed.read_text() + '[privacy]\nsecure_aggregation = true\nsecure_stage_s = 10.0\n'
+                   'enabled = true\nmode = "local"\nclip = 0.5\nnoise_multiplier = 1.0\npopulation = 40\n'
+                   'max_participations = 1\n')
+    coord = Coordinator(load_coordinator_config(fed), fb.coordinator)
+    thread = coord.start()
+    assert mallory.one_round() == 1
+    metrics = tmp_path / "coord/metrics.jsonl"
+
+    def record(r: int) -> dict[str, Any] | None:
+        if not metrics.exists():
+            return None
+        return next((x for x in read_metrics(metrics) if x["kind"] == "round" and x["round"] == r), None)
+
+    assert until(lambda: record(1) is not None, 90.0), "round 1 did not close"
+    first = record(1)
+    assert first is not None and first["secure_abandoned"] is not None, first
+    assert set(HONEST) <= set(first["selected"]), first["selected"]
+    thread.join(180)
+    assert coord.cycle.budget_stop is None or "participation schema: round 2" not in coord.cycle.budget_stop, \
+        f"the honest devices' slots were used up by a round that revealed nothing: {coord.cycle.budget_stop}"
+    second = record(2)
+    assert second is not None, f"round 2 never opened: {coord.cycle.budget_stop}"
+    assert set(HONEST) <= set(second["selected"]), second["selected"]
