@@ -109,6 +109,7 @@ def test_devices_added_one_by_one_one_rekeyed_one_revoked_mid_round(tmp_path: Pa
         while not (closed and edges["dev-2"].rounds_trained) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert closed and edges["dev-2"].rounds_trained, "no first round"
+        rekey_from = len(closed) + 1  # the round open (or opening) now: the next opens as soon as one closes
         old_key = edges["dev-2"].signer.public
         assert cli(["broker", "rekey", "dev-2", "--state-dir", str(state), "--kit",
                     str(tmp_path / "machine-dev-2" / "dev-2.tar.gz")]) == 0
@@ -118,6 +119,9 @@ def test_devices_added_one_by_one_one_rekeyed_one_revoked_mid_round(tmp_path: Pa
         assert restarted.signer.public != old_key
         assert restarted.stored.done_round >= 1 or restarted.store.plan_round() >= 1  # its state was kept
         edges["dev-2"] = restarted
+        # a round dev-2 was in while it was re-keyed may be abandoned: its shares carry the old key's signature and
+        # its old certificate is on the revocation list the others now hold, so they refuse them (the model stays)
+        rekey_rounds = set(range(rekey_from, len(closed) + 2))
 
         # revoke dev-3 while it takes part in an open secure round, as the admin would (docs/howto/devices.md)
         deadline = time.monotonic() + 400
@@ -150,7 +154,8 @@ def test_devices_added_one_by_one_one_rekeyed_one_revoked_mid_round(tmp_path: Pa
         print("stage limits:", [(rec["round"], rec.get("secure_stage_limits")) for _, rec in after])
         print("counters:", dict(result.counters))
         before = [rec for _, rec in closed if rec["round"] < at["round"]]
-        assert all(not rec["secure_abandoned"] for rec in before), [(r["round"], r["secure_abandoned"]) for r in before]
+        assert all(not rec["secure_abandoned"] or rec["round"] in rekey_rounds for rec in before), \
+            ([(r["round"], r["secure_abandoned"]) for r in before], sorted(rekey_rounds))
         for t, rec in after:
             assert "secure_survivors" in rec, rec  # a secure round's record
             assert rec["secure_abandoned"] is None or rec["secure_abandoned"].strip(), rec
