@@ -9,8 +9,9 @@ with the private runs' data-independent positions (``--set flayer.positions=publ
 ``--variants`` adds the clip's cost without noise (``flayer simulate --clip-only C``, not private, no epsilon):
 ``clip`` sums the clipped uploads over the fixed denominator m as private rounds do, ``clip-weighted`` averages
 them by sample counts. ``--server-lr`` / ``--server-momentum`` (comma lists: their grid) add the server step
-(``--dp-server-lr``, ``--dp-server-momentum``) to the private and clip runs; the plain step (1, 0) adds no flag,
-so the runs without it keep their folders.
+(``--dp-server-lr``, ``--dp-server-momentum``) to the private and clip runs; eta is always named (default
+``auto``, the shipped default), so runs made before it, which name no eta and took the plain step, keep their
+folders and are tabulated as eta 1.
 ``--clip-split total|sqrt|equal`` passes ``--dp-clip-split`` (one bound on the upload, or one a layer; the runs
 without it before 5 December 2026 ran one bound, the shipped default then), ``--clipping adaptive``
 moves C with the noised clip bits (``--dp-clipping adaptive``); both only on the private runs.
@@ -53,10 +54,11 @@ def noise_for(eps: float, clients: int, join_ratio: float, rounds: int, seed: in
     return math.ceil(noise_for_target(eps, delta, 1.0, rounds, most) * 1e4) / 1e4, 1.0, delta
 
 
-def step_flags(lr: float, momentum: float) -> list[str]:
-    """The server step's flags; none for the plain average (1, 0), whose runs predate the step."""
-    return ([] if lr == 1 else ["--dp-server-lr", f"{lr:g}"]) + ([] if momentum == 0 else
-                                                                  ["--dp-server-momentum", f"{momentum:g}"])
+def step_flags(lr: float | str, momentum: float) -> list[str]:
+    """The server step's flags: eta always named ("auto", the default since 5 December 2026, or a number: the runs
+    without the flag took eta 1, and their folders keep those keys), beta unless 0."""
+    return ["--dp-server-lr", lr if isinstance(lr, str) else f"{lr:g}"] + ([] if momentum == 0 else
+                                                                            ["--dp-server-momentum", f"{momentum:g}"])
 
 
 def schema_flags(a: argparse.Namespace) -> list[str]:
@@ -72,12 +74,18 @@ def clip_flags(a: argparse.Namespace) -> list[str]:
             + (["--dp-clipping", "adaptive"] if a.clipping == "adaptive" else []))
 
 
+def local_flags(a: argparse.Namespace) -> list[str]:
+    """Local training's flags (none for each method's defaults, whose runs keep their folders)."""
+    return ((["--lr", f"{a.local_lr:g}"] if a.local_lr is not None else [])
+            + (["--batch-size", str(a.batch_size)] if a.batch_size is not None else []))
+
+
 def noise_flags(a: argparse.Namespace) -> list[str]:
     """Banded correlated noise's flags (none for independent noise, whose runs keep their folders)."""
     return ["--dp-noise-kind", "banded", "--dp-bands", str(a.bands)] if a.noise_kind == "banded" else []
 
 
-def command(a: argparse.Namespace, method: str, variant: str, seed: int, lr: float = 1.0,
+def command(a: argparse.Namespace, method: str, variant: str, seed: int, lr: float | str = 1.0,
             momentum: float = 0.0) -> list[str]:
     cmd = ["simulate", "--dataset", "fmnist", "--partition", "dir0.1", "--clients", str(a.clients),
            "--samples", str(a.samples), "--join-ratio", str(a.join_ratio), "--rounds", str(a.rounds),
@@ -86,6 +94,7 @@ def command(a: argparse.Namespace, method: str, variant: str, seed: int, lr: flo
         cmd = ["simulate", "--dataset", "fmnist", "--partition-file", str(a.partition_file), "--clients",
                str(a.clients), "--join-ratio", str(a.join_ratio), "--rounds", str(a.rounds), "--seed", str(seed),
                "--strategy", method, "--threads", "1"]
+    cmd += local_flags(a)
     if variant == "public":
         return [*cmd, "--set", "flayer.positions=public"]
     if variant in ("clip", "clip-weighted"):  # measurement, not private: no noise, no epsilon
@@ -126,9 +135,24 @@ def run_one(out: Path, cmd: list[str], name: str, deadline: float | None = None)
     return {"cmd": cmd, **summary}
 
 
-def name(method: str, variant: str, seed: int, lr: float = 1.0, momentum: float = 0.0) -> str:
+def name(method: str, variant: str, seed: int, lr: float | str = "auto", momentum: float = 0.0) -> str:
     """A run's folder prefix: method, variant, seed, and the server step unless plain."""
-    return f"{method}-{variant}-s{seed}" + ("" if (lr, momentum) == (1, 0) else f"-lr{lr:g}-m{momentum:g}")
+    return f"{method}-{variant}-s{seed}" + ("" if (lr, momentum) in (("auto", 0), (1, 0))
+                                           else f"-lr{lr if isinstance(lr, str) else format(lr, 'g')}-m{momentum:g}")
+
+
+def step_text(lr: float | str, ran: list[float] | None) -> str:
+    """eta as a table shows it: a number, or "auto (eta it resolved to)"."""
+    if isinstance(lr, str):
+        return f"{lr} ({ran[0]:g})" if ran else lr
+    return f"{lr:g}"
+
+
+def step_label(cmd: list[str], summary: dict[str, Any]) -> str:
+    """A run's server step "eta/beta" from its command (no flag: eta 1, the runs before "auto")."""
+    lr = _flag(cmd, "--dp-server-lr", "1") or "1"
+    return f"{step_text(lr if lr == 'auto' else float(lr), summary.get('server_step'))}/" \
+           f"{float(_flag(cmd, '--dp-server-momentum', '0') or 0):g}"
 
 
 def _flag(cmd: list[str], name: str, default: str | None = None) -> str | None:
@@ -142,7 +166,10 @@ def summarize(out: Path, table: str) -> list[dict[str, Any]]:
 
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     cmds = {p: (p.parent / "command.txt").read_text().split()[1:] for p in sorted(out.glob("*/summary.json"))}
-    clips = {_flag(c, "--dp-clip") for c in cmds.values() if "--dp-clip" in c}  # C named only where runs differ in it
+    def clip_of(c: list[str]) -> str | None:
+        return _flag(c, "--dp-clip") if "--dp-clip" in c else _flag(c, "--clip-only") if "--clip-only" in c else None
+
+    clips = {clip_of(c) for c in cmds.values()} - {None}  # C named only where runs differ in it
     for summary, cmd in cmds.items():
         s = json.loads(summary.read_text())
         variant = "public" if "flayer.positions=public" in cmd else _flag(cmd, "--target-epsilon", "none")
@@ -150,11 +177,13 @@ def summarize(out: Path, table: str) -> list[dict[str, Any]]:
             variant = "clip" if _flag(cmd, "--clip-average") == "fixed" else "clip-weighted"
         mode = _flag(cmd, "--dp", "-") or "-"
         mode += f" banded {_flag(cmd, '--dp-bands')}" if _flag(cmd, "--dp-noise-kind") == "banded" else ""
-        mode += f", C {_flag(cmd, '--dp-clip')}" if len(clips) > 1 and "--dp-clip" in cmd else ""
+        mode += f", C {clip_of(cmd)}" if len(clips) > 1 and clip_of(cmd) is not None else ""
         split = _flag(cmd, "--dp-clip-split")
         mode += "" if split is None else ", one bound" if split == "total" else f" per layer ({split})"
         mode += " adaptive" if _flag(cmd, "--dp-clipping") == "adaptive" else ""
-        step = f"{float(_flag(cmd, '--dp-server-lr', '1') or 1):g}/{float(_flag(cmd, '--dp-server-momentum', '0') or 0):g}"
+        mode += f", local lr {_flag(cmd, '--lr')}" if "--lr" in cmd else ""
+        mode += f", batch {_flag(cmd, '--batch-size')}" if "--batch-size" in cmd else ""
+        step = step_label(cmd, s)
         groups.setdefault((str(_flag(cmd, "--strategy")), str(variant), mode, step), []).append(s)
     order = {"none": 0, "public": 1, "clip-weighted": 2, "clip": 3, "8": 4, "4": 5, "1": 6}
     rows = []
@@ -172,7 +201,7 @@ def summarize(out: Path, table: str) -> list[dict[str, Any]]:
                      "epsilon": statistics.mean(eps) if eps else None,
                      "rounds": [len(r["acc"]) for r in runs], "diverged": sum(bool(r["diverged"]) for r in runs),
                      "upload_kb": statistics.mean(r["upload_bytes_total"] / max(1, r["uploads"]) / 1e3 for r in runs)})
-    steps = any(r["server_step"] != "1/0" for r in rows)
+    steps = any(r["server_step"] != "1/0" or r["best_val_acc"][0] == r["best_val_acc"][0] for r in rows)  # val: not NaN
     lines = ["| method | privacy | noise |" + (" server step eta/beta | best val acc |" if steps else "")
              + " seeds | epsilon spent (mean) | rounds run | best acc | final-round acc "
              "| personal acc | upload KB per update |", "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if steps else "")]
@@ -216,7 +245,8 @@ def main() -> int:
     p.add_argument("--variants", default="",
                    help="extra runs without noise, comma-separated: clip (clipped, over the fixed m), clip-weighted "
                         "(clipped, sample-weighted average); not private, no epsilon")
-    p.add_argument("--server-lr", default="1", help="server step eta, comma-separated (a grid with --server-momentum)")
+    p.add_argument("--server-lr", default="auto",
+                   help="server step eta, comma-separated (a grid with --server-momentum); auto: the shipped default")
     p.add_argument("--server-momentum", default="0", help="server step beta, comma-separated")
     p.add_argument("--max-participations", type=int, default=None, metavar="K",
                    help="participation schema: each device in at most K rounds; z from K-fold composition")
@@ -229,6 +259,9 @@ def main() -> int:
                         "sqrt since 5 December 2026, total before)")
     p.add_argument("--clipping", choices=("fixed", "adaptive"), default="fixed",
                    help="adaptive: C follows the noised clip bits from --clip on (--dp-clipping adaptive)")
+    p.add_argument("--local-lr", type=float, default=None,
+                   help="the devices' base learning rate (--lr; unset: each method's default)")
+    p.add_argument("--batch-size", type=int, default=None, help="the devices' batch size (unset: the default, 10)")
     p.add_argument("--no-public", action="store_true", help="leave out FLAYER's public positions without noise")
     p.add_argument("--summary", action="store_true",
                    help="run nothing: tabulate every finished run under --out over its seeds (mean ± std)")
@@ -237,7 +270,8 @@ def main() -> int:
         summarize(a.out, a.table)
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
-    grid = [(float(lr), float(mom)) for lr in a.server_lr.split(",") for mom in a.server_momentum.split(",")]
+    grid = [(lr if lr == "auto" else float(lr), float(mom)) for lr in a.server_lr.split(",")
+            for mom in a.server_momentum.split(",")]
     variants = [v for v in a.epsilons.split(",") if v] + [v for v in a.variants.split(",") if v]
     jobs = [(m, v, s, lr, mom) for s in (int(x) for x in a.seeds.split(",")) for m in a.methods.split(",")
             for v in variants for lr, mom in (grid if v != "none" else [(1.0, 0.0)])]
@@ -259,6 +293,7 @@ def main() -> int:
         z = None if variant in ("none", "public", "clip", "clip-weighted") else noise_for(float(variant), a.clients, a.join_ratio, a.rounds,
                                                                   seed, a.max_participations)[0]
         rows.append({"method": method, "variant": variant, "seed": seed, "z": z, "server_lr": lr,
+                     "server_step_ran": s.get("server_step"),
                      "server_momentum": mom, "best_val_acc": s.get("best_val_acc"), "epsilon": s["epsilon"],
                      "delta": s["delta"], "rounds_run": len(s["acc"]), "best_acc": s["best_acc"],
                      "final_round_acc": s["final_round_acc"], "final_personal_acc": s["final_personal_acc"],
@@ -277,7 +312,7 @@ def main() -> int:
         bv = "-" if r["best_val_acc"] is None else f"{r['best_val_acc']:.4f}"
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.3f}" if isinstance(r["epsilon"], float) else r["epsilon"]
         lines.append(f"| {r['method']} | {priv} | {'-' if r['z'] is None else format(r['z'], '.3f')} "
-                     f"| {r['server_lr']:g}/{r['server_momentum']:g} | {eps} "
+                     f"| {step_text(r['server_lr'], r['server_step_ran'])}/{r['server_momentum']:g} | {eps} "
                      f"| {r['rounds_run']}{' (diverged)' if r['diverged'] else ''} | {bv} | {r['best_acc']:.4f} | {r['final_round_acc']:.4f} "
                      f"| {r['final_personal_acc']:.4f} | {r['upload_bytes_per_upload'] / 1e3:.1f} | {r['wall_s']:.0f} |")
     (a.out / f"{a.table}.md").write_text("\n".join(lines) + "\n")
