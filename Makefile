@@ -91,7 +91,7 @@ typecheck: $(VENV)/.stamp-all
 # parallel too; none collected (exit 5) is no failure here. A failed one runs once more: process kills on a
 # shared two-core machine are timing-sensitive; a rerun shows as R in the output and in the summary
 test-slow: $(TEST_DEPS)
-	@$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m slow --reruns 1 --reruns-delay 2 --durations=10; rc=$$?; \
+	@$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m slow --reruns 1 --reruns-delay 2 -raR --durations=10; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test-slow: no slow tests collected"; exit 0; fi; exit $$rc
 
 # the attack tests (tests/attacks/: each guarantee the docs state, tried as its adversary would), slow ones too;
