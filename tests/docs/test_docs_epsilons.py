@@ -53,6 +53,8 @@ def _rdp(z: float, rounds: int) -> float:
 PRINTED: list[tuple[str, str, str, Callable[[], float]]] = [
     ("docs/explanation/privacy.md", "epsilon 3.937 at delta 1e-05 after 3 rounds", "3.937",
      lambda: _eps(1.8985, 3)),
+    ("docs/howto/privacy-budget.md", "epsilon 3.94 against readers of the models and plans", "3.94",
+     lambda: _eps(1.8985, 3)),
     ("docs/explanation/privacy.md", "the printed 8.00 is 19.12 for replace-one", "19.12", lambda: _eps(1.8985 / 2, 10)),
     ("docs/explanation/privacy.md", "the printed 8.00 is 19.12 for replace-one", "8.00", lambda: _eps(1.8985, 10)),
     ("docs/explanation/guarantees.md", "(19.12 where the zero-out figure is 8.00)", "19.12",
@@ -119,7 +121,9 @@ NOT_ACCOUNTANT: dict[tuple[str, str], str] = {
     ("docs/results/secure-aggregation.md", "0.010"): "\"spends 0.010 s\": CPU seconds",
     **{("docs/results/privacy-audit.md", f): "an audit's measured lower bound or estimate, beside the accountant's"
        for f in ("0.73", "1.56", "1.20", "3.2", "7.3", "0.316", "4.55", "1.48", "2.47", "1.71", "1.86", "2.31", "2.39", "1.93", "2.28",
-                 "2.57", "3.56")},
+                 "2.57", "3.56", "7.96", "11.31", "3.94", "10.7")},
+    **{("docs/explanation/privacy.md", f): "the banded audit's measured estimate or lower bound, beside the ledger's"
+       for f in ("7.96", "11.3")},
 }
 
 
