@@ -278,6 +278,15 @@ class SecurePhase:
             if sec.stage in (1, 2) or (sec.stage == 3 and closing is None):  # stage 3: ended once too few can come
                 self._send(rnd, sec.advance(now))
             if sec.stage == 3 and closing is not None:
+                deadline = rnd.timer.deadline if rnd.timer is not None else now
+                held = sec.held() if now < deadline else None
+                if held is not None:  # quorum and grace, on masked inputs that could not be unmasked: wait on
+                    if sec.held_until is None:
+                        log.warning("round %d: the masked inputs' stage stays open past quorum and grace: %s",
+                                    rnd.number, held)
+                        rnd.stats.extra["secure_held"] = held
+                    sec.held_until = deadline
+                    return None
                 rnd.stats.extra["secure_closed"] = closing
                 self._send(rnd, sec.advance(now, masked_done=True))
             if sec.stage == 4:  # the consents: the survivor set once the survivors consented

@@ -14,7 +14,11 @@ Driven by the coordinator's worker thread (its messages and ticks), over :class:
    the sender, or a false complainer, is named faulty and the round goes on.
 3. **Masked inputs** arrive as the round's update blobs -- the update path's chunks, memory budget, journal
    and ack (:meth:`SecureRound.masked`) -- and the round's timer ends the stage as it ends a plain round
-   (quorum and grace, or the deadline).
+   (quorum and grace, or the deadline), with two exceptions from the shares each device could reveal
+   (:mod:`flayer.secagg.outlook`): quorum and grace do not end it while the masked inputs in could not be unmasked
+   and a device that shared could still complete them (:meth:`SecureRound.held`: until then, or the deadline), and
+   a round that no set of devices still able to send could unmask ends at once, before any consent is asked (a
+   complaint can leave too few holders of a device's shares).
 4. **Consent.** Each device whose masked input arrived is asked for its consent (``ConsentRequest``); it books the
    round in its own privacy ledger, then signs its consent with its own key (``Consent``, checked against the
    federation's registry or the certificate its advert carried); when all have, or the stage's time is up, the
@@ -90,6 +94,7 @@ class SecureRound:
     refused: str | None = None  # why the round must not run (flayer.engine.secure_plan.failure_problem): ended at once
     certs: RoundCerts | None = None  # the adverts' certificates, checked on arrival (None: the key registry)
     recall: Recall | None = None  # a masked input read back (the round's journal) when its device gave no consent
+    held_until: float | None = None  # the masked inputs' stage held open past quorum and grace, until then (held)
 
     def __post_init__(self) -> None:
         self.server = self._new_server()
@@ -211,6 +216,11 @@ class SecureRound:
                 raise SecAggAbandoned(f"{len(have)} devices {what}{'' if closing else f' and {len(can_come)} more can'}"
                                       f", fewer than the {need} the unmasking needs (t={self.planned.params.threshold}, "
                                       f"T={need}): ended at once")
+        if self.stage == 3:  # the shares each could reveal: even the largest survivor set that can come falls short
+            short = s.shortfall(s.survivors | (frozenset() if masked_done else can_come))
+            if short is not None:
+                more = "" if masked_done else " even with every masked input that can still come"
+                raise SecAggAbandoned(f"{short}{more}: ended at once")
         if self.stage == 1 and (not can_come or now >= self.stage_end):
             self._censor(1, now, can_come)
             out = [(d, s.key_bundle(d).to_bytes()) for d in sorted(s.advertised)]
@@ -244,6 +254,19 @@ class SecureRound:
                 self._open_stage(6, now)
         self.sent_bytes += sum(len(b) for _, b in out)
         return out
+
+    def held(self) -> str | None:
+        """Why the masked inputs' stage stays open although the round's timer would end it at quorum and grace: the
+        devices whose masked input arrived could not unmask the sum (:func:`flayer.secagg.outlook.shortfall`), and
+        those that shared and are still online could complete it. None: close."""
+        s = self.server
+        short = s.shortfall(s.survivors) if self.stage == 3 else None
+        if short is None:
+            return None
+        can_come = {d for d in s.shared - s.survivors - frozenset(s.faulty) if not self.gone(d)}
+        if not can_come or s.shortfall(s.survivors | can_come) is not None:
+            return None
+        return f"{short}; {len(can_come)} more that shared can still send a masked input"
 
     def _censor(self, stage: int, now: float, late: set[str]) -> None:
         """The devices still online that had not answered when the stage closed: latencies of at least its length."""

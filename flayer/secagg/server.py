@@ -16,7 +16,7 @@ on its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Mapping
+from collections.abc import Collection, Container, Mapping
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from .messages import (
     UnmaskShares,
 )
 from .msg_setup import EncryptedShare
+from .outlook import shortfall
 from .params import SecAggParams
 from .prg import expand
 from .server_complaints import ComplaintStage
@@ -112,6 +113,11 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
     def reconstructed(self) -> Mapping[str, frozenset[str]]:
         """Device -> the kinds of secret rebuilt for it ("b" or "s", never both)."""
         return {d: frozenset(k) for d, k in self._reconstructed.items()}
+
+    def shortfall(self, members: Collection[str]) -> str | None:
+        """Why ``members`` could not unmask the sum, as far as this server knows (:func:`.outlook.shortfall`)."""
+        return shortfall(self.params, members, {d: [s.receiver for s in sh] for d, sh in self._sent.items()},
+                         self._complaints, self.faulty)
 
     # -- stage bookkeeping ---------------------------------------------------------------------------
     def _abandon(self, reason: str) -> SecAggAbandoned:
