@@ -36,7 +36,7 @@ from .messages import (
     UnmaskShares,
 )
 from .msg_setup import EncryptedShare
-from .outlook import shortfall
+from .outlook import Outlook
 from .params import SecAggParams
 from .prg import expand
 from .server_complaints import ComplaintStage
@@ -78,6 +78,7 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         self._result: np.ndarray | None = None
         self._complaints: set[tuple[str, str]] = set()  # (complainer, accused) pairs checked
         self.faulty: dict[str, str] = {}  # device -> what proves it faulty this round (named, left out later)
+        self._outlook = Outlook(params)  # the shares each device could reveal (coordinator.secure_round)
 
     # -- the device sets ----------------------------------------------------------------------------
     @property
@@ -115,9 +116,8 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         return {d: frozenset(k) for d, k in self._reconstructed.items()}
 
     def shortfall(self, members: Collection[str]) -> str | None:
-        """Why ``members`` could not unmask the sum, as far as this server knows (:func:`.outlook.shortfall`)."""
-        return shortfall(self.params, members, {d: [s.receiver for s in sh] for d, sh in self._sent.items()},
-                         self._complaints, self.faulty)
+        """Why ``members`` could not unmask the sum, as far as this server knows (:class:`.outlook.Outlook`)."""
+        return self._outlook.shortfall(members, self._sent, self._complaints, self.faulty)
 
     # -- stage bookkeeping ---------------------------------------------------------------------------
     def _abandon(self, reason: str) -> SecAggAbandoned:
