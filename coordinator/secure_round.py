@@ -217,7 +217,8 @@ class SecureRound:
                                       f", fewer than the {need} the unmasking needs (t={self.planned.params.threshold}, "
                                       f"T={need}): ended at once")
         if self.stage == 3:  # the shares each could reveal: even the largest survivor set that can come falls short
-            short = s.shortfall(s.survivors | (frozenset() if masked_done else can_come))
+            later = frozenset() if masked_done else frozenset(can_come)
+            short = s.shortfall(s.survivors | later, later)
             if short is not None:
                 more = "" if masked_done else " even with every masked input that can still come"
                 raise SecAggAbandoned(f"{short}{more}: ended at once")
@@ -264,7 +265,7 @@ class SecureRound:
         if short is None:
             return None
         can_come = {d for d in s.shared - s.survivors - frozenset(s.faulty) if not self.gone(d)}
-        if not can_come or s.shortfall(s.survivors | can_come) is not None:
+        if not can_come or s.shortfall(s.survivors | can_come, can_come) is not None:
             return None
         return f"{short}; {len(can_come)} more that shared can still send a masked input"
 

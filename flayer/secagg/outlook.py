@@ -4,7 +4,9 @@ Unmasking rebuilds, for each device of the sum (a survivor u), its self-mask see
 shared and is not in the sum (dropped, or named faulty and refused), its mask key s_u; each from t shares that
 survivors reveal. A survivor can reveal its share of u only when u sealed it one (u's neighbours that advertised)
 and it opened (no complaint of that pair: a complaint proves the share was no share, or names the complainer);
-u's own share of b_u counts for u itself. A device named faulty answers nothing.
+u's own share of b_u counts for u itself. A device named faulty answers nothing. A device out of the sum whose every
+answering neighbour complained of it (or may still: its masked input, which its complaints precede, not in yet)
+needs no shares of s_u: each of them reveals its own pair's mask seed toward it instead.
 
 :func:`shortfall` is a necessary condition, not a sufficient one: the consent and unmask stages may still lose
 devices. The coordinator uses it twice (:mod:`coordinator.secure_round`): a round whose every possible survivor set
@@ -23,17 +25,26 @@ __all__ = ["Outlook", "shortfall"]
 
 
 def shortfall(params: SecAggParams, members: Collection[str], sealed_for: Mapping[str, Collection[str]],
-              spoiled: Collection[tuple[str, str]], faulty: Collection[str]) -> str | None:
+              spoiled: Collection[tuple[str, str]], faulty: Collection[str],
+              pending: Collection[str] = ()) -> str | None:
     """Why ``members`` (the devices whose masked inputs would be summed) could not unmask the sum (None: the shares
     they hold suffice, as far as the server knows). ``sealed_for``: each device that shared -> the devices it sealed a
-    share for; ``spoiled``: the (complainer, accused) pairs of checked complaints; ``faulty``: the named devices."""
-    t, bad, inside = params.threshold, set(faulty), set(members)
+    share for; ``spoiled``: the (complainer, accused) pairs of checked complaints; ``faulty``: the named devices;
+    ``pending``: members whose masked input (and so their complaints, sent before it) may still come.
+
+    A device out of the sum whose every answering neighbour holds nothing of it (each complained of it) needs no
+    t shares of s_u: each reveals its own pair's mask seed toward it instead (``SecAggServer.result``); a member
+    still pending may yet complain."""
+    t, bad, inside, later = params.threshold, set(faulty), set(members), set(pending)
     answering = inside - bad
     for owner in sorted(sealed_for):
         kind = "b" if owner in inside else "s"
         holders = set(sealed_for[owner]) | ({owner} if kind == "b" else set())
-        holders -= {c for c, a in spoiled if a == owner}
+        complained = {c for c, a in spoiled if a == owner}
+        holders -= complained
         n = len(holders & answering)
+        if kind == "s" and set(sealed_for[owner]) & answering <= complained | later:
+            continue  # by the pair seeds of its neighbours, once each complained
         if n < t:
             return (f"{n} of the {len(answering)} devices that would answer hold a share of {kind}_{owner}, "
                     f"fewer than t={t}")
@@ -49,14 +60,15 @@ class Outlook:
     def __init__(self, params: SecAggParams) -> None:
         self.params = params
         self._sealed_for: dict[str, frozenset[str]] = {}
-        self._last: tuple[tuple[frozenset[str], int, int], str | None] | None = None
+        self._last: tuple[tuple[frozenset[str], int, int, frozenset[str]], str | None] | None = None
 
     def shortfall(self, members: Collection[str], sent: Mapping[str, Collection[Any]],
-                  spoiled: Collection[tuple[str, str]], faulty: Collection[str]) -> str | None:
+                  spoiled: Collection[tuple[str, str]], faulty: Collection[str],
+                  pending: Collection[str] = ()) -> str | None:
         """:func:`shortfall` of ``members``; ``sent``: each device that shared -> its sealed shares (``.receiver``)."""
         if len(self._sealed_for) != len(sent):
             self._sealed_for = {d: frozenset(s.receiver for s in shares) for d, shares in sent.items()}
-        key = (frozenset(members), len(spoiled), len(faulty))
+        key = (frozenset(members), len(spoiled), len(faulty), frozenset(pending))
         if self._last is None or self._last[0] != key:
-            self._last = (key, shortfall(self.params, key[0], self._sealed_for, spoiled, faulty))
+            self._last = (key, shortfall(self.params, key[0], self._sealed_for, spoiled, faulty, key[3]))
         return self._last[1]

@@ -115,9 +115,10 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         """Device -> the kinds of secret rebuilt for it ("b" or "s", never both)."""
         return {d: frozenset(k) for d, k in self._reconstructed.items()}
 
-    def shortfall(self, members: Collection[str]) -> str | None:
-        """Why ``members`` could not unmask the sum, as far as this server knows (:class:`.outlook.Outlook`)."""
-        return self._outlook.shortfall(members, self._sent, self._complaints, self.faulty)
+    def shortfall(self, members: Collection[str], pending: Collection[str] = ()) -> str | None:
+        """Why ``members`` could not unmask the sum, as far as this server knows (:class:`.outlook.Outlook`);
+        ``pending``: those of them whose masked input (and complaints) may still come."""
+        return self._outlook.shortfall(members, self._sent, self._complaints, self.faulty, pending)
 
     # -- stage bookkeeping ---------------------------------------------------------------------------
     def _abandon(self, reason: str) -> SecAggAbandoned:

@@ -41,3 +41,13 @@ def test_a_faulty_survivor_answers_nothing_not_even_for_its_own_seed():
     short = shortfall(p, {"a", "b", "c", "d"}, _sealed(p), {("a", "d")}, {"d"})  # d's masked input was in first
     assert short is not None and "b_d" in short and short.startswith("2 of")
     assert shortfall(p, {"a", "b", "c", "d"}, _sealed(p), (), {"d"}) is None  # a, b, c hold b_d: enough
+
+
+def test_a_dropped_device_every_answering_neighbour_complained_of_is_unmasked_by_pair_seeds():
+    p = _params()
+    every = {("a", "d"), ("b", "d"), ("c", "d")}  # d spoiled all its shares: a, b, c reveal their pair seeds
+    assert shortfall(p, {"a", "b", "c"}, _sealed(p), every, {"d"}) is None
+    some = {("a", "d"), ("b", "d")}  # c holds a share of s_d, a and b none: neither route has enough
+    assert "s_d" in (shortfall(p, {"a", "b", "c"}, _sealed(p), some, {"d"}) or "")
+    # c's masked input (and so any complaint of it) not in yet: it may still complain, and the round is not short
+    assert shortfall(p, {"a", "b", "c"}, _sealed(p), some, {"d"}, pending={"c"}) is None
