@@ -3,15 +3,17 @@ its kit, on a real broker; and the stages of an in-process round that a lying co
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from fedtestlib import FedBroker, device_toml, federation_toml, finished, start_fed_broker
 
-from flayer.secagg import KeyAdvert, SecAggClient, SecAggServer
+from flayer.secagg import KeyAdvert, SecAggClient, SecAggServer, decode_message, keys, shamir
 
 
 def private_secure_federation(tmp: Path, fb: FedBroker, devices: int, rounds: int, stage_s: float) -> Path:
@@ -97,3 +99,100 @@ def honest_to_masked(server: SecAggServer, clients: dict[str, SecAggClient], inp
         server.receive_masked(msg)
         masked[d] = msg.vector
     return adverts, masked
+
+
+def spoil_shares(monkeypatch: Any, sender: str, victims: Callable[[SecAggClient], Collection[str]]) -> None:
+    """``sender`` seals for each device ``victims(its client)`` names (among its neighbours of the round) what is no
+    share at that device's x -- a share at its own x -- under the pair's genuine key and its own signature, as every
+    sender signs what it sends (its own message: a ciphertext that does not authenticate would prove nothing of its
+    sender, whoever routed it could have altered it, so its receiver would hold nothing of it and complain of
+    nothing: test_attack_redteam3_complaint_keys)."""
+    from flayer.secagg.client import SHARE_STAGE
+    from flayer.secagg.signed_adverts import device_signs
+    from flayer.secagg.signed_shares import sign_share
+
+    real = SecAggClient.share_keys
+
+    def share_keys(self: SecAggClient, bundle: Any) -> Any:
+        out = real(self, bundle)
+        if self.device != sender:
+            return out
+        p, chosen, spoiled = self.params, set(victims(self)) & set(self._peers), []
+        for s in out.shares:
+            r = s.receiver
+            if r not in chosen:
+                spoiled.append(s)
+                continue
+            key = keys.derive_aead_key(keys.agree(self._pairs[r].private, self._peers[r].c_pk), p.session, p.round,
+                                       sender, r)
+            x = p.x_of(sender)
+            sealed = keys.seal(key, shamir.encode_share(x, 1) + shamir.encode_share(x, 2),
+                               keys.associated_data(p.session, p.round, sender, r, SHARE_STAGE, p.transcript),
+                               os.urandom)
+            share = replace(s, ciphertext=sealed, signature=b"")
+            signs = device_signs(self._consistency)
+            if signs is not None:
+                share = sign_share(p, share, self._pairs[r].public, self._peers[r].c_pk, signs[0])
+            spoiled.append(share)
+        return replace(out, shares=tuple(spoiled))
+
+    monkeypatch.setattr(SecAggClient, "share_keys", share_keys)
+
+
+def coordinator_round(names: tuple[str, ...]) -> tuple[Any, dict[str, SecAggClient], dict[str, Any]]:
+    """The coordinator's protocol state of a secure round over ``names`` (coordinator.secure_round, its stage logic
+    without a broker, stage limits of 5 s from t = 100), each device's client and a small update of its own."""
+    from coordinator.secure_round import SecureRound
+    from flayer.engine.secure import PlannedSecure, round_params
+    from flayer.engine.secure_layout import layout_of
+    from flayer.privacy_config import PrivacySettings
+    from flayer.secagg import LocalIdentities, SeededEntropy
+    from flayer.update import TensorDelta, Update
+
+    ups = {d: Update({"w": TensorDelta((8,), np.random.default_rng(i).normal(0, 0.01, 3).astype(np.float32),
+                                       np.array([1, 4, 6]))}, 10) for i, d in enumerate(names)}
+    lay = layout_of(ups[names[0]])
+    params, _ = round_params(PrivacySettings(secure_aggregation=True), "fed.1.x", 1, names, lay, 0)
+    ids = LocalIdentities(names, SeededEntropy(bytes(32)))
+    sec = SecureRound(PlannedSecure(params, lay.digest, False, 5.0), lay, stage_end=105.0, verify=ids.verify)
+    return sec, {d: SecAggClient(params, d, consistency=ids.for_device(d)) for d in names}, ups
+
+
+def to_shares(sec: Any, clients: dict[str, SecAggClient]) -> dict[str, Any]:
+    """Every device advertises and shares; the share batches each is routed."""
+    for d, c in clients.items():
+        assert sec.receive(d, c.advertise().to_bytes()) is None
+    bundles = {d: decode_message(b) for d, b in sec.advance(101.0)}
+    for d, c in clients.items():
+        assert sec.receive(d, c.share_keys(bundles[d]).to_bytes()) is None
+    return {d: decode_message(b) for d, b in sec.advance(101.0)}
+
+
+def send_masked(sec: Any, clients: dict[str, SecAggClient], ups: dict[str, Any], routed: dict[str, Any],
+                device: str) -> str | None:
+    """``device`` opens its shares, sends its complaints (before its masked input, as an edge client does), then its
+    masked input; the coordinator's answer to the masked input."""
+    from flayer.engine.secure import device_vector
+
+    c = clients[device]
+    masked = c.masked_input(routed[device], device_vector(ups[device], sec.layout, sec.planned.params,
+                                                          np.random.default_rng(0)))
+    for complaint in c.complaints():
+        assert sec.receive(device, complaint.to_bytes()) is None
+    return sec.masked(device, masked.to_bytes())
+
+
+def unmask_all(sec: Any, clients: dict[str, SecAggClient], silent: Collection[str] = ()) -> Any:
+    """The masked inputs' stage closed, every device asked consents, signs the survivor set and answers its unmask
+    request (``silent``: those that answer nothing at the unmasking); the round's SecureSum."""
+    asks = {d: decode_message(b) for d, b in sec.advance(103.0, masked_done=True)}
+    for d, ask in asks.items():
+        assert sec.receive(d, clients[d].consent(ask).to_bytes()) is None
+    sets = {d: decode_message(b) for d, b in sec.advance(103.0)}
+    for d, shown in sets.items():
+        assert sec.receive(d, clients[d].sign_survivors(shown).to_bytes()) is None
+    requests = {d: decode_message(b) for d, b in sec.advance(103.0)}
+    for d, request in requests.items():
+        if d not in silent:
+            assert sec.receive(d, clients[d].unmask(request).to_bytes()) is None
+    return sec.finish()
