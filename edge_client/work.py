@@ -30,7 +30,7 @@ import torch
 from flayer.aggregate import is_finite_state
 from flayer.config import ConfigError, TrainConfig, from_mapping
 from flayer.engine import ClientEval, client_round
-from flayer.engine.privacy import UNCLIPPED_KEY, RoundPrivacy, privatize
+from flayer.engine.privacy import UNCLIPPED_KEY, RoundPrivacy, private_strategy, privatize
 from flayer.engine.secure import secure_from_plan
 from flayer.registry import (
     architecture,
@@ -297,6 +297,14 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
     why = plan_problem(plan, private) if private is not None else None
     if why is not None:  # a plan that would strip the noise this device counts (edge_client.budget)
         raise SkipRound(f"privacy plan refused: {why}")
+    if private is not None:  # upload positions no noise covers: only the ones private_strategy gives (public)
+        try:
+            public = private_strategy(strategy)
+        except ValueError as exc:
+            raise SkipRound(f"privacy plan refused: {exc}") from None
+        if public.options_dict() != strategy.options_dict():
+            raise SkipRound("privacy plan refused: its strategy options would choose the upload's positions from "
+                            "this device's data (a private round needs positions = \"public\")")
     with autocast_for(ctx.device, amp):
         ev, result = client_round(strategy, global_state, state, data, ctx, train=True)
     assert result is not None
