@@ -166,9 +166,12 @@ def schema_problem(raw: Mapping[str, Any], pinned: ParticipationSchema, count: i
     looser = planned.looser_than(pinned) if pinned.active else None
     if looser is not None:
         return f"participation schema: {looser}"
+    if count > 0 and round_ <= last:  # a re-sent upload never comes here: only a round to train (again)
+        return (f"round {round_} is not after round {last}, the last private round in this device's ledger: a round "
+                f"is contributed to once (another upload of it would carry fresh noise the ledger does not count)")
     schema = planned.tightest(pinned)
-    if not schema.active or (count > 0 and round_ == last):
-        return None  # no schema; or this round's contribution is counted already (a re-sent upload)
+    if not schema.active:
+        return None
     why = schema.refuses_count(count, last if count > 0 else None, round_)
     return None if why is None else f"participation schema: {why}"
 

@@ -273,7 +273,9 @@ class Jobs:
                 self.stored.extra["folded_into"] = max(ack.version, int(self.stored.extra.get("folded_into", 0)))
             self._settle(ack.status)
         elif up is not None and up.status == "gave_up" and (ack.round, ack.update_digest) == (up.round,
-                                                                                             up.digest):
+                                                                                             up.digest) \
+                and not self._busy:  # a job under way writes the state file itself: saving this one would write
+            # the StoredState it replaces (an older done round beside the ledger the job just booked)
             kind = "update (given up on, answered at last)"  # the coordinator was down past the re-sends
             self.stored.upload = replace(up, status=ack.status)
             self.store.save(self.stored)

@@ -124,7 +124,9 @@ def test_schema_problem_reads_the_plan_the_ledger_and_the_pinned_floor() -> None
     assert schema_problem(plan, S(), 0, 0, 1) is None
     assert "max_participations = 2" in schema_problem(plan, S(), 2, 4, 9)  # a third
     assert "min_separation = 3" in schema_problem(plan, S(), 1, 4, 6)  # two rounds after its last
-    assert schema_problem(plan, S(), 2, 4, 4) is None  # round 4 is counted already: a re-sent upload
+    # round 4 is in the ledger already: never trained again (a re-sent upload does not come here)
+    assert "contributed to once" in schema_problem(plan, S(), 2, 4, 4)
+    assert "contributed to once" in schema_problem({}, S(), 1, 4, 4)  # with no schema too
     assert "looser" in schema_problem({}, S(2, 3), 0, 0, 1)  # absent while pinned
     assert "looser" in schema_problem({"max_participations": 3, "min_separation": 3}, S(2, 3), 0, 0, 1)
     assert "looser" in schema_problem({"max_participations": 2, "min_separation": 2}, S(2, 3), 0, 0, 1)
