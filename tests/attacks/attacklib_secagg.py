@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from attacklib_secagg import coordinator_round, send_masked, spoil_shares, to_shares, unmask_all
 
 from flayer.secagg import RingSpec, SecAggClient, SecAggParams, run_round
