@@ -218,7 +218,7 @@ class SecureRound:
                                       f"T={need}): ended at once")
         if self.stage == 3:  # the shares each could reveal: even the largest survivor set that can come falls short
             later = frozenset() if masked_done else frozenset(can_come)
-            short = s.shortfall(s.survivors | later, later)
+            short = self._shortfall(s.survivors | later, later)
             if short is not None:
                 more = "" if masked_done else " even with every masked input that can still come"
                 raise SecAggAbandoned(f"{short}{more}: ended at once")
@@ -231,10 +231,10 @@ class SecureRound:
             out = [(d, s.shares_for(d).to_bytes()) for d in sorted(s.shared)]
             self.stage, self.opened = 3, now
         elif self.stage == 3 and masked_done:  # every device whose masked input arrived is asked for its consent
-            out = [(d, s.consent_request(d).to_bytes()) for d in sorted(s.survivors)]
+            out = [(d, s.consent_request(d).to_bytes()) for d in sorted(s.survivors - frozenset(s.faulty))]
             self._open_stage(4, now)
         elif self.stage == 4:  # the survivors: masked input and consent (the others are taken out of the sum)
-            unasked = {d for d in s.survivors - s.consented if not self.gone(d)}
+            unasked = {d for d in s.survivors - s.consented - frozenset(s.faulty) if not self.gone(d)}
             if len(s.consented) + (0 if now >= self.stage_end else len(unasked)) < need:
                 raise SecAggAbandoned(f"{len(s.consented)} devices consented and {len(unasked)} more can, fewer than "
                                       f"the {need} the unmasking needs: ended at once")
@@ -256,16 +256,23 @@ class SecureRound:
         self.sent_bytes += sum(len(b) for _, b in out)
         return out
 
+    def _shortfall(self, members: frozenset[str], pending: frozenset[str] = frozenset()) -> str | None:
+        """The server's shortfall of ``members``, less the devices named faulty where the round has a consent stage:
+        their consent is refused, so their masked inputs are taken back out of the sum (they count as dropped)."""
+        s = self.server
+        named = frozenset(s.faulty) if s.consent is not None else frozenset()
+        return s.shortfall(members - named, pending)
+
     def held(self) -> str | None:
         """Why the masked inputs' stage stays open although the round's timer would end it at quorum and grace: the
         devices whose masked input arrived could not unmask the sum (:func:`flayer.secagg.outlook.shortfall`), and
         those that shared and are still online could complete it. None: close."""
         s = self.server
-        short = s.shortfall(s.survivors) if self.stage == 3 else None
+        short = self._shortfall(s.survivors) if self.stage == 3 else None
         if short is None:
             return None
         can_come = {d for d in s.shared - s.survivors - frozenset(s.faulty) if not self.gone(d)}
-        if not can_come or s.shortfall(s.survivors | can_come, can_come) is not None:
+        if not can_come or self._shortfall(s.survivors | can_come, frozenset(can_come)) is not None:
             return None
         return f"{short}; {len(can_come)} more that shared can still send a masked input"
 

@@ -229,7 +229,7 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
     def receive_consent(self, msg: Consent) -> None:
         self._at((4,) if self.consent is not None else (), "consent")  # a round without one: out of order
         assert self.consent is not None
-        self.consent.receive(msg, self.survivors)
+        self.consent.receive(msg, self.survivors, self.faulty)  # a named device's is refused: its input taken out
 
     def _close_masked(self) -> None:
         """Close stage 3 (and the consent stage): the survivors are fixed, at least t of them, connected."""

@@ -13,9 +13,10 @@ ciphertext it routed itself:
 * it opens to well-formed shares: the **complainer** is named (a false complaint);
 * the revealed key is not the complainer's for that pair: the **complainer** is named.
 
-A device named faulty is refused from then on in the round (a masked input it sends later is not taken: it counts
-as dropped, its pairwise masks removed with its neighbours' shares of its mask key) and, as every named device, is
-left out of later rounds by the coordinator. The round goes on.
+A device named faulty is refused from then on in the round (a masked input it sends later is not taken, nor its
+consent: one whose masked input was in already is taken back out at the consent stage; either way it counts as
+dropped, its pairwise masks removed with its neighbours' shares of its mask key or their pair seeds) and, as every
+named device, is left out of later rounds by the coordinator. The round goes on.
 """
 
 from __future__ import annotations

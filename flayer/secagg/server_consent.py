@@ -16,7 +16,7 @@ process: the simulator and the tests).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -67,8 +67,13 @@ class ConsentBook:
         self.asked.add(device)
         return ConsentRequest(self.params.round, device)
 
-    def receive(self, msg: Consent, masked: frozenset[str]) -> None:
+    def receive(self, msg: Consent, masked: frozenset[str], named: Mapping[str, str] | None = None) -> None:
+        """``msg`` from a device whose masked input is in ``masked``; refused from a device ``named`` faulty (device ->
+        the proof): its masked input is then taken back out of the sum when the stage closes, as one without a
+        consent, and it counts as dropped."""
         p = self.params
+        if named and msg.device in named:
+            raise SecAggError(f"consent from {msg.device}, named faulty: {named[msg.device]}")
         if msg.round != p.round:
             raise SecAggError(f"consent from {msg.device} is for round {msg.round}, not {p.round}")
         if self.closed:
