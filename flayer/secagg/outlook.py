@@ -60,7 +60,9 @@ class Outlook:
     def __init__(self, params: SecAggParams) -> None:
         self.params = params
         self._sealed_for: dict[str, frozenset[str]] = {}
-        self._last: tuple[tuple[frozenset[str], int, int, frozenset[str]], str | None] | None = None
+        # the last answers by (members, complaints, named, pending): the coordinator asks of two sets on one tick (the
+        # set in and the largest that can come: coordinator.secure_round), so a single answer would be recomputed
+        self._answers: dict[tuple[frozenset[str], int, int, frozenset[str]], str | None] = {}
 
     def shortfall(self, members: Collection[str], sent: Mapping[str, Collection[Any]],
                   spoiled: Collection[tuple[str, str]], faulty: Collection[str],
@@ -68,7 +70,10 @@ class Outlook:
         """:func:`shortfall` of ``members``; ``sent``: each device that shared -> its sealed shares (``.receiver``)."""
         if len(self._sealed_for) != len(sent):
             self._sealed_for = {d: frozenset(s.receiver for s in shares) for d, shares in sent.items()}
+            self._answers.clear()
         key = (frozenset(members), len(spoiled), len(faulty), frozenset(pending))
-        if self._last is None or self._last[0] != key:
-            self._last = (key, shortfall(self.params, key[0], self._sealed_for, spoiled, faulty, key[3]))
-        return self._last[1]
+        if key not in self._answers:
+            if len(self._answers) >= 4:
+                del self._answers[next(iter(self._answers))]  # the oldest
+            self._answers[key] = shortfall(self.params, key[0], self._sealed_for, spoiled, faulty, key[3])
+        return self._answers[key]
