@@ -47,6 +47,7 @@ from flayer.strategies.base import ClientState, LocalResult, RoundContext, Strat
 from flayer.train import ClientData, evaluate
 from flayer.update import Update, float_state, neutral_update
 from protocol import (
+    EncodeError,
     Kind,
     Metrics,
     Plan,
@@ -66,6 +67,7 @@ from protocol.plan_digest import plan_digest
 from .budget import plan_problem
 
 log = logging.getLogger("edge_client.client")
+FP16_MAX = 65504.0  # the largest finite fp16 value (protocol.values)
 
 __all__ = [
     "EdgeError",
@@ -305,6 +307,9 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
         if public.options_dict() != strategy.options_dict():
             raise SkipRound("privacy plan refused: its strategy options would choose the upload's positions from "
                             "this device's data (a private round needs positions = \"public\")")
+        if plan.value_codec == "fp16" and private.clip >= FP16_MAX:  # a public fact, decided before training
+            raise SkipRound(f"privacy plan refused: value codec fp16 cannot carry values up to its clip "
+                            f"C = {private.clip:g} (fp16 holds |x| < {FP16_MAX:g})")
     with autocast_for(ctx.device, amp):
         ev, result = client_round(strategy, global_state, state, data, ctx, train=True)
     assert result is not None
@@ -322,7 +327,11 @@ def train_and_encode(strategy: Strategy, plan: Plan, global_state: Mapping[str, 
     if prepare is not None and private is None:  # thin links (a private upload is sent whole: fitting keeps a
         # device's largest values and error feedback its residual, both chosen by its data)
         update, options = prepare(update)
-    blob = encode_update(update, UpdateHeader(federation, plan.round, sender, plan.model_digest), options)
+    try:
+        blob = encode_update(update, UpdateHeader(federation, plan.round, sender, plan.model_digest), options)
+    except EncodeError as exc:  # e.g. a value past fp16's range: this round is skipped, the device goes on
+        raise SkipRound(f"the update of round {plan.round} cannot be encoded with value codec "
+                        f"{plan.value_codec}: {exc}") from None
     if max_update_bytes and len(blob) > max_update_bytes:
         raise UpdateTooLarge(
             f"the update of round {plan.round} is {len(blob):,} bytes ({update.sent:,} of {update.numel:,} values, "

@@ -85,3 +85,21 @@ def test_a_private_plan_without_public_positions_does_not_leak_them(setup: Any, 
     assert not differ, (f"in a private local-mode round the coordinator received upload positions chosen from each "
                         f"device's data (tensors {differ} differ between two devices of one round; no noise covers "
                         f"the indices), while each device books z / sqrt(m) = {Z / M ** 0.5:.3g}")
+
+
+@pytest.mark.parametrize("clip", [1e5, 0.5], ids=["clip-past-fp16", "clip-within-fp16"])
+def test_a_plan_whose_codec_cannot_carry_its_clip_is_refused_not_fatal(setup: Any, clip: float) -> None:
+    """A coordinator that names value codec fp16 beside a clip fp16 cannot hold (legal up to 1e6): the device refuses
+    the round before training (a public fact), where an encoding error past fp16's range had stopped its worker."""
+    shards, g, base = setup
+    plan = Plan(**{**base, "options": {**base["options"], "positions": "public"}, "value_codec": "fp16",
+                   "privacy": RoundPrivacy("local", clip, Z, Z, M).as_plan()})
+    strategy = StrategyCache({"device": "cpu"}).get(plan)
+    run = (lambda: train_and_encode(strategy, plan, g, strategy.initial_state(), shards[0],
+                                    round_context(plan, 0, torch.device("cpu")), federation="fed", sender=SELECTED[0],
+                                    max_payload=1 << 20, max_update_bytes=0, amp=False))
+    if clip >= 65504:
+        with pytest.raises(SkipRound, match="fp16"):
+            run()
+    else:
+        assert run().blob
