@@ -41,7 +41,7 @@ lived in memory only, so a journaled secure round is abandoned and the next one 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from flayer.engine.secure import PlannedSecure, SecureSum, sum_update
@@ -205,9 +205,7 @@ class SecureRound:
             raise SecAggAbandoned(self.refused)
         s, out, need = self.server, [], self.needed
         everyone = frozenset(self.participants) - frozenset(s.faulty)
-        waiting = {1: everyone - s.advertised, 2: s.advertised - s.shared - frozenset(s.faulty),
-                   3: s.shared - s.survivors - frozenset(s.faulty)}.get(self.stage, frozenset())
-        can_come = {d for d in waiting if not self.gone(d)}
+        can_come = self._can_come()
         if self.stage in (1, 2, 3):  # the survivor set can only shrink from here: U1 >= U2 >= U3
             have = {1: s.advertised, 2: s.shared, 3: s.survivors}[self.stage]
             what = {1: "advertised keys", 2: "sent their shares", 3: "sent a masked input"}[self.stage]
@@ -217,8 +215,8 @@ class SecureRound:
                                       f", fewer than the {need} the unmasking needs (t={self.planned.params.threshold}, "
                                       f"T={need}): ended at once")
         if self.stage == 3:  # the shares each could reveal: even the largest survivor set that can come falls short
-            later = frozenset() if masked_done else frozenset(can_come)
-            short = self._shortfall(s.survivors | later, later)
+            later = frozenset() if masked_done else can_come
+            short = s.shortfall(s.survivors | later, later)
             if short is not None:
                 more = "" if masked_done else " even with every masked input that can still come"
                 raise SecAggAbandoned(f"{short}{more}: ended at once")
@@ -256,27 +254,29 @@ class SecureRound:
         self.sent_bytes += sum(len(b) for _, b in out)
         return out
 
-    def _shortfall(self, members: frozenset[str], pending: frozenset[str] = frozenset()) -> str | None:
-        """The server's shortfall of ``members``, less the devices named faulty where the round has a consent stage:
-        their consent is refused, so their masked inputs are taken back out of the sum (they count as dropped)."""
+    def _can_come(self) -> frozenset[str]:
+        """The devices the current stage (keys, shares, masked inputs) still waits for that are not known offline:
+        in good standing and yet to send what the stage asks."""
         s = self.server
-        named = frozenset(s.faulty) if s.consent is not None else frozenset()
-        return s.shortfall(members - named, pending)
+        named = frozenset(s.faulty)
+        waiting = {1: frozenset(self.participants) - named - s.advertised, 2: s.advertised - s.shared - named,
+                   3: s.shared - s.survivors - named}.get(self.stage, frozenset())
+        return frozenset(d for d in waiting if not self.gone(d))
 
     def held(self) -> str | None:
         """Why the masked inputs' stage stays open although the round's timer would end it at quorum and grace: the
         devices whose masked input arrived could not unmask the sum (:func:`flayer.secagg.outlook.shortfall`), and
         those that shared and are still online could complete it. None: close."""
         s = self.server
-        short = self._shortfall(s.survivors) if self.stage == 3 else None
+        short = s.shortfall(s.survivors) if self.stage == 3 else None
         if short is None:
             return None
-        can_come = {d for d in s.shared - s.survivors - frozenset(s.faulty) if not self.gone(d)}
-        if not can_come or self._shortfall(s.survivors | can_come, frozenset(can_come)) is not None:
+        can_come = self._can_come()
+        if not can_come or s.shortfall(s.survivors | can_come, can_come) is not None:
             return None
         return f"{short}; {len(can_come)} more that shared can still send a masked input"
 
-    def _censor(self, stage: int, now: float, late: set[str]) -> None:
+    def _censor(self, stage: int, now: float, late: Collection[str]) -> None:
         """The devices still online that had not answered when the stage closed: latencies of at least its length."""
         if self.timing is not None and late:
             self.timing.censored(stage, now - self.stage_opened.get(stage, self.opened), len(late))

@@ -66,12 +66,14 @@ class Outlook:
 
     def shortfall(self, members: Collection[str], sent: Mapping[str, Collection[Any]],
                   spoiled: Collection[tuple[str, str]], faulty: Collection[str],
-                  pending: Collection[str] = ()) -> str | None:
-        """:func:`shortfall` of ``members``; ``sent``: each device that shared -> its sealed shares (``.receiver``)."""
+                  pending: Collection[str] = (), named_out: bool = False) -> str | None:
+        """:func:`shortfall` of ``members``; ``sent``: each device that shared -> its sealed shares (``.receiver``);
+        ``named_out``: a device named faulty is no member (a round with a consent stage takes its input back out)."""
         if len(self._sealed_for) != len(sent):
             self._sealed_for = {d: frozenset(s.receiver for s in shares) for d, shares in sent.items()}
             self._answers.clear()
-        key = (frozenset(members), len(spoiled), len(faulty), frozenset(pending))
+        key = (frozenset(members) - (frozenset(faulty) if named_out else frozenset()), len(spoiled), len(faulty),
+               frozenset(pending))
         if key not in self._answers:
             if len(self._answers) >= 4:
                 del self._answers[next(iter(self._answers))]  # the oldest

@@ -116,9 +116,10 @@ class SecAggServer(ConsistencyStage, ComplaintStage, SignedAdvertStage):
         return {d: frozenset(k) for d, k in self._reconstructed.items()}
 
     def shortfall(self, members: Collection[str], pending: Collection[str] = ()) -> str | None:
-        """Why ``members`` could not unmask the sum, as far as this server knows (:class:`.outlook.Outlook`);
-        ``pending``: those of them whose masked input (and complaints) may still come."""
-        return self._outlook.shortfall(members, self._sent, self._complaints, self.faulty, pending)
+        """Why ``members`` could not unmask the sum, as far as this server knows (:class:`.outlook.Outlook`; ``pending``:
+        those whose masked input may still come; with a consent stage, named devices' inputs are taken back out)."""
+        return self._outlook.shortfall(members, self._sent, self._complaints, self.faulty, pending,
+                                       named_out=self.consent is not None)
 
     # -- stage bookkeeping ---------------------------------------------------------------------------
     def _abandon(self, reason: str) -> SecAggAbandoned:
