@@ -282,7 +282,7 @@ class Coordinator:
         if rnd is None or rnd.timer is None:
             return now + 1.0
         if (sec := rnd.secure) is not None and (sec.stage != 3 or sec.held_until is not None):  # held: its deadline
-            return float(sec.stage_end if sec.held_until is None or sec.stage != 3 else sec.held_until)
+            return float(sec.held_until if sec.stage == 3 and sec.held_until is not None else sec.stage_end)
         if self.asynchronous:  # a version closes at its buffer or its deadline, never at quorum + grace
             a = rnd.timer.announced  # (the last version may wait for announced uploads: coordinator.async_rounds)
             return min(rnd.timer.deadline, a.wake) if a is not None and a.wake is not None and a.wake > now \
