@@ -63,11 +63,11 @@ from protocol import (
     encode_update,
 )
 from protocol.plan_digest import plan_digest
+from protocol.values import FP16_MAX
 
 from .budget import plan_problem
 
 log = logging.getLogger("edge_client.client")
-FP16_MAX = 65504.0  # the largest finite fp16 value (protocol.values)
 
 __all__ = [
     "EdgeError",

@@ -24,7 +24,9 @@ import numpy as np
 
 from .errors import EncodeError, WireError
 
-__all__ = ["VALUE_CODECS", "ValueCodec", "decode_values", "encode_values", "value_bytes", "value_codec"]
+__all__ = ["FP16_MAX", "VALUE_CODECS", "ValueCodec", "decode_values", "encode_values", "value_bytes", "value_codec"]
+
+FP16_MAX = 65504.0  # the largest finite fp16 value
 
 
 class ValueCodec(IntEnum):
@@ -58,7 +60,7 @@ def encode_values(values: np.ndarray, codec: ValueCodec) -> tuple[bytes, float]:
         with np.errstate(over="ignore"):
             half = values.astype("<f2")
         if not np.isfinite(half).all():
-            raise EncodeError("a value's magnitude exceeds the fp16 range (65504); use fp32 or bf16")
+            raise EncodeError(f"a value's magnitude exceeds the fp16 range ({FP16_MAX:g}); use fp32 or bf16")
         return half.tobytes(), 0.0
     if codec == ValueCodec.BF16:
         u = values.astype("<f4", copy=False).view(np.uint32).astype(np.uint64)
